@@ -1,0 +1,226 @@
+"""Raw slot drain vs the full relay, over the same WAL, in one run.
+
+Two slots are created at the same point before the data is written, so both phases decode
+exactly the same transactions: (a) receive-only drain of slot A (frames counted, nothing
+decoded, nothing published); (b) the relay on slot B until Kafka has acknowledged every event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import resource
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_outbox import workload
+from cdc_outbox.config import Settings
+from cdc_outbox.kafka_publisher import KafkaPublisher, count_records
+from cdc_outbox.relay import Relay
+from cdc_outbox.replication_stream import ReplicationStream
+from cdc_outbox.sandbox.kafka import LocalKafka
+from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox.schema import outbox_table_ddl, publication_ddl
+from cdc_outbox.walproto import Keepalive
+
+RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
+
+
+@contextlib.contextmanager
+def services(dsn: str | None, bootstrap: str | None) -> Iterator[tuple[str, str]]:
+    """The given services, or local throw-away ones for what is not given."""
+    with contextlib.ExitStack() as stack:
+        if dsn is None:
+            pg = stack.enter_context(LocalPostgres())
+            dsn = pg.dsn
+        if bootstrap is None:
+            kafka = stack.enter_context(LocalKafka())
+            bootstrap = kafka.bootstrap_servers
+        yield dsn, bootstrap
+
+
+def setup(settings: Settings, slots: list[str]) -> None:
+    """Fresh outbox table, publication and slots (created before any data is written)."""
+    dsn = settings.postgres_dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for slot in slots:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                " WHERE slot_name = %s",
+                (slot,),
+            )
+        conn.execute(
+            sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
+                sql.Identifier(settings.outbox_schema), sql.Identifier(settings.outbox_table)
+            )
+        )
+        conn.execute(
+            sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
+                sql.Identifier(settings.publication_name)
+            )
+        )
+        for stmt in outbox_table_ddl(settings):
+            conn.execute(stmt)
+        conn.execute(publication_ddl(settings))
+        for slot in slots:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def current_wal(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def raw_drain(settings: Settings, slot: str, events: int) -> tuple[float, int]:
+    """Receive frames from ``slot`` until ``events`` Insert frames arrived; (seconds, frames)."""
+    stream = ReplicationStream(settings.postgres_dsn(), slot, settings.publication_name)
+    t0 = time.perf_counter()
+    stream.open(0)
+    inserts = frames = 0
+    last_status = time.monotonic()
+    try:
+        while inserts < events:
+            frame = stream.read(1.0)
+            if frame is None or isinstance(frame, Keepalive):
+                continue
+            frames += 1
+            if frame.payload[0] == 73:  # 'I'
+                inserts += 1
+            if time.monotonic() - last_status > 5:
+                stream.send_status(frame.wal_start, 0)
+                last_status = time.monotonic()
+        return time.perf_counter() - t0, frames
+    finally:
+        stream.close()
+
+
+def relay_phase(settings: Settings, events: int, profile: Path | None) -> tuple[float, float]:
+    """Run the relay until Kafka acknowledged ``events`` events; (wall s, process CPU s)."""
+    relay = Relay(settings)
+    profiler = cProfile.Profile() if profile else None
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            if profiler:
+                profiler.enable()
+            relay.run()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            if profiler:
+                profiler.disable()
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    thread = threading.Thread(target=target, name="relay")
+    thread.start()
+    while relay.stats.events_published < events and thread.is_alive():
+        time.sleep(0.005)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    relay.request_stop()
+    thread.join(60)
+    if errors:
+        raise errors[0]
+    if relay.stats.events_published < events:
+        raise RuntimeError(f"relay stopped after {relay.stats.events_published}/{events}")
+    if profiler and profile:
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(str(profile))
+    return elapsed, cpu
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap):
+        topic_prefix = f"bench.{int(time.time())}"
+        settings = Settings.model_validate(
+            {
+                "dsn": dsn,
+                "slot_name": RELAY_SLOT,
+                "publication_name": PUBLICATION,
+                "outbox_table": "bench_outbox",
+                "topic_template": topic_prefix + ".{aggregate_type}",
+                "kafka": {"bootstrap_servers": bootstrap},
+            }
+        )
+        setup(settings, [RAW_SLOT, RELAY_SLOT])
+        # Create the topic up front so the relay phase does not time topic creation.
+        warm = KafkaPublisher(settings.kafka_config())
+        warm.produce(f"{topic_prefix}.order", b"warmup", b"{}", [], _WarmupListener())
+        warm.flush(30)
+        spec = workload.WorkloadSpec(
+            events=args.events, writers=args.writers, txn_sizes=(args.txn_size,)
+        )
+        t0 = time.perf_counter()
+        written = workload.write_orders(
+            dsn, spec, table=settings.outbox_table, columns=settings.column_names()
+        )
+        write_s = time.perf_counter() - t0
+        wal_bytes = current_wal(dsn)
+        raw_s, frames = raw_drain(settings, RAW_SLOT, args.events)
+        relay_s, relay_cpu_s = relay_phase(settings, args.events, args.profile)
+        in_kafka = count_records(bootstrap, topic_prefix) - 1
+        raw_eps = args.events / raw_s
+        relay_eps = args.events / relay_s
+        return {
+            "events": args.events,
+            "txn_size": args.txn_size,
+            "writers": args.writers,
+            "transactions": written.transactions,
+            "write_eps": round(args.events / write_s, 1),
+            "raw_drain_s": round(raw_s, 3),
+            "raw_drain_eps": round(raw_eps, 1),
+            "raw_frames": frames,
+            "relay_s": round(relay_s, 3),
+            "relay_eps": round(relay_eps, 1),
+            "ratio": round(relay_eps / raw_eps, 3),
+            # CPU of this process (relay thread + librdkafka threads) per wall second of the
+            # relay phase: near 1.0 means the relay is bound by its own Python thread.
+            "relay_cpu_per_wall": round(relay_cpu_s / relay_s, 2),
+            "records_in_kafka": in_kafka,
+            "wal_position_bytes": wal_bytes,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "machine": _machine(),
+        }
+
+
+class _WarmupListener:
+    """Outcome of the warm-up record."""
+
+    def delivered(self) -> None:
+        pass
+
+    def failed(self, failure: object) -> None:
+        raise RuntimeError(f"warm-up record failed: {failure}")
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    py = platform.python_version()
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {py}"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [
+        ("events", f"{result['events']:,}"),
+        ("txn size", str(result["txn_size"])),
+        ("raw drain (receive only)", f"{result['raw_drain_eps']:,.0f} events/s"),
+        ("relay into Kafka (acked)", f"{result['relay_eps']:,.0f} events/s"),
+        ("ratio relay/raw", f"{result['ratio']:.2f}"),
+        ("relay process CPU / wall", f"{result['relay_cpu_per_wall']:.2f}"),
+        ("records in Kafka", f"{result['records_in_kafka']:,}"),
+        ("peak RSS", f"{result['peak_rss_mb']} MB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")

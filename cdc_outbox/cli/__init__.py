@@ -1,0 +1,104 @@
+"""The ``cdc-outbox`` command line (the only package importing typer).
+
+Exit codes: 0 ok; 1 runtime error (database unreachable, login refused, SQL error);
+2 usage or configuration error; 3 preflight failed (server not ready, slot in use).
+Errors are printed by :func:`main` as one ``cdc-outbox: error: ...`` line on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdc_outbox import __version__
+from cdc_outbox.cli import bootstrap_cmd, relay_cmd
+from cdc_outbox.cli.common import GlobalOptions, error_exit
+from cdc_outbox.cli.sandbox_cmd import app as sandbox_app
+
+app = typer.Typer(
+    name="cdc-outbox",
+    help="Transactional outbox relay: PostgreSQL logical replication (pgoutput) to Kafka.\n\n"
+    "Settings come from flags > CDC_OUTBOX_* environment > TOML file (--config) > defaults.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,  # never render locals (they may hold secrets)
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cdc-outbox {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", metavar="PATH", help="TOML settings file \\[env: CDC_OUTBOX_CONFIG]."
+        ),
+    ] = None,
+    dsn: Annotated[
+        str | None,
+        typer.Option("--dsn", help="PostgreSQL conninfo or URI \\[env: CDC_OUTBOX_DSN]."),
+    ] = None,
+    slot: Annotated[
+        str | None, typer.Option("--slot", help="Replication slot name (slot_name).")
+    ] = None,
+    publication: Annotated[
+        str | None, typer.Option("--publication", help="Publication name (publication_name).")
+    ] = None,
+    table: Annotated[
+        str | None, typer.Option("--table", help="Outbox table name (outbox_table).")
+    ] = None,
+    schema: Annotated[
+        str | None, typer.Option("--schema", help="Outbox table schema (outbox_schema).")
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR (log_level).")
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Global options go before the command: cdc-outbox --dsn ... init."""
+    overrides = {
+        "dsn": dsn,
+        "slot_name": slot,
+        "publication_name": publication,
+        "outbox_table": table,
+        "outbox_schema": schema,
+    }
+    ctx.obj = GlobalOptions(
+        config=config,
+        overrides={k: v for k, v in overrides.items() if v is not None},
+        log_level=log_level,
+    )
+
+
+# -- command registration ------------------------------------------------------------------
+# Each command module exposes `register(app)` (or a Typer sub-app) and gets its settings with
+# `cdc_outbox.cli.common.settings_from(ctx)`.
+bootstrap_cmd.register(app)  # init, status, drop
+
+relay_cmd.register(app)  # run, demo
+
+app.add_typer(sandbox_app, name="sandbox")  # sandbox up/down/status (local PG + Kafka)
+
+
+def main() -> None:
+    """Console-script entry point; maps errors to exit codes (see module docstring)."""
+    try:
+        app(prog_name="cdc-outbox")
+    except Exception as exc:
+        code = error_exit(exc)
+        if code is None:
+            raise
+        sys.exit(code)

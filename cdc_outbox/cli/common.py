@@ -1,0 +1,113 @@
+"""Shared CLI plumbing: global options, settings loading, logging, output, error mapping.
+
+Commands get their settings with :func:`settings_from` (global flags override env/TOML).
+Errors are turned into exit codes in one place, :func:`error_exit` (called by ``main``):
+``CdcOutboxError`` -> its ``exit_code`` (ConfigError 2, PreflightError 3, others 1),
+``psycopg.Error`` -> 1; always one line on stderr, secrets masked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import typer
+from rich.console import Console
+
+from cdc_outbox.config import MASK, Settings, load_settings
+from cdc_outbox.errors import CdcOutboxError
+
+#: Secret strings seen in loaded settings; masked in error lines and log records.
+_SECRETS: set[str] = set()
+
+stdout = Console(highlight=False, soft_wrap=False)
+
+
+@dataclass(slots=True)
+class GlobalOptions:
+    """Values of the global flags (``None`` = not given)."""
+
+    config: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    log_level: str | None = None
+
+
+def global_options(ctx: typer.Context) -> GlobalOptions:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, GlobalOptions) else GlobalOptions()
+
+
+def settings_from(ctx: typer.Context) -> Settings:
+    """Load settings (flags > env > TOML > defaults), register secrets, set up logging."""
+    opts = global_options(ctx)
+    overrides = dict(opts.overrides)
+    if opts.log_level is not None:
+        overrides["log_level"] = opts.log_level
+    settings = load_settings(opts.config, overrides)
+    _SECRETS.update(settings.secret_values())
+    setup_logging(settings.log_level, settings.log_format)
+    return settings
+
+
+def scrub(text: str) -> str:
+    """``text`` with every known secret replaced by ``***``."""
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+class _ScrubbingFormatter(logging.Formatter):
+    def __init__(self, json_lines: bool) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.json_lines = json_lines
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not self.json_lines:
+            return scrub(super().format(record))
+        entry = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return scrub(json.dumps(entry))
+
+
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level``; ``fmt`` is "text" or "json" (one object per line)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ScrubbingFormatter(json_lines=fmt == "json"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_cdc_outbox", False):
+            root.removeHandler(old)
+    handler._cdc_outbox = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def print_json(data: Any) -> None:
+    """Machine output: one JSON document on stdout."""
+    typer.echo(scrub(json.dumps(data, indent=2, default=str)))
+
+
+def error_exit(exc: BaseException) -> int | None:
+    """Print ``exc`` as one stderr line and return its exit code; ``None`` = not ours."""
+    if isinstance(exc, CdcOutboxError):
+        code = exc.exit_code
+        message = str(exc)
+    elif isinstance(exc, psycopg.Error):
+        code = 1
+        message = f"database error: {exc}"
+    else:
+        return None
+    line = scrub(" ".join(message.split())) or type(exc).__name__
+    print(f"cdc-outbox: error: {line}", file=sys.stderr)
+    return code

@@ -1,0 +1,500 @@
+"""Settings: defaults < TOML file < ``CDC_OUTBOX_*`` environment < command-line flags.
+
+Use :func:`load_settings`; it raises :class:`~cdc_outbox.errors.ConfigError` with one line
+(``config: ...``) for every invalid input, unknown keys included (TOML keys and
+``CDC_OUTBOX_*`` variables alike).
+
+Secrets: ``Settings.dsn`` is a ``SecretStr`` so a settings object can be printed or logged
+safely; code that connects calls :meth:`Settings.postgres_dsn` (the real conninfo) and
+:meth:`Settings.kafka_config` (the full librdkafka dict). :meth:`Settings.redacted` is the
+display form (DSN password and secret-looking Kafka keys shown as ``***``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
+
+from cdc_outbox.errors import ConfigError
+from cdc_outbox.outbox_mapping import (
+    DEBEZIUM_COLUMNS,
+    DEFAULT_COLUMNS,
+    ColumnNames,
+    is_legal_topic,
+)
+
+ENV_PREFIX = "CDC_OUTBOX_"
+#: Variables with our prefix that are not settings but are read elsewhere (config file path;
+#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries).
+ENV_ALLOWED = frozenset(
+    {"CDC_OUTBOX_CONFIG", "CDC_OUTBOX_CACHE_DIR", "CDC_OUTBOX_KAFKA_CDS", "CDC_OUTBOX_PG_BINDIR"}
+)
+ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
+MASK = "***"
+#: A Kafka config key containing any of these (case-insensitive) has its value masked.
+KAFKA_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "sasl.oauthbearer.config")
+#: ``wal_sender_timeout`` default; the relay must report status well within it.
+WAL_SENDER_TIMEOUT_DEFAULT_S = 60.0
+
+SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_SLOT_RULE = "lowercase letters, digits, underscore; max 63"
+_IDENT_RULE = "letters, digits, _ or $, not starting with a digit; max 63"
+
+COLUMN_PRESETS: dict[str, dict[str, str | None]] = {
+    "default": asdict(DEFAULT_COLUMNS),
+    "debezium": asdict(DEBEZIUM_COLUMNS),
+}
+TOPIC_FIELDS = frozenset({"aggregate_type", "event_type"})
+
+
+def _check_ident(what: str, value: str) -> str:
+    if not IDENT_RE.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid identifier ({_IDENT_RULE})")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ColumnSettings(_Strict):
+    """Outbox column names: a ``preset`` plus per-column overrides (overrides win).
+
+    ``headers = ""`` means "no headers column" (the debezium preset has none).
+    """
+
+    preset: Literal["default", "debezium"] = "default"
+    id: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: str
+    headers: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        preset = COLUMN_PRESETS.get(str(data.get("preset", "default")), COLUMN_PRESETS["default"])
+        for name, default in preset.items():
+            data.setdefault(name, default)
+        if data.get("headers") == "":
+            data["headers"] = None
+        return data
+
+    @field_validator("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
+    @classmethod
+    def _ident(cls, v: str | None, info: Any) -> str | None:
+        return None if v is None else _check_ident(f"columns.{info.field_name}", v)
+
+
+class KafkaSettings(_Strict):
+    """Kafka producer settings; ``config`` is passed through to librdkafka verbatim."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    config: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        if not isinstance(v, Mapping):
+            return v
+        out: dict[str, Any] = {}
+        for key, value in v.items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, int | float):
+                value = str(value)
+            out[str(key)] = value
+        return out
+
+    @field_validator("config")
+    @classmethod
+    def _no_bootstrap(cls, v: dict[str, str]) -> dict[str, str]:
+        if "bootstrap.servers" in v:
+            raise ValueError("set kafka.bootstrap_servers, not kafka.config 'bootstrap.servers'")
+        return v
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("kafka.bootstrap_servers must not be empty")
+        return v
+
+    def redacted_config(self) -> dict[str, str]:
+        """``config`` with secret-looking values replaced by ``***``."""
+        return {k: MASK if is_secret_kafka_key(k) else v for k, v in self.config.items()}
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        yield "bootstrap_servers", self.bootstrap_servers
+        yield "config", self.redacted_config()
+
+
+class PollingSettings(_Strict):
+    """Polling relay (fallback mode) tuning."""
+
+    batch_size: int = Field(default=500, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    max_attempts: int = Field(default=10, ge=1)
+    lease_s: float = Field(default=60.0, gt=0)
+    backoff_base_s: float = Field(default=1.0, gt=0)
+    backoff_max_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> PollingSettings:
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError("polling.backoff_max_s must be >= polling.backoff_base_s")
+        return self
+
+
+_toml_path: ContextVar[Path | None] = ContextVar("cdc_outbox_toml_path", default=None)
+
+
+class Settings(BaseSettings):
+    """All cdc-outbox settings (see docs/configuration.md for every key)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+        case_sensitive=False,
+    )
+
+    dsn: SecretStr = SecretStr("")
+    slot_name: str = "cdc_outbox"
+    publication_name: str = "cdc_outbox_pub"
+    outbox_schema: str = "public"
+    outbox_table: str = "outbox"
+    columns: ColumnSettings = Field(default_factory=lambda: ColumnSettings.model_validate({}))
+    topic_template: str = "outbox.event.{aggregate_type}"
+    dead_letter_topic: str = "cdc_outbox.dead_letter"
+    on_permanent_error: Literal["dead_letter", "halt"] = "dead_letter"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    status_interval_s: float = Field(default=10.0, gt=0, lt=WAL_SENDER_TIMEOUT_DEFAULT_S)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    max_in_flight: int = Field(default=50_000, gt=0)
+    mode: Literal["auto", "cdc", "polling"] = "auto"
+    polling: PollingSettings = Field(default_factory=PollingSettings)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9187, ge=0, le=65535)
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _toml_path.get()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn(cls, v: SecretStr) -> SecretStr:
+        validate_dsn(v.get_secret_value())
+        return v
+
+    @field_validator("slot_name")
+    @classmethod
+    def _slot(cls, v: str) -> str:
+        if not SLOT_RE.match(v):
+            raise ValueError(f"slot_name {v!r} is not a valid identifier ({_SLOT_RULE})")
+        return v
+
+    @field_validator("publication_name", "outbox_schema", "outbox_table")
+    @classmethod
+    def _ident(cls, v: str, info: Any) -> str:
+        return _check_ident(str(info.field_name), v)
+
+    @field_validator("topic_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        import string
+
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+        except ValueError as exc:
+            raise ValueError(f"topic_template {v!r} is not a valid template: {exc}") from None
+        bad = sorted(n for n in names if n not in TOPIC_FIELDS)
+        if bad:
+            raise ValueError(
+                f"topic_template uses unknown field(s) {', '.join(repr(b) for b in bad)}"
+                f" (allowed: {', '.join(sorted(TOPIC_FIELDS))})"
+            )
+        if not is_legal_topic(v.format(aggregate_type="a", event_type="e")):
+            raise ValueError(f"topic_template {v!r} does not give legal Kafka topic names")
+        return v
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        if not is_legal_topic(v):
+            raise ValueError(f"dead_letter_topic {v!r} is not a legal Kafka topic name")
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        level = v.strip().upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(
+                f"log_level {v!r} must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+            )
+        return level
+
+    # -- helpers used by the rest of the package ---------------------------------------
+
+    def postgres_dsn(self) -> str:
+        """The real conninfo string / URI, for psycopg. Never log it."""
+        return self.dsn.get_secret_value()
+
+    def kafka_config(self) -> dict[str, str]:
+        """Complete librdkafka config: ``bootstrap.servers`` plus the passthrough keys."""
+        return {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.config}
+
+    def column_names(self) -> ColumnNames:
+        """The resolved outbox column names (preset + overrides)."""
+        c = self.columns
+        return ColumnNames(
+            id=c.id,
+            aggregate_type=c.aggregate_type,
+            aggregate_id=c.aggregate_id,
+            event_type=c.event_type,
+            payload=c.payload,
+            headers=c.headers,
+        )
+
+    def redacted(self) -> dict[str, Any]:
+        """Plain-data view safe to print or log (secrets replaced by ``***``)."""
+        data = self.model_dump(mode="python")
+        data["dsn"] = redact_dsn(self.postgres_dsn())
+        data["kafka"]["config"] = self.kafka.redacted_config()
+        return data
+
+    def secret_values(self) -> list[str]:
+        """Every secret string in these settings (for scrubbing error text and logs)."""
+        out: list[str] = []
+        password = dsn_password(self.postgres_dsn())
+        if password:
+            out.append(password)
+        out.extend(v for k, v in self.kafka.config.items() if is_secret_kafka_key(k) and v)
+        return out
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, (redact_dsn(self.postgres_dsn()) if name == "dsn" else value)
+
+
+# -- DSN helpers ---------------------------------------------------------------------------
+
+_URI_PASSWORD_RE = re.compile(r"^(postgres(?:ql)?://[^/@?#]*?:)([^@/]*)(@)", re.IGNORECASE)
+_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def dsn_password(dsn: str) -> str | None:
+    """The password embedded in a conninfo/URI, if any (``None`` if unparsable or absent)."""
+    try:
+        return conninfo_to_dict(dsn).get("password") or None  # type: ignore[return-value]
+    except psycopg.Error:
+        return None
+
+
+def redact_dsn(dsn: str) -> str:
+    """Display form of a DSN with any password replaced by ``***`` (URI or key=value)."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        text = _URI_PASSWORD_RE.sub(lambda m: m.group(1) + MASK + m.group(3), dsn)
+        return _KV_PASSWORD_RE.sub(lambda m: m.group(1) + MASK, text)
+    if "password" in parts:
+        parts["password"] = MASK
+    return make_conninfo(**{k: str(v) for k, v in parts.items()})
+
+
+def validate_dsn(dsn: str) -> None:
+    """Raise ``ValueError`` (one line, password-free) unless ``dsn`` is a usable conninfo."""
+    if not dsn.strip():
+        raise ValueError(f"dsn is required (set {ENV_PREFIX}DSN or --dsn)")
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise ValueError(f"dsn is malformed: {_scrub(str(exc), dsn)}") from None
+    for port in str(parts.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"dsn is malformed: invalid port {port!r}")
+
+
+def _scrub(message: str, dsn: str) -> str:
+    message = " ".join(message.split())
+    message = message.replace(dsn, redact_dsn(dsn))
+    password = dsn_password(dsn)
+    if password:
+        message = message.replace(password, MASK)
+    m = _URI_PASSWORD_RE.match(dsn)
+    if m and m.group(2):
+        message = message.replace(m.group(2), MASK)
+    return message
+
+
+def is_secret_kafka_key(key: str) -> bool:
+    """True for librdkafka keys whose value must never be shown."""
+    lowered = key.lower()
+    return any(marker in lowered for marker in KAFKA_SECRET_MARKERS)
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def load_settings(
+    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Build :class:`Settings`; precedence: ``overrides`` > env > TOML > defaults.
+
+    ``config_file`` defaults to ``$CDC_OUTBOX_CONFIG``; ``None`` values in ``overrides`` are
+    ignored (an absent flag). Raises ``ConfigError`` with a single ``config: ...`` line.
+    """
+    if config_file is None and os.environ.get(f"{ENV_PREFIX}CONFIG"):
+        config_file = Path(os.environ[f"{ENV_PREFIX}CONFIG"])
+    if config_file is not None:
+        _check_toml(config_file)
+    _check_env(os.environ)
+    kwargs = {k: v for k, v in (overrides or {}).items() if v is not None}
+    token = _toml_path.set(config_file)
+    try:
+        return Settings(**kwargs)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    except SettingsError as exc:  # e.g. a CDC_OUTBOX_KAFKA value that is not JSON
+        raise ConfigError(f"config: {exc}") from None
+    finally:
+        _toml_path.reset(token)
+
+
+def _model_fields(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """Field name -> nested model class (or None for a leaf / free-form dict)."""
+    out: dict[str, type[BaseModel] | None] = {}
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        out[name] = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return out
+
+
+def _check_toml(path: Path) -> None:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+
+    def walk(table: Mapping[str, Any], model: type[BaseModel], prefix: str) -> None:
+        fields = _model_fields(model)
+        for key, value in table.items():
+            if key not in fields:
+                raise ConfigError(f"config: unknown key '{prefix}{key}' (in {path})")
+            sub = fields[key]
+            if sub is not None and isinstance(value, Mapping):
+                walk(value, sub, f"{prefix}{key}.")
+
+    walk(data, Settings, "")
+
+
+def _check_env(environ: Mapping[str, str]) -> None:
+    fields = _model_fields(Settings)
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in ENV_ALLOWED:
+            continue
+        if upper.startswith(ENV_ALLOWED_PREFIXES):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        model_fields: dict[str, type[BaseModel] | None] | None = fields
+        for part in parts:
+            if model_fields is None:  # below a free-form dict (kafka.config)
+                break
+            if part not in model_fields:
+                raise ConfigError(f"config: unknown setting {name}")
+            sub = model_fields[part]
+            model_fields = _model_fields(sub) if sub is not None else None
+
+
+_PLAIN_TYPES = {
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_parsing": "must be a number",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "dict_type": "must be a table",
+    "model_type": "must be a table",
+    "missing": "is required",
+}
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line for the first validation error, never echoing secret input."""
+    errors = exc.errors(include_url=False)
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return _describe_one(errors[0]) + more
+
+
+def _describe_one(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "value_error":
+        return f"config: {ctx.get('error', err['msg'])}"
+    if kind == "extra_forbidden":
+        return f"config: unknown key '{loc}'"  # TOML keys were checked (with path) earlier
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
+        limit = next(iter(ctx.values()), "?")
+        if isinstance(limit, float) and limit.is_integer():
+            limit = int(limit)
+        hint = ""
+        if loc == "status_interval_s" and op == "<":
+            hint = " (PostgreSQL's default wal_sender_timeout is 60 s)"
+        return f"config: {loc} must be {op} {limit}{hint}"
+    if kind == "literal_error":
+        return f"config: {loc} must be {ctx.get('expected', 'one of the allowed values')}"
+    if kind in _PLAIN_TYPES:
+        return f"config: {loc} {_PLAIN_TYPES[kind]}"
+    return f"config: {loc}: {err['msg']}"

@@ -1,0 +1,308 @@
+"""The Kafka side: the only module that imports confluent-kafka (producer + a verification reader).
+
+Contract:
+- The producer is idempotent with ``acks=all``; per partition, records are written in
+  ``produce`` order and retried without reordering.
+- A record counts as delivered only when its delivery report arrives without error; the
+  listener bound to it is then told ``delivered()``. Every failure reaches ``failed()`` with a
+  :class:`DeliveryFailure` saying whether it is permanent (this record can never be written:
+  too large, topic not authorised or invalid) or transient (broker down, timeouts).
+- Delivery reports are only served from :meth:`KafkaPublisher.poll` / :meth:`flush`, on the
+  caller's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+logger = logging.getLogger(__name__)
+_librdkafka_logger = logging.getLogger("cdc_outbox.librdkafka")
+
+Headers = list[tuple[str, bytes]]
+
+#: Settings we insist on: they are what makes delivery reports mean "durable, in order".
+REQUIRED_CONFIG: Mapping[str, str] = {
+    "enable.idempotence": "true",
+    "acks": "all",
+}
+
+#: Defaults a user may override through ``kafka.config``.
+DEFAULT_CONFIG: Mapping[str, str] = {
+    # Never give up on a record by timeout: while the broker is down the queue fills, the relay
+    # stops reading the slot, and delivery resumes in order once the broker is back.
+    "message.timeout.ms": "0",
+    "linger.ms": "5",
+    "batch.num.messages": "10000",
+    "queue.buffering.max.messages": "200000",
+    "queue.buffering.max.kbytes": "262144",
+}
+
+_PERMANENT_CODES = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._INVALID_ARG,
+    }
+)
+_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "token")
+
+
+class QueueFull(Exception):
+    """The producer's local queue is full; poll and try again (backpressure)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFailure:
+    """Why a record was not written, with the record itself (for dead-lettering)."""
+
+    code: int
+    name: str
+    reason: str
+    permanent: bool
+    fatal: bool
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+class DeliveryListener(Protocol):
+    """Receives the outcome of each record produced with it."""
+
+    def delivered(self) -> None: ...
+
+    def failed(self, failure: DeliveryFailure) -> None: ...
+
+
+class _DeliveryReport:
+    """Delivery callback of one record. confluent-kafka's reports carry no headers, so the
+    record's headers are kept here until the outcome is known (for dead-lettering)."""
+
+    __slots__ = ("headers", "listener")
+
+    def __init__(self, listener: DeliveryListener, headers: Headers) -> None:
+        self.listener = listener
+        self.headers = headers
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self.listener.delivered()
+        else:
+            self.listener.failed(_failure(err, msg.topic(), msg.key(), msg.value(), self.headers))
+
+
+def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a librdkafka config safe to log."""
+    return {
+        k: ("***" if any(m in k.lower() for m in _SECRET_MARKERS) else v) for k, v in config.items()
+    }
+
+
+class KafkaPublisher:
+    """An idempotent Kafka producer with per-record delivery listeners."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        merged: dict[str, Any] = {**DEFAULT_CONFIG, **config, **REQUIRED_CONFIG}
+        for key, value in REQUIRED_CONFIG.items():
+            if str(config.get(key, value)).lower() != value:
+                logger.warning("kafka setting %s=%s overridden to %s", key, config[key], value)
+        merged["error_cb"] = self._on_error
+        self.fatal_error: str | None = None
+        self._last_error_log = 0.0
+        logger.debug("kafka producer config: %s", redact_config(merged))
+        try:
+            self._producer = Producer(merged, logger=_librdkafka_logger)
+        except KafkaException as exc:
+            raise ValueError(f"invalid Kafka configuration: {exc.args[0]}") from exc
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        listener: DeliveryListener,
+    ) -> None:
+        """Queue one record; its outcome goes to ``listener``. Raises :class:`QueueFull`; an
+        immediate rejection of the record (e.g. larger than the producer's
+        ``message.max.bytes``) is reported to ``listener`` as a permanent failure, not raised."""
+        try:
+            self._producer.produce(
+                topic,
+                value,
+                key,
+                headers=headers,  # type: ignore[arg-type]  # list is invariant; bytes values are fine
+                on_delivery=_DeliveryReport(listener, headers),
+            )
+        except BufferError as exc:
+            raise QueueFull from exc
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            failure = _failure(err, topic, key, value, headers)
+            if not failure.permanent:
+                raise
+            listener.failed(failure)
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery reports; returns how many were served."""
+        return int(self._producer.poll(timeout))
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s for all queued records; returns how many are left."""
+        return int(self._producer.flush(timeout))
+
+    def purge(self) -> None:
+        """Drop queued records; their listeners get transient failures on the next poll."""
+        self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._producer.poll(0)
+
+    def __len__(self) -> int:
+        """Records queued or in flight."""
+        return len(self._producer)
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Flush what can be flushed within ``timeout``; returns records left undelivered."""
+        left = self.flush(timeout)
+        if left:
+            self.purge()
+            self._producer.poll(0)
+        return left
+
+    def ensure_connected(self, timeout: float) -> None:
+        """Raise ``ConnectionError`` unless broker metadata arrives within ``timeout`` s."""
+        try:
+            self._producer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise ConnectionError(f"Kafka not reachable: {exc.args[0].str()}") from exc
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal_error = err.str()
+            logger.error("kafka producer fatal error: %s", err.str())
+            return
+        now = time.monotonic()
+        if now - self._last_error_log > 10.0:
+            self._last_error_log = now
+            logger.warning("kafka: %s", err.str())
+
+
+def _failure(
+    err: Any, topic: str | None, key: bytes | None, value: bytes | None, headers: Any
+) -> DeliveryFailure:
+    code = err.code()
+    return DeliveryFailure(
+        code=code,
+        name=err.name(),
+        reason=err.str(),
+        permanent=code in _PERMANENT_CODES,
+        fatal=bool(err.fatal()),
+        topic=topic or "",
+        key=key,
+        value=value,
+        headers=list(headers or []),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    """One record read back from Kafka (verification: demo, benchmarks, tests)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+def read_topics(
+    bootstrap_servers: str,
+    topic_prefix: str,
+    *,
+    timeout: float = 60.0,
+    extra_config: Mapping[str, Any] | None = None,
+) -> list[ConsumedRecord]:
+    """Everything currently in the topics whose names start with ``topic_prefix``.
+
+    Reads each partition from its beginning up to the high watermark seen at the start, in
+    offset order per partition. Raises ``TimeoutError`` if that takes longer than ``timeout``.
+    """
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": f"cdc-outbox-reader-{time.time_ns()}",
+        "enable.auto.commit": "false",
+        "enable.partition.eof": "false",
+        **(extra_config or {}),
+    }
+    consumer = Consumer(config)
+    try:
+        meta = consumer.list_topics(timeout=timeout)
+        ends: dict[tuple[str, int], int] = {}
+        for name, topic in meta.topics.items():
+            if name.startswith(topic_prefix):
+                for pid in topic.partitions:
+                    tp = TopicPartition(name, pid)
+                    low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+                    if high > low:
+                        ends[(name, pid)] = high
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for (t, p) in ends])
+        records: list[ConsumedRecord] = []
+        deadline = time.monotonic() + timeout
+        while ends:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic_prefix}* did not finish in {timeout}s")
+            for msg in consumer.consume(10_000, 0.5):
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if msg.error() or topic is None or partition is None or offset is None:
+                    continue
+                end = ends.get((topic, partition))
+                if end is None or offset >= end:
+                    continue
+                raw = msg.headers() or []
+                pairs = raw.items() if isinstance(raw, dict) else raw
+                headers = [(k, v) for k, v in pairs if isinstance(v, bytes)]
+                records.append(
+                    ConsumedRecord(topic, partition, offset, msg.key(), msg.value(), headers)
+                )
+                if offset + 1 >= end:
+                    del ends[(topic, partition)]
+        return records
+    finally:
+        consumer.close()
+
+
+def count_records(bootstrap_servers: str, topic_prefix: str, *, timeout: float = 10.0) -> int:
+    """How many records the topics starting with ``topic_prefix`` hold (from watermarks)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "cdc-outbox-counter"})
+    try:
+        total = 0
+        for name, topic in consumer.list_topics(timeout=timeout).topics.items():
+            if name.startswith(topic_prefix):
+                for pid in topic.partitions:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(name, pid), timeout=timeout
+                    )
+                    total += high - low
+        return total
+    finally:
+        consumer.close()

@@ -1,0 +1,306 @@
+"""Map an inserted outbox row (pgoutput TupleData) to a Kafka record (pure, no I/O).
+
+Contract of :meth:`OutboxMapper.map_insert`:
+
+* topic = ``topic_template`` with ``{aggregate_type}`` / ``{event_type}`` filled in; it must be
+  a legal Kafka topic name (``[A-Za-z0-9._-]``, 1..249 chars, not ``.`` or ``..``);
+* key = the aggregate id bytes as stored; value = the payload bytes exactly as PostgreSQL sent
+  them (for jsonb: its normalised text form);
+* headers = ``id``, ``event_type``, ``aggregate_type``, then every entry of the row's headers
+  JSON object in order (string values as UTF-8, other values as compact JSON text);
+* a NULL or unchanged-TOAST placeholder in id, aggregate_type, aggregate_id, event_type or
+  payload, an illegal topic, invalid UTF-8 where text is needed, or a headers value that is not
+  a JSON object gives a :class:`DeadLetter` (never a record carrying null) that keeps whatever
+  key/value/headers are known. A NULL headers column means "no extra headers".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from dataclasses import dataclass
+
+from cdc_outbox.errors import ConfigError, DecodeError
+from cdc_outbox.pgoutput import UNCHANGED_TOAST, ColumnValue, Relation, TupleData
+
+__all__ = [
+    "DEBEZIUM_COLUMNS",
+    "DEFAULT_COLUMNS",
+    "ColumnNames",
+    "DeadLetter",
+    "OutboxMapper",
+    "OutboxRecord",
+    "is_legal_topic",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnNames:
+    id: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: str
+    headers: str | None
+
+
+DEFAULT_COLUMNS = ColumnNames(
+    "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"
+)
+DEBEZIUM_COLUMNS = ColumnNames("id", "aggregatetype", "aggregateid", "type", "payload", None)
+
+
+@dataclass(slots=True)
+class OutboxRecord:
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    event_id: str
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    reason: str
+    event_id: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    intended_topic: str | None
+
+
+_PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_TOPIC_CACHE_MAX = 4096
+_from_json = json.JSONDecoder().decode
+_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def is_legal_topic(name: str) -> bool:
+    """Kafka's rule: 1..249 chars of ``[A-Za-z0-9._-]``, and not ``.`` or ``..``."""
+    return _TOPIC_RE.fullmatch(name) is not None and name not in (".", "..")
+
+
+def _problem(name: str, value: ColumnValue) -> str:
+    if value is None:
+        return f"column {name!r} is null"
+    if value is UNCHANGED_TOAST:
+        return f"column {name!r} is an unchanged TOAST placeholder"
+    return f"column {name!r} is not valid UTF-8"
+
+
+class _Positions:
+    """Indexes of the configured columns in one Relation (resolved once per Relation object)."""
+
+    __slots__ = ("agg_id", "agg_type", "event_type", "headers", "id", "ncols", "payload", "rel")
+
+    def __init__(self, rel: Relation, columns: ColumnNames) -> None:
+        index = {c.name: i for i, c in enumerate(rel.columns)}
+
+        def pos(name: str) -> int:
+            try:
+                return index[name]
+            except KeyError:
+                raise ConfigError(
+                    f"outbox table {rel.namespace}.{rel.name} has no column {name!r}"
+                    f" (columns: {', '.join(index)})"
+                ) from None
+
+        self.rel = rel
+        self.ncols = len(rel.columns)
+        self.id = pos(columns.id)
+        self.agg_type = pos(columns.aggregate_type)
+        self.agg_id = pos(columns.aggregate_id)
+        self.event_type = pos(columns.event_type)
+        self.payload = pos(columns.payload)
+        self.headers = None if columns.headers is None else pos(columns.headers)
+
+
+class OutboxMapper:
+    """Turns outbox-table inserts into :class:`OutboxRecord` or :class:`DeadLetter`.
+
+    Raises :class:`ConfigError` for a template with unknown placeholders or a constant illegal
+    topic (at construction) and for an outbox relation lacking a configured column (on first
+    use of that Relation). Column positions are cached per relation OID and re-resolved when a
+    new Relation object arrives for it (schema change).
+    """
+
+    __slots__ = ("_cols", "_headers_name", "_positions", "_template", "_topics", "_use_at",
+                 "_use_et", "schema", "table")
+
+    def __init__(
+        self,
+        schema: str,
+        table: str,
+        columns: ColumnNames,
+        topic_template: str = "outbox.event.{aggregate_type}",
+    ) -> None:
+        try:
+            fields = list(string.Formatter().parse(topic_template))
+        except ValueError as e:
+            raise ConfigError(f"bad topic template {topic_template!r}: {e}") from None
+        used = set()
+        for _, name, spec, conv in fields:
+            if name is None:
+                continue
+            if name not in _PLACEHOLDERS or spec or conv:
+                raise ConfigError(
+                    f"bad topic template {topic_template!r}: unknown placeholder {{{name}}}"
+                    f" (allowed: {{aggregate_type}}, {{event_type}})"
+                )
+            used.add(name)
+        if not used and not is_legal_topic(topic_template):
+            raise ConfigError(f"topic template {topic_template!r} is not a legal topic name")
+        self.schema = schema
+        self.table = table
+        self._cols = columns
+        self._headers_name = columns.headers or "headers"
+        self._template = topic_template
+        self._use_at = "aggregate_type" in used
+        self._use_et = "event_type" in used
+        self._positions: dict[int, _Positions] = {}
+        self._topics: dict[tuple[bytes | None, bytes | None], tuple[str, bool]] = {}
+
+    def is_outbox(self, rel: Relation) -> bool:
+        """Whether ``rel`` is the configured outbox table (exact schema and name match)."""
+        return rel.name == self.table and rel.namespace == self.schema
+
+    def _topic(self, agg_type: bytes, event_type: bytes) -> tuple[str, bool]:
+        """(topic, legal) for these values, cached; illegal topics carry the reason instead."""
+        key = (agg_type if self._use_at else None, event_type if self._use_et else None)
+        hit = self._topics.get(key)
+        if hit is not None:
+            return hit
+        name = self._cols.aggregate_type
+        try:
+            at = agg_type.decode() if self._use_at else ""
+            name = self._cols.event_type
+            et = event_type.decode() if self._use_et else ""
+        except UnicodeDecodeError:
+            result = (f"column {name!r} is not valid UTF-8", False)
+        else:
+            topic = self._template.format(aggregate_type=at, event_type=et)
+            if is_legal_topic(topic):
+                result = (topic, True)
+            else:
+                why = f"invalid topic name {topic[:300]!r} (allowed: [A-Za-z0-9._-], 1..249 chars)"
+                result = (why, False)
+        if len(self._topics) >= _TOPIC_CACHE_MAX:
+            self._topics.clear()
+        self._topics[key] = result
+        return result
+
+    def map_insert(self, rel: Relation, row: TupleData) -> OutboxRecord | DeadLetter:
+        """Map one inserted row of the outbox relation ``rel`` (see the module contract)."""
+        pos = self._positions.get(rel.oid)
+        if pos is None or pos.rel is not rel:
+            pos = self._positions[rel.oid] = _Positions(rel, self._cols)
+        if len(row) != pos.ncols:
+            raise DecodeError(
+                f"Insert: {len(row)} columns for relation {rel.name} with {pos.ncols} columns"
+            )
+        id_v = row[pos.id]
+        at_v = row[pos.agg_type]
+        key = row[pos.agg_id]
+        et_v = row[pos.event_type]
+        value = row[pos.payload]
+        hv = None if pos.headers is None else row[pos.headers]
+        if (
+            type(id_v) is bytes
+            and type(at_v) is bytes
+            and type(et_v) is bytes
+            and type(key) is bytes
+            and type(value) is bytes
+            and id_v.isascii()
+        ):
+            topic, ok = self._topic(at_v, et_v)
+            if ok:
+                headers = [("id", id_v), ("event_type", et_v), ("aggregate_type", at_v)]
+                if hv is None or hv == b"{}":  # the common case: no JSON parsing
+                    return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
+                extra = _parse_headers(self._headers_name, hv)
+                if type(extra) is list:
+                    headers.extend(extra)
+                    return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
+        return self._slow(pos, id_v, at_v, key, et_v, value, hv)
+
+    def _slow(
+        self,
+        pos: _Positions,
+        id_v: ColumnValue,
+        at_v: ColumnValue,
+        key: ColumnValue,
+        et_v: ColumnValue,
+        value: ColumnValue,
+        hv: ColumnValue,
+    ) -> OutboxRecord | DeadLetter:
+        cols = self._cols
+        problems: list[str] = []
+        headers: list[tuple[str, bytes]] = []
+        event_id: str | None = None
+        if type(id_v) is bytes:
+            headers.append(("id", id_v))
+            try:
+                event_id = id_v.decode()
+            except UnicodeDecodeError:
+                problems.append(_problem(cols.id, id_v))
+        else:
+            problems.append(_problem(cols.id, id_v))
+        for name, hname, v in (
+            (cols.event_type, "event_type", et_v),
+            (cols.aggregate_type, "aggregate_type", at_v),
+        ):
+            if type(v) is bytes:
+                headers.append((hname, v))
+            else:
+                problems.append(_problem(name, v))
+        key_b = key if type(key) is bytes else None
+        if key_b is None:
+            problems.append(_problem(cols.aggregate_id, key))
+        value_b = value if type(value) is bytes else None
+        if value_b is None:
+            problems.append(_problem(cols.payload, value))
+        topic: str | None = None
+        if type(at_v) is bytes and type(et_v) is bytes:
+            text, ok = self._topic(at_v, et_v)
+            if ok:
+                topic = text
+            else:
+                problems.append(text)
+        if hv is not None and not (type(hv) is bytes and hv == b"{}"):
+            extra = _parse_headers(self._headers_name, hv)
+            if isinstance(extra, str):
+                problems.append(extra)
+            else:
+                headers.extend(extra)
+        if problems or topic is None or key_b is None or value_b is None or event_id is None:
+            return DeadLetter("; ".join(problems), event_id, key_b, value_b, headers, topic)
+        return OutboxRecord(topic, key_b, value_b, headers, event_id)
+
+
+def _parse_headers(name: str, hv: ColumnValue) -> list[tuple[str, bytes]] | str:
+    """Extra headers from the headers column, or the dead-letter reason."""
+    if not isinstance(hv, bytes):
+        return _problem(name, hv)
+    try:
+        obj = _from_json(hv.decode())
+    except (ValueError, RecursionError) as e:  # ValueError covers JSON and UTF-8 errors
+        return f"column {name!r} is not valid JSON: {e}"
+    if not isinstance(obj, dict):
+        return f"column {name!r} is not a JSON object (got {type(obj).__name__})"
+    out: list[tuple[str, bytes]] = []
+    try:
+        for k, v in obj.items():
+            t = type(v)
+            if t is str:
+                text = v
+            elif t is int:
+                text = str(v)
+            else:  # bool, None, float, list, dict
+                text = _to_json(v)
+            k.encode()  # the key must be encodable too (the publisher encodes it)
+            out.append((k, text.encode()))
+    except (UnicodeEncodeError, RecursionError) as e:  # e.g. a lone surrogate escape
+        return f"column {name!r} has a header that cannot be encoded: {e}"
+    return out

@@ -1,0 +1,460 @@
+"""Decoder for pgoutput logical replication messages (pure, no I/O).
+
+Covers protocol v1 plus ``M`` (logical decoding messages) and the v2 streaming messages.
+LSNs, xids and timestamps are plain ``int`` (timestamps: µs since 2000-01-01 UTC, see
+:func:`cdc_outbox.walproto.pg_clock_to_datetime`). Column values stay raw ``bytes`` (text or
+binary form as sent), ``None`` for SQL NULL, :data:`UNCHANGED_TOAST` for an unchanged TOASTed
+value that the server did not send. Message objects are slots dataclasses: treat as immutable.
+
+Every malformed input raises :class:`~cdc_outbox.errors.DecodeError` naming the message type
+and the byte offset (truncation, garbage, unknown type byte, bad tuple kind, trailing bytes).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, TypeAlias, cast, final
+
+from cdc_outbox.errors import DecodeError
+
+
+@final
+class UnchangedToast:
+    """Type of :data:`UNCHANGED_TOAST`: a TOASTed value that did not change and was not sent."""
+
+    __slots__ = ()
+    _instance: UnchangedToast | None = None
+
+    def __new__(cls) -> UnchangedToast:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+    def __reduce__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED_TOAST: Final = UnchangedToast()
+
+ColumnValue: TypeAlias = bytes | UnchangedToast | None
+TupleData: TypeAlias = tuple[ColumnValue, ...]
+
+
+@dataclass(slots=True)
+class Begin:
+    final_lsn: int
+    commit_time: int
+    xid: int
+
+
+@dataclass(slots=True)
+class Commit:
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+
+
+@dataclass(slots=True)
+class Origin:
+    commit_lsn: int
+    name: str
+
+
+@dataclass(slots=True)
+class RelationColumn:
+    flags: int  # 1 = part of the replica identity key
+    name: str
+    type_oid: int
+    type_modifier: int
+
+
+@dataclass(slots=True)
+class Relation:
+    oid: int
+    namespace: str
+    name: str
+    replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
+    columns: tuple[RelationColumn, ...]
+
+
+@dataclass(slots=True)
+class Type:
+    oid: int
+    namespace: str
+    name: str
+
+
+@dataclass(slots=True)
+class Insert:
+    relation_oid: int
+    new: TupleData
+
+
+@dataclass(slots=True)
+class Update:
+    relation_oid: int
+    old: TupleData | None  # 'O': whole old row (REPLICA IDENTITY FULL)
+    key: TupleData | None  # 'K': old key columns (key changed); other columns None
+    new: TupleData
+
+
+@dataclass(slots=True)
+class Delete:
+    relation_oid: int
+    old: TupleData | None
+    key: TupleData | None
+
+
+@dataclass(slots=True)
+class Truncate:
+    options: int  # bit 1 = CASCADE, bit 2 = RESTART IDENTITY
+    relation_oids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class Message:
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(slots=True)
+class StreamStart:
+    xid: int
+    first_segment: bool
+
+
+@dataclass(slots=True)
+class StreamStop:
+    pass
+
+
+@dataclass(slots=True)
+class StreamCommit:
+    xid: int
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+
+
+@dataclass(slots=True)
+class StreamAbort:
+    """Aborts ``subxid`` (== ``xid`` for the whole transaction); LSN/time only in v4+."""
+
+    xid: int
+    subxid: int
+    abort_lsn: int | None = None
+    abort_time: int | None = None
+
+
+StreamableMessage: TypeAlias = Relation | Type | Insert | Update | Delete | Truncate | Message
+
+
+@dataclass(slots=True)
+class Streamed:
+    """A change inside a stream block (``decode(..., in_stream=True)``), with its (sub)xid."""
+
+    xid: int
+    message: StreamableMessage
+
+
+PgOutputMessage: TypeAlias = (
+    Begin | Commit | Origin | StreamableMessage | StreamStart | StreamStop | StreamCommit
+    | StreamAbort | Streamed
+)  # fmt: skip
+
+_U16 = struct.Struct("!H").unpack_from
+_U32 = struct.Struct("!I").unpack_from
+_U64 = struct.Struct("!Q").unpack_from
+_REL_COL = struct.Struct("!Ii")  # type oid, type modifier
+_INSERT_HEAD = struct.Struct("!IB").unpack_from
+_TRUNC_HEAD = struct.Struct("!IB")
+_MSG_HEAD = struct.Struct("!BQ")
+_STREAM_START = struct.Struct("!IB")
+_STREAM_ABORT_V4 = struct.Struct("!IIQq")
+
+_Parser: TypeAlias = Callable[[bytes, int, int], tuple[PgOutputMessage, int]]
+
+
+class _Short(Exception):
+    """Internal: ran past the end of the buffer at ``offset``."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+def _tuple(buf: bytes, off: int, end: int) -> tuple[TupleData, int]:
+    """TupleData at ``off``; returns it and the offset after it. Raises _Short/ValueError."""
+    cols: list[ColumnValue] = []
+    append = cols.append
+    u32 = _U32
+    try:
+        (ncols,) = _U16(buf, off)
+        off += 2
+        for _ in range(ncols):
+            kind = buf[off]
+            if kind == 0x74 or kind == 0x62:  # 't' text, 'b' binary: Int32 length + bytes
+                start = off + 5
+                off = start + u32(buf, off + 1)[0]
+                if off > end:
+                    raise _Short(start)
+                append(buf[start:off])
+            elif kind == 0x6E:  # 'n' NULL
+                append(None)
+                off += 1
+            elif kind == 0x75:  # 'u' unchanged TOASTed value
+                append(UNCHANGED_TOAST)
+                off += 1
+            else:
+                raise ValueError(f"bad tuple column kind {bytes([kind])!r} at offset {off}")
+    except (IndexError, struct.error):
+        raise _Short(off) from None  # ``off`` is where the incomplete column starts
+    return tuple(cols), off
+
+
+def _cstring(buf: bytes, off: int, end: int) -> tuple[str, int]:
+    nul = buf.find(0, off, end)
+    if nul < 0:
+        raise _Short(end)
+    try:
+        return buf[off:nul].decode(), nul + 1
+    except UnicodeDecodeError as e:
+        raise ValueError(f"invalid UTF-8 in string at offset {off + e.start}") from None
+
+
+def _need(off: int, size: int, end: int) -> None:
+    if off + size > end:
+        raise _Short(off)
+
+
+def _fixed(cls: Callable[..., PgOutputMessage], fmt: str) -> _Parser:
+    """Parser of a fixed-size message whose fields are exactly ``fmt``."""
+    unpack = struct.Struct(fmt).unpack_from
+    size = struct.calcsize(fmt)
+
+    def parse(buf: bytes, off: int, end: int) -> tuple[PgOutputMessage, int]:
+        if off + size > end:
+            raise _Short(off)
+        return cls(*unpack(buf, off)), off + size
+
+    return parse
+
+
+def _origin(buf: bytes, off: int, end: int) -> tuple[Origin, int]:
+    _need(off, 8, end)
+    (lsn,) = _U64(buf, off)
+    name, off = _cstring(buf, off + 8, end)
+    return Origin(lsn, name), off
+
+
+def _relation(buf: bytes, off: int, end: int) -> tuple[Relation, int]:
+    _need(off, 4, end)
+    (oid,) = _U32(buf, off)
+    namespace, off = _cstring(buf, off + 4, end)
+    name, off = _cstring(buf, off, end)
+    _need(off, 3, end)
+    ident = chr(buf[off])
+    (ncols,) = _U16(buf, off + 1)
+    off += 3
+    cols = []
+    for _ in range(ncols):
+        _need(off, 1, end)
+        flags = buf[off]
+        colname, off = _cstring(buf, off + 1, end)
+        _need(off, 8, end)
+        type_oid, typmod = _REL_COL.unpack_from(buf, off)
+        off += 8
+        cols.append(RelationColumn(flags, colname, type_oid, typmod))
+    return Relation(oid, namespace, name, ident, tuple(cols)), off
+
+
+def _type(buf: bytes, off: int, end: int) -> tuple[Type, int]:
+    _need(off, 4, end)
+    (oid,) = _U32(buf, off)
+    namespace, off = _cstring(buf, off + 4, end)
+    name, off = _cstring(buf, off, end)
+    return Type(oid, namespace, name), off
+
+
+def _insert(buf: bytes, off: int, end: int) -> tuple[Insert, int]:
+    try:
+        oid, tag = _INSERT_HEAD(buf, off)
+    except struct.error:
+        raise _Short(off) from None
+    if tag != 0x4E:  # 'N'
+        raise ValueError(f"expected 'N' but got {bytes([tag])!r} at offset {off + 4}")
+    new, off = _tuple(buf, off + 5, end)
+    return Insert(oid, new), off
+
+
+def _old_or_key(
+    buf: bytes, off: int, end: int
+) -> tuple[TupleData | None, TupleData | None, int]:
+    _need(off, 1, end)
+    tag = buf[off]
+    if tag == 0x4F:  # 'O'
+        old, off = _tuple(buf, off + 1, end)
+        return old, None, off
+    if tag == 0x4B:  # 'K'
+        key, off = _tuple(buf, off + 1, end)
+        return None, key, off
+    return None, None, off
+
+
+def _update(buf: bytes, off: int, end: int) -> tuple[Update, int]:
+    _need(off, 4, end)
+    (oid,) = _U32(buf, off)
+    old, key, off = _old_or_key(buf, off + 4, end)
+    _need(off, 1, end)
+    if buf[off] != 0x4E:
+        raise ValueError(f"expected 'N' but got {buf[off:off + 1]!r} at offset {off}")
+    new, off = _tuple(buf, off + 1, end)
+    return Update(oid, old, key, new), off
+
+
+def _delete(buf: bytes, off: int, end: int) -> tuple[Delete, int]:
+    _need(off, 4, end)
+    (oid,) = _U32(buf, off)
+    old, key, off2 = _old_or_key(buf, off + 4, end)
+    if off2 == off + 4:
+        raise ValueError(f"expected 'K' or 'O' but got {buf[off2:off2 + 1]!r} at offset {off2}")
+    return Delete(oid, old, key), off2
+
+
+def _truncate(buf: bytes, off: int, end: int) -> tuple[Truncate, int]:
+    _need(off, 5, end)
+    nrels, options = _TRUNC_HEAD.unpack_from(buf, off)
+    off += 5
+    _need(off, 4 * nrels, end)
+    oids = struct.unpack_from(f"!{nrels}I", buf, off)
+    return Truncate(options, oids), off + 4 * nrels
+
+
+def _message(buf: bytes, off: int, end: int) -> tuple[Message, int]:
+    _need(off, 9, end)
+    flags, lsn = _MSG_HEAD.unpack_from(buf, off)
+    prefix, off = _cstring(buf, off + 9, end)
+    _need(off, 4, end)
+    start = off + 4
+    off = start + _U32(buf, off)[0]
+    if off > end:
+        raise _Short(start)
+    return Message(bool(flags & 1), lsn, prefix, buf[start:off]), off
+
+
+def _stream_start(buf: bytes, off: int, end: int) -> tuple[StreamStart, int]:
+    _need(off, 5, end)
+    xid, first = _STREAM_START.unpack_from(buf, off)
+    return StreamStart(xid, first == 1), off + 5
+
+
+def _stream_stop(buf: bytes, off: int, end: int) -> tuple[StreamStop, int]:
+    return StreamStop(), off
+
+
+_stream_abort_v2 = _fixed(StreamAbort, "!II")
+
+
+def _stream_abort(buf: bytes, off: int, end: int) -> tuple[PgOutputMessage, int]:
+    if end - off >= 24:  # v4 (parallel streaming) adds abort LSN and time
+        return StreamAbort(*_STREAM_ABORT_V4.unpack_from(buf, off)), off + 24
+    return _stream_abort_v2(buf, off, end)
+
+
+_PARSERS: dict[int, tuple[str, _Parser]] = {
+    ord("B"): ("Begin", _fixed(Begin, "!QqI")),
+    ord("C"): ("Commit", _fixed(Commit, "!BQQq")),
+    ord("O"): ("Origin", _origin),
+    ord("R"): ("Relation", _relation),
+    ord("Y"): ("Type", _type),
+    ord("I"): ("Insert", _insert),
+    ord("U"): ("Update", _update),
+    ord("D"): ("Delete", _delete),
+    ord("T"): ("Truncate", _truncate),
+    ord("M"): ("Message", _message),
+    ord("S"): ("StreamStart", _stream_start),
+    ord("E"): ("StreamStop", _stream_stop),
+    ord("c"): ("StreamCommit", _fixed(StreamCommit, "!IBQQq")),
+    ord("A"): ("StreamAbort", _stream_abort),
+}
+_STREAMABLE = frozenset(ord(c) for c in "RYIUDTM")
+
+
+def decode(buf: bytes | bytearray | memoryview, *, in_stream: bool = False) -> PgOutputMessage:
+    """Decode one pgoutput message (the XLogData payload).
+
+    With ``in_stream=True`` (between StreamStart and StreamStop, protocol v2+) changes carry a
+    leading xid and come back wrapped in :class:`Streamed`. Raises :class:`DecodeError` on
+    any malformed input; never anything else.
+    """
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    end = len(buf)
+    if end == 0:
+        raise DecodeError("pgoutput: empty message at offset 0")
+    entry = _PARSERS.get(buf[0])
+    if entry is None:
+        raise DecodeError(f"pgoutput: unknown message type {buf[:1]!r} at offset 0")
+    what, parse = entry
+    xid = -1
+    off = 1
+    try:
+        if in_stream and buf[0] in _STREAMABLE:
+            _need(1, 4, end)
+            (xid,) = _U32(buf, 1)
+            off = 5
+        msg, off = parse(buf, off, end)
+    except _Short as e:
+        raise DecodeError(f"{what}: truncated at offset {e.offset}") from None
+    except (ValueError, IndexError, struct.error) as e:
+        raise DecodeError(f"{what}: {e}") from None
+    if off != end:
+        raise DecodeError(f"{what}: {end - off} trailing bytes at offset {off}")
+    if xid >= 0:
+        return Streamed(xid, cast(StreamableMessage, msg))
+    return msg
+
+
+class UnknownRelationError(DecodeError, KeyError):
+    """A change refers to a relation OID with no Relation message since (re)connect."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class RelationCache:
+    """Relation messages by OID; a newer Relation for an OID replaces the older one.
+
+    Clear on reconnect: the server re-sends every Relation before its first use.
+    """
+
+    __slots__ = ("_by_oid",)
+
+    def __init__(self) -> None:
+        self._by_oid: dict[int, Relation] = {}
+
+    def put(self, rel: Relation) -> None:
+        self._by_oid[rel.oid] = rel
+
+    def get(self, oid: int) -> Relation:
+        try:
+            return self._by_oid[oid]
+        except KeyError:
+            raise UnknownRelationError(f"no Relation message for relation OID {oid}") from None
+
+    def clear(self) -> None:
+        self._by_oid.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_oid)
+
+    def __contains__(self, oid: object) -> bool:
+        return oid in self._by_oid

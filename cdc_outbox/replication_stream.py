@@ -1,0 +1,199 @@
+"""A logical replication connection (walsender, COPY BOTH) on psycopg's libpq layer.
+
+This module is the only place that speaks the streaming-replication protocol. It never reads
+the raw socket (under TLS it carries ciphertext): bytes come from libpq's ``get_copy_data``
+and the socket is only waited on for readability.
+
+Contract:
+- ``open(start_lsn)`` starts ``pgoutput`` at ``max(start_lsn, confirmed_flush_lsn)``.
+- ``read(timeout)`` returns one frame, or ``None`` when nothing arrived in ``timeout``.
+- ``send_status(written, flushed)`` reports positions; the server moves the slot's
+  ``confirmed_flush_lsn`` to ``flushed``. The caller keeps both monotonic.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import time
+from typing import NoReturn
+
+from psycopg import conninfo, pq, sql
+
+from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.lsn import Lsn
+from cdc_outbox.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicationError(CdcOutboxError):
+    """The replication connection failed or the server ended the stream."""
+
+
+def start_replication_command(
+    slot: str, publication: str, start_lsn: int, *, proto_version: int = 1, messages: bool = True
+) -> bytes:
+    """The ``START_REPLICATION`` command, identifiers quoted by ``psycopg.sql``."""
+    options: list[sql.Composable] = [
+        sql.SQL("proto_version {}").format(sql.Literal(str(proto_version))),
+        # publication_names is a string holding a list of (quoted) identifiers.
+        sql.SQL("publication_names {}").format(
+            sql.Literal(sql.Identifier(publication).as_string(None))
+        ),
+    ]
+    if messages:
+        options.append(sql.SQL("messages 'true'"))
+    query = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
+        sql.Identifier(slot), sql.SQL(str(Lsn(start_lsn))), sql.SQL(", ").join(options)
+    )
+    return query.as_string(None).encode()
+
+
+class SlotMissing(ReplicationError):
+    """The configured slot does not exist."""
+
+
+class ReplicationStream:
+    """One walsender connection streaming one slot. Not thread-safe; one reader at a time."""
+
+    def __init__(self, dsn: str, slot: str, publication: str) -> None:
+        self._dsn = conninfo.make_conninfo(dsn, replication="database")
+        self._slot = slot
+        self._publication = publication
+        self._conn: pq.abc.PGconn | None = None
+        self._selector: selectors.DefaultSelector | None = None
+        self.server_version = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
+
+    def open(self, start_lsn: int) -> int:
+        """Connect and start streaming from ``max(start_lsn, confirmed_flush_lsn)``.
+
+        Returns that start position: the caller must never confirm less than it (PostgreSQL 15
+        would move the slot backwards). Raises ReplicationError with the server's message.
+        """
+        self.close()
+        conn = pq.PGconn.connect(self._dsn.encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = _error_text(conn)
+            conn.finish()
+            raise ReplicationError(f"replication connection failed: {msg}")
+        self.server_version = conn.server_version
+        confirmed = self._slot_position(conn)
+        start_lsn = max(start_lsn, confirmed)
+        command = start_replication_command(
+            self._slot,
+            self._publication,
+            start_lsn,
+            messages=self.server_version >= 140000,
+        )
+        result = conn.exec_(command)
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            msg = _error_text(conn)
+            conn.finish()
+            raise ReplicationError(f"START_REPLICATION failed: {msg}")
+        conn.nonblocking = 1
+        self._conn = conn
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(conn.socket, selectors.EVENT_READ)
+        logger.info("streaming slot %s from %s", self._slot, Lsn(start_lsn))
+        return start_lsn
+
+    def _slot_position(self, conn: pq.abc.PGconn) -> int:
+        query = sql.SQL(
+            "SELECT confirmed_flush_lsn, plugin, wal_status FROM pg_catalog.pg_replication_slots"
+            " WHERE slot_name = {}"
+        ).format(sql.Literal(self._slot))
+        res = conn.exec_(query.as_string(None).encode())
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            msg = _error_text(conn)
+            conn.finish()
+            raise ReplicationError(f"reading slot {self._slot!r} failed: {msg}")
+        if res.ntuples == 0:
+            conn.finish()
+            raise SlotMissing(
+                f"replication slot {self._slot!r} does not exist; run `cdc-outbox init`"
+            )
+        raw_lsn, plugin, wal_status = (res.get_value(0, i) for i in range(3))
+        if plugin != b"pgoutput" or wal_status == b"lost":
+            conn.finish()
+            problem = (
+                "was invalidated (wal_status=lost)"
+                if wal_status == b"lost"
+                else (f"uses plugin {plugin!r}, not pgoutput")
+            )
+            raise ReplicationError(f"replication slot {self._slot!r} {problem}")
+        return int(Lsn.parse(raw_lsn.decode())) if raw_lsn else 0
+
+    def read(self, timeout: float) -> XLogData | Keepalive | None:
+        """Next frame, or ``None`` if none arrived within ``timeout`` seconds."""
+        conn = self._require()
+        nbytes, data = conn.get_copy_data(1)
+        if nbytes == 0:
+            deadline = time.monotonic() + timeout
+            while True:
+                conn.consume_input()
+                nbytes, data = conn.get_copy_data(1)
+                if nbytes != 0:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._wait_readable(remaining):
+                    return None
+        if nbytes > 0:
+            return parse_copy_data(data)
+        self._raise_stream_end()
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
+        """Send a standby status update (written, flushed = applied)."""
+        conn = self._require()
+        msg = standby_status_update(written, flushed, flushed, reply_requested=reply_requested)
+        if conn.put_copy_data(msg) != 1 or self._flush(conn) < 0:
+            raise ReplicationError(f"sending status update failed: {_error_text(conn)}")
+
+    def close(self) -> None:
+        """End the stream and close the connection (best effort, never raises)."""
+        conn, self._conn = self._conn, None
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        if conn is None:
+            return
+        try:
+            conn.put_copy_end()
+            self._flush(conn)
+        except Exception:
+            pass
+        conn.finish()
+
+    def _require(self) -> pq.abc.PGconn:
+        if self._conn is None:
+            raise ReplicationError("replication stream is not open")
+        return self._conn
+
+    def _wait_readable(self, timeout: float) -> bool:
+        assert self._selector is not None
+        return bool(self._selector.select(timeout))
+
+    @staticmethod
+    def _flush(conn: pq.abc.PGconn) -> int:
+        deadline = time.monotonic() + 5.0
+        while (rc := conn.flush()) == 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return rc
+
+    def _raise_stream_end(self) -> NoReturn:
+        conn = self._require()
+        parts = []
+        while (res := conn.get_result()) is not None:
+            if res.status == pq.ExecStatus.FATAL_ERROR and res.error_message:
+                parts.append(res.error_message.decode(errors="replace").strip())
+        detail = "; ".join(parts) or _error_text(conn) or "server ended the stream"
+        self.close()
+        raise ReplicationError(f"replication stream ended: {detail}")
+
+
+def _error_text(conn: pq.abc.PGconn) -> str:
+    return conn.error_message.decode(errors="replace").strip()

@@ -1,0 +1,147 @@
+"""Local services for tests, the demo and benchmarks: one module, reused everywhere.
+
+In-process use (servers stop and their temporary directories vanish on exit)::
+
+    with LocalPostgres() as pg, LocalKafka() as kafka:
+        ...  # pg.dsn, kafka.bootstrap_servers
+
+Background use (servers outlive the caller; state in ``state_dir/sandbox.json``)::
+
+    info = up()          # idempotent; info.dsn, info.bootstrap_servers, info.export_line()
+    status()             # SandboxInfo or None
+    down(purge=True)     # stop both; purge deletes their data
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdc_outbox.sandbox.kafka import LocalKafka, cache_root, ensure_kafka_jars
+from cdc_outbox.sandbox.postgres import LocalPostgres
+
+__all__ = [
+    "LocalKafka",
+    "LocalPostgres",
+    "SandboxInfo",
+    "default_state_dir",
+    "down",
+    "ensure_kafka_jars",
+    "status",
+    "up",
+]
+
+STATE_FILE = "sandbox.json"
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """Where the background sandbox servers are and whether they run."""
+
+    state_dir: Path
+    dsn: str
+    bootstrap_servers: str
+    postgres_port: int
+    postgres_pid: int | None
+    postgres_datadir: Path
+    kafka_port: int
+    kafka_controller_port: int
+    kafka_pid: int | None
+    kafka_dir: Path
+
+    @property
+    def running(self) -> bool:
+        """True when both servers run."""
+        return self.postgres_pid is not None and self.kafka_pid is not None
+
+    def export_line(self) -> str:
+        """A shell line pointing cdc-outbox at the sandbox."""
+        return (
+            f"export CDC_OUTBOX_DSN={shlex.quote(self.dsn)}"
+            f" CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS={shlex.quote(self.bootstrap_servers)}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (paths as strings)."""
+        return {
+            "state_dir": str(self.state_dir),
+            "dsn": self.dsn,
+            "bootstrap_servers": self.bootstrap_servers,
+            "postgres": {
+                "port": self.postgres_port,
+                "pid": self.postgres_pid,
+                "datadir": str(self.postgres_datadir),
+            },
+            "kafka": {
+                "port": self.kafka_port,
+                "controller_port": self.kafka_controller_port,
+                "pid": self.kafka_pid,
+                "dir": str(self.kafka_dir),
+            },
+        }
+
+
+def default_state_dir() -> Path:
+    """``$CDC_OUTBOX_CACHE_DIR/sandbox`` (default ``~/.cache/cdc-outbox/sandbox``)."""
+    return cache_root() / "sandbox"
+
+
+def _servers(state_dir: Path) -> tuple[LocalPostgres, LocalKafka]:
+    return LocalPostgres(state_dir / "postgres"), LocalKafka(state_dir / "kafka")
+
+
+def _info(state_dir: Path, pg: LocalPostgres, kafka: LocalKafka) -> SandboxInfo:
+    return SandboxInfo(
+        state_dir=state_dir,
+        dsn=pg.dsn,
+        bootstrap_servers=kafka.bootstrap_servers,
+        postgres_port=pg.port,
+        postgres_pid=pg.pid,
+        postgres_datadir=pg.datadir,
+        kafka_port=kafka.port,
+        kafka_controller_port=kafka.controller_port,
+        kafka_pid=kafka.pid,
+        kafka_dir=kafka.base_dir,
+    )
+
+
+def up(state_dir: Path | None = None) -> SandboxInfo:
+    """Start PostgreSQL and Kafka in the background (no-op for those already running)."""
+    state_dir = (state_dir or default_state_dir()).absolute()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pg, kafka = _servers(state_dir)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # Kafka's JVM start-up dominates
+        started = [pool.submit(pg.start), pool.submit(kafka.start)]
+    for future in started:
+        future.result()
+    info = _info(state_dir, pg, kafka)
+    (state_dir / STATE_FILE).write_text(json.dumps(info.to_json(), indent=2) + "\n")
+    return info
+
+
+def status(state_dir: Path | None = None) -> SandboxInfo | None:
+    """Current state of the sandbox in ``state_dir`` (None if it was never brought up)."""
+    state_dir = (state_dir or default_state_dir()).absolute()
+    if not (state_dir / STATE_FILE).exists():
+        return None
+    pg, kafka = _servers(state_dir)
+    return _info(state_dir, pg, kafka)
+
+
+def down(state_dir: Path | None = None, purge: bool = False) -> None:
+    """Stop both servers; with ``purge`` also delete their data and the state directory."""
+    state_dir = (state_dir or default_state_dir()).absolute()
+    if not state_dir.exists():
+        return
+    pg, kafka = _servers(state_dir)
+    kafka.stop()
+    pg.stop()
+    if purge:
+        kafka.destroy()
+        pg.destroy()
+        shutil.rmtree(state_dir, ignore_errors=True)

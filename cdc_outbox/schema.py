@@ -1,0 +1,141 @@
+"""DDL for the outbox, the consumer-side ``processed_events`` table, the publication and roles.
+
+Every configured name goes through ``psycopg.sql.Identifier``; nothing is string-formatted.
+Functions return lists of ``sql.Composed`` statements; render with ``.as_string(conn)``.
+``sql/*.sql`` holds the same DDL (default preset) as hand-readable scripts.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from cdc_outbox.config import Settings
+
+#: Columns the polling relay updates (default preset; never renamed; granted column-wise).
+POLLING_COLUMNS = (
+    "status",
+    "attempts",
+    "available_at",
+    "locked_at",
+    "locked_by",
+    "published_at",
+    "last_error",
+)
+STATUSES = ("PENDING", "PROCESSING", "PUBLISHED", "FAILED")
+PROCESSED_EVENTS_TABLE = "processed_events"
+
+
+def outbox_ident(settings: Settings) -> sql.Identifier:
+    """``schema.table`` of the outbox."""
+    return sql.Identifier(settings.outbox_schema, settings.outbox_table)
+
+
+def _index_name(table: str, suffix: str) -> str:
+    return f"{table[: 63 - len(suffix)]}{suffix}"
+
+
+def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
+    """CREATE TABLE (+ pending index for the default preset), ``IF NOT EXISTS``.
+
+    default preset: the event columns, ``headers`` (unless disabled), ``created_at`` and the
+    polling columns. debezium preset: Debezium's outbox shape (no polling columns).
+    """
+    cols = settings.column_names()
+    lines: list[sql.Composable] = [
+        sql.SQL("{} uuid PRIMARY KEY DEFAULT gen_random_uuid()").format(sql.Identifier(cols.id)),
+        sql.SQL("{} text NOT NULL").format(sql.Identifier(cols.aggregate_type)),
+        sql.SQL("{} text NOT NULL").format(sql.Identifier(cols.aggregate_id)),
+        sql.SQL("{} text NOT NULL").format(sql.Identifier(cols.event_type)),
+        sql.SQL("{} jsonb").format(sql.Identifier(cols.payload)),
+    ]
+    if cols.headers is not None:
+        lines.append(
+            sql.SQL("{} jsonb NOT NULL DEFAULT '{{}}'").format(sql.Identifier(cols.headers))
+        )
+    polling = settings.columns.preset == "default"
+    if polling:
+        statuses = sql.SQL(", ").join(sql.Literal(s) for s in STATUSES)
+        lines += [
+            sql.SQL("created_at timestamptz NOT NULL DEFAULT now()"),
+            sql.SQL("status text NOT NULL DEFAULT 'PENDING' CHECK (status IN ({}))").format(
+                statuses
+            ),
+            sql.SQL("attempts integer NOT NULL DEFAULT 0"),
+            sql.SQL("available_at timestamptz NOT NULL DEFAULT now()"),
+            sql.SQL("locked_at timestamptz"),
+            sql.SQL("locked_by text"),
+            sql.SQL("published_at timestamptz"),
+            sql.SQL("last_error text"),
+        ]
+    table = outbox_ident(settings)
+    stmts = [
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} (\n    {}\n)").format(
+            table, sql.SQL(",\n    ").join(lines)
+        )
+    ]
+    if polling:
+        stmts.append(
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} (available_at) WHERE status = 'PENDING'"
+            ).format(sql.Identifier(_index_name(settings.outbox_table, "_pending_idx")), table)
+        )
+    return stmts
+
+
+def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:
+    """Consumer-side de-duplication table: one row per (consumer, event id) handled."""
+    return [
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (\n"
+            "    consumer_name text NOT NULL,\n"
+            "    event_id uuid NOT NULL,\n"
+            "    processed_at timestamptz NOT NULL DEFAULT now(),\n"
+            "    PRIMARY KEY (consumer_name, event_id)\n"
+            ")"
+        ).format(sql.Identifier(schema, PROCESSED_EVENTS_TABLE))
+    ]
+
+
+def publication_ddl(settings: Settings) -> sql.Composed:
+    """A publication of the outbox table's inserts only."""
+    return sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
+        sql.Identifier(settings.publication_name), outbox_ident(settings)
+    )
+
+
+def drop_publication_ddl(settings: Settings) -> sql.Composed:
+    return sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
+        sql.Identifier(settings.publication_name)
+    )
+
+
+def create_slot_sql(settings: Settings) -> sql.Composed:
+    """Create the pgoutput logical slot (plain SQL function; consistent point = now)."""
+    return sql.SQL("SELECT pg_create_logical_replication_slot({}, 'pgoutput')").format(
+        sql.Literal(settings.slot_name)
+    )
+
+
+def drop_slot_sql(settings: Settings) -> sql.Composed:
+    return sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(settings.slot_name))
+
+
+def role_ddl(settings: Settings, role: str = "cdc_outbox") -> list[sql.Composed]:
+    """Least-privilege relay role (the CREATE ROLE has no password; set one separately).
+
+    REPLICATION for the slot; SELECT for polling and status; UPDATE on the polling columns
+    only and DELETE (cleanup of published rows). Creating the publication needs table
+    ownership, so ``init`` is run by the table owner and ``run`` by this role.
+    """
+    r = sql.Identifier(role)
+    table = outbox_ident(settings)
+    stmts = [
+        sql.SQL("CREATE ROLE {} WITH LOGIN REPLICATION").format(r),
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(settings.outbox_schema), r),
+        sql.SQL("GRANT SELECT ON {} TO {}").format(table, r),
+    ]
+    if settings.columns.preset == "default":
+        update_cols = sql.SQL(", ").join(sql.Identifier(c) for c in POLLING_COLUMNS)
+        stmts.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(update_cols, table, r))
+    stmts.append(sql.SQL("GRANT DELETE ON {} TO {}").format(table, r))
+    return stmts

@@ -1,0 +1,276 @@
+"""Sample order traffic and delivery verification, shared by the demo, benchmarks and tests.
+
+Writers commit a business row and an outbox row in one transaction. Each aggregate belongs to
+exactly one writer, so an aggregate's commit order is its ``seq`` order; :func:`tally` checks
+that Kafka kept it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from cdc_outbox.kafka_publisher import ConsumedRecord
+from cdc_outbox.outbox_mapping import ColumnNames
+
+BUSINESS_TABLE = "demo_orders"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What to write: ``events`` outbox rows from ``writers`` threads over ``aggregates``."""
+
+    events: int
+    writers: int = 4
+    aggregates: int = 200
+    txn_sizes: tuple[int, ...] = (1, 7, 50, 100)
+    aggregate_type: str = "order"
+    payload_pad: int = 120
+    rollback_every: int = 0  # every Nth transaction of a writer is rolled back (0: never)
+    rate: float = 0.0  # offered load in committed events/s over all writers (0: as fast as possible)
+
+
+@dataclass
+class WriteReport:
+    """What the writers committed (event ids in commit order per writer) and rolled back."""
+
+    committed: int = 0
+    rolled_back_ids: list[str] = field(default_factory=list)
+    transactions: int = 0
+
+
+def prepare(dsn: str, schema: str = "public") -> None:
+    """Create the demo business table (idempotent)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.{} (id uuid PRIMARY KEY, customer text NOT NULL,"
+                " seq int NOT NULL, amount_cents bigint NOT NULL)"
+            ).format(sql.Identifier(schema), sql.Identifier(BUSINESS_TABLE))
+        )
+
+
+def write_orders(
+    dsn: str,
+    spec: WorkloadSpec,
+    *,
+    schema: str = "public",
+    table: str = "outbox",
+    columns: ColumnNames,
+    stop: threading.Event | None = None,
+) -> WriteReport:
+    """Run the writers to completion (or until ``stop``); returns what they did."""
+    prepare(dsn, schema)
+    report = WriteReport()
+    lock = threading.Lock()
+    per_writer = [spec.events // spec.writers] * spec.writers
+    for i in range(spec.events % spec.writers):
+        per_writer[i] += 1
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            _run_writer(dsn, spec, w, per_writer[w], schema, table, columns, stop, report, lock)
+        except BaseException as exc:  # surfaced to the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(spec.writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return report
+
+
+def _run_writer(
+    dsn: str,
+    spec: WorkloadSpec,
+    w: int,
+    count: int,
+    schema: str,
+    table: str,
+    columns: ColumnNames,
+    stop: threading.Event | None,
+    report: WriteReport,
+    lock: threading.Lock,
+) -> None:
+    aggregates = [
+        f"{spec.aggregate_type}-{a}" for a in range(spec.aggregates) if a % spec.writers == w
+    ]
+    if not aggregates:
+        aggregates = [f"{spec.aggregate_type}-w{w}"]
+    seqs = dict.fromkeys(aggregates, 0)
+    agg_cycle = itertools.cycle(aggregates)
+    sizes = itertools.cycle(spec.txn_sizes)
+    cols = [
+        columns.id,
+        columns.aggregate_type,
+        columns.aggregate_id,
+        columns.event_type,
+        columns.payload,
+    ]
+    if columns.headers:
+        cols.append(columns.headers)
+    insert_outbox = sql.SQL("INSERT INTO {}.{} ({}) VALUES ({})").format(
+        sql.Identifier(schema),
+        sql.Identifier(table),
+        sql.SQL(", ").join(map(sql.Identifier, cols)),
+        sql.SQL(", ").join(sql.Placeholder() * len(cols)),
+    )
+    insert_order = sql.SQL("INSERT INTO {}.{} VALUES (%s, %s, %s, %s)").format(
+        sql.Identifier(schema), sql.Identifier(BUSINESS_TABLE)
+    )
+    written, txn_no = 0, 0
+    per_writer_rate = spec.rate / spec.writers if spec.rate > 0 else 0.0
+    started = time.monotonic()
+    with psycopg.connect(dsn) as conn:
+        while written < count and not (stop and stop.is_set()):
+            if per_writer_rate:
+                # Pace commits so that this writer offers its share of ``spec.rate``.
+                due = started + written / per_writer_rate
+                if (delay := due - time.monotonic()) > 0:
+                    time.sleep(delay)
+            size = min(next(sizes), count - written)
+            txn_no += 1
+            rollback = spec.rollback_every > 0 and txn_no % spec.rollback_every == 0
+            orders, events, ids = [], [], []
+            for _ in range(size):
+                agg = next(agg_cycle)
+                if not rollback:
+                    seqs[agg] += 1
+                event_id = str(uuid.uuid4())
+                ids.append(event_id)
+                payload = {
+                    "order": agg,
+                    "seq": seqs[agg],
+                    "amount_cents": 1000 + seqs[agg],
+                    "note": "x" * spec.payload_pad,
+                }
+                orders.append((event_id, agg, seqs[agg], 1000 + seqs[agg]))
+                row = [event_id, spec.aggregate_type, agg, "OrderPlaced", json.dumps(payload)]
+                if columns.headers:
+                    row.append(json.dumps({"writer": str(w), "txn": str(txn_no)}))
+                events.append(row)
+            with conn.cursor() as cur:
+                cur.executemany(insert_order, orders)
+                cur.executemany(insert_outbox, events)
+            if rollback:
+                conn.rollback()
+                with lock:
+                    report.rolled_back_ids.extend(ids)
+            else:
+                conn.commit()
+                written += size
+                with lock:
+                    report.committed += size
+                    report.transactions += 1
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An outbox row as PostgreSQL stores it (text forms), the expected Kafka record."""
+
+    id: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: str
+    seq: int
+
+
+def stored_events(
+    dsn: str, *, schema: str = "public", table: str = "outbox", columns: ColumnNames
+) -> list[StoredEvent]:
+    """Every committed outbox row, with the payload text exactly as PostgreSQL outputs it."""
+    query = sql.SQL("SELECT {}::text, {}, {}, {}, {}::text FROM {}.{}").format(
+        sql.Identifier(columns.id),
+        sql.Identifier(columns.aggregate_type),
+        sql.Identifier(columns.aggregate_id),
+        sql.Identifier(columns.event_type),
+        sql.Identifier(columns.payload),
+        sql.Identifier(schema),
+        sql.Identifier(table),
+    )
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(query).fetchall()
+    return [
+        StoredEvent(r[0], r[1], r[2], r[3], r[4], int(json.loads(r[4]).get("seq", 0))) for r in rows
+    ]
+
+
+@dataclass
+class Tally:
+    """Delivery verdict: complete, exact and ordered, with duplicate counts."""
+
+    expected: int
+    received: int
+    missing: list[str]
+    duplicates: int
+    mismatched: list[str]
+    order_violations: list[str]
+    unexpected: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.mismatched or self.order_violations or self.unexpected)
+
+    def summary(self) -> str:
+        return (
+            f"expected {self.expected}, received {self.received} records "
+            f"({self.duplicates} duplicates); missing {len(self.missing)}, "
+            f"mismatched {len(self.mismatched)}, order violations {len(self.order_violations)}, "
+            f"unexpected {len(self.unexpected)}"
+        )
+
+
+def tally(
+    expected: Sequence[StoredEvent],
+    records: Iterable[ConsumedRecord],
+    *,
+    forbidden_ids: Iterable[str] = (),
+) -> Tally:
+    """Compare Kafka records with the stored events.
+
+    Every stored event must arrive at least once with key = aggregate id and value = payload;
+    per aggregate, first arrivals must follow ``seq`` (partition order is commit order).
+    ``forbidden_ids`` (e.g. rolled-back events) must not arrive at all.
+    """
+    by_id = {e.id: e for e in expected}
+    forbidden = set(forbidden_ids)
+    seen: dict[str, int] = defaultdict(int)
+    last_seq: dict[str, int] = {}
+    mismatched: list[str] = []
+    violations: list[str] = []
+    unexpected: list[str] = []
+    received = 0
+    for rec in records:
+        received += 1
+        headers = dict(rec.headers)
+        event_id = headers.get("id", b"").decode()
+        ev = by_id.get(event_id)
+        if ev is None or event_id in forbidden:
+            unexpected.append(event_id)
+            continue
+        seen[event_id] += 1
+        if seen[event_id] > 1:
+            continue
+        if rec.key != ev.aggregate_id.encode() or rec.value != ev.payload.encode():
+            mismatched.append(event_id)
+        prev = last_seq.get(ev.aggregate_id, 0)
+        if ev.seq <= prev:
+            violations.append(f"{ev.aggregate_id}: seq {ev.seq} after {prev}")
+        last_seq[ev.aggregate_id] = max(prev, ev.seq)
+    missing = [e.id for e in expected if e.id not in seen]
+    duplicates = sum(n - 1 for n in seen.values())
+    return Tally(len(expected), received, missing, duplicates, mismatched, violations, unexpected)

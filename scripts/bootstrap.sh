@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Set up everything cdc-outbox needs, from nothing, on Debian 12 (idempotent; re-runs are fast).
+#   - PostgreSQL server binaries, Java 17+ and Maven (apt-get, only what is missing)
+#   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
+#     pyproject.toml changes)
+#   - the Kafka broker jars and its class-data-sharing archive, cached in
+#     ${CDC_OUTBOX_CACHE_DIR:-~/.cache/cdc-outbox}
+# Runs as root, or as a user with sudo for apt-get. PYTHON selects the interpreter (>= 3.11).
+# Debian's postgresql package also starts a cluster on port 5432: harmless, cdc-outbox's
+# sandbox runs its own servers on free ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+PYTHON="${PYTHON:-python3}"
+
+java_major() {
+  local v
+  v=$(java -XshowSettings:properties -version 2>&1 |
+    sed -n 's/^ *java.specification.version = \([0-9]*\).*/\1/p')
+  echo "${v:-0}"
+}
+
+python_ok() {
+  command -v "$PYTHON" >/dev/null 2>&1 &&
+    "$PYTHON" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+}
+
+packages=()
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || packages+=(postgresql)
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+  packages+=(openjdk-17-jre-headless)
+fi
+command -v mvn >/dev/null 2>&1 || packages+=(maven)
+python_ok || packages+=(python3 python3-venv)
+
+if [ "${#packages[@]}" -gt 0 ]; then
+  log "installing ${packages[*]}"
+  $SUDO apt-get update -q
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "${packages[@]}"
+fi
+python_ok || { log "$PYTHON >= 3.11 with venv is required"; exit 1; }
+
+if ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  log "creating .venv with $PYTHON"
+  rm -rf .venv
+  "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  log "installing cdc-outbox and dev tools into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+
+log "checking the Kafka broker cache"
+.venv/bin/python -c '
+import logging
+logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
+from cdc_outbox.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
+ensure_kafka_jars()
+ensure_cds_archive()
+'
+log "ready"

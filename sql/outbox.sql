@@ -1,0 +1,29 @@
+-- cdc-outbox: the outbox table, default column preset.
+-- Equivalent to `cdc-outbox init --create-table` with default settings
+-- (schema "public", table "outbox"). Run as the role that will own the table.
+
+CREATE TABLE IF NOT EXISTS public.outbox (
+    -- Event columns: written by the application, read by the relay.
+    id              uuid        PRIMARY KEY DEFAULT gen_random_uuid(),  -- event id, for consumer de-duplication
+    aggregate_type  text        NOT NULL,                               -- picks the topic: outbox.event.<aggregate_type>
+    aggregate_id    text        NOT NULL,                               -- Kafka message key (per-aggregate ordering)
+    event_type      text        NOT NULL,                               -- sent as a header
+    payload         jsonb,                                              -- Kafka message value (NULL = tombstone)
+    headers         jsonb       NOT NULL DEFAULT '{}',                  -- extra Kafka headers (string values)
+    created_at      timestamptz NOT NULL DEFAULT now(),
+
+    -- Polling-relay columns (fallback mode). Replication mode never touches them.
+    status          text        NOT NULL DEFAULT 'PENDING'
+                                CHECK (status IN ('PENDING', 'PROCESSING', 'PUBLISHED', 'FAILED')),
+    attempts        integer     NOT NULL DEFAULT 0,
+    available_at    timestamptz NOT NULL DEFAULT now(),                 -- next attempt not before
+    locked_at       timestamptz,                                        -- lease start (PROCESSING)
+    locked_by       text,                                               -- relay instance holding the lease
+    published_at    timestamptz,
+    last_error      text
+);
+
+-- Polling claims the oldest due PENDING rows; this index keeps that cheap.
+CREATE INDEX IF NOT EXISTS outbox_pending_idx
+    ON public.outbox (available_at)
+    WHERE status = 'PENDING';

@@ -1,0 +1,145 @@
+"""Test helpers shared by all tests: condition waits and reading Kafka topics back.
+
+Fixtures live in tests/conftest.py; plain functions live here (``from tests.helpers import ...``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "",
+) -> T:
+    """Poll ``predicate`` until it returns something truthy and return that value.
+
+    Raises ``AssertionError`` after ``timeout`` seconds; ``message`` (a string, or a callable
+    evaluated at failure time to describe the current state) is included.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            detail = message() if callable(message) else message
+            raise AssertionError(f"condition not met within {timeout:.1f}s: {detail}".rstrip(": "))
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class ConsumedMessage:
+    """One Kafka record as read back by :func:`consume_all`."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+
+
+def consume_all(
+    bootstrap_servers: str,
+    topics: Sequence[str],
+    expected_count: int | None = None,
+    until_idle_s: float = 1.0,
+    timeout: float = 30.0,
+) -> list[ConsumedMessage]:
+    """Read ``topics`` from the beginning (all partitions, no consumer group) and return records
+    ordered as received (per-partition order is preserved).
+
+    With ``expected_count``: return as soon as that many arrived; ``AssertionError`` on timeout.
+    Without: return once all topics exist and nothing arrived for ``until_idle_s`` seconds.
+    Topics that do not exist yet are waited for (up to ``timeout``).
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"test-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 50,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    records: list[ConsumedMessage] = []
+    pending = set(topics)
+    deadline = time.monotonic() + timeout
+    last_activity = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            if pending:
+                _assign_existing(consumer, pending)
+                if not pending:  # idle time counts from when every topic is assigned
+                    last_activity = now
+            if expected_count is not None and len(records) >= expected_count:
+                return records
+            if expected_count is None and not pending and now - last_activity >= until_idle_s:
+                return records
+            if now >= deadline:
+                if expected_count is None and not pending:
+                    return records
+                raise AssertionError(
+                    f"consumed {len(records)} of {expected_count} records from {list(topics)}"
+                    f" within {timeout:.0f}s; missing topics: {sorted(pending)}"
+                )
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    continue
+                raise AssertionError(f"consumer error: {error}")
+            last_activity = time.monotonic()
+            records.append(_record(msg))
+    finally:
+        consumer.close()
+
+
+def _record(msg: Message) -> ConsumedMessage:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    raw = msg.headers() or []
+    pairs = list(raw.items()) if isinstance(raw, dict) else raw
+    headers = [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
+    return ConsumedMessage(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=_as_bytes(msg.key()),
+        value=_as_bytes(msg.value()),
+        headers=headers,
+        timestamp_ms=msg.timestamp()[1],
+    )
+
+
+def _as_bytes(data: str | bytes | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _assign_existing(consumer: Consumer, pending: set[str]) -> None:
+    """Assign every partition (from the beginning) of the pending topics that exist now."""
+    metadata = consumer.list_topics(timeout=5)
+    for name in list(pending):
+        topic = metadata.topics.get(name)
+        if topic is None or topic.error is not None or not topic.partitions:
+            continue
+        consumer.incremental_assign(
+            [TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(topic.partitions)]
+        )
+        pending.discard(name)

@@ -1,0 +1,185 @@
+"""The CDC relay against the real PostgreSQL and Kafka: delivery, exactness, order, DLQ."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+
+import psycopg
+
+from cdc_outbox import workload
+from cdc_outbox.kafka_publisher import count_records, read_topics
+from tests.helpers import wait_until
+from tests.relay_support import (
+    current_wal_lsn,
+    init_outbox,
+    relay_settings,
+    relay_thread,
+    slot_position,
+)
+
+
+def _insert_event(conn: psycopg.Connection, aggregate_id: str, payload: str, **kw: str) -> str:
+    event_id = str(uuid.uuid4())
+    conn.execute(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        (
+            event_id,
+            kw.get("aggregate_type", "order"),
+            aggregate_id,
+            kw.get("event_type", "OrderPlaced"),
+            payload,
+            kw.get("headers", "{}"),
+        ),
+    )
+    return event_id
+
+
+def test_20k_events_from_4_writers_arrive_exactly_and_in_order(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    spec = workload.WorkloadSpec(
+        events=20_000, writers=4, aggregates=200, txn_sizes=(1, 3, 17, 100, 250), rollback_every=9
+    )
+    with relay_thread(settings) as relay:
+        report = workload.write_orders(pg_dsn, spec, columns=settings.column_names())
+        wait_until(
+            lambda: relay.stats.events_published >= 20_000,
+            timeout=180,
+            message=lambda: f"published {relay.stats.events_published}/20000",
+        )
+    assert report.committed == 20_000
+    assert report.rolled_back_ids, "the workload must include rolled-back transactions"
+    expected = workload.stored_events(pg_dsn, columns=settings.column_names())
+    records = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    verdict = workload.tally(expected, records, forbidden_ids=report.rolled_back_ids)
+    print(verdict.summary())
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == 20_000
+    assert len(records) >= 20_000
+    assert {r.topic for r in records} == {f"{kafka_topic_prefix}.event.order"}
+    # Headers: event id, type, aggregate type, then the row's own headers object.
+    headers = dict(records[0].headers)
+    assert headers["event_type"] == b"OrderPlaced"
+    assert headers["aggregate_type"] == b"order"
+    assert set(headers) >= {"id", "writer", "txn"}
+
+
+def test_rolled_back_transaction_publishes_nothing(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
+        rolled = [_insert_event(conn, "agg-1", json.dumps({"n": i})) for i in range(50)]
+        conn.rollback()
+        marker = _insert_event(conn, "agg-2", '{"marker": true}')
+        conn.commit()
+        wait_until(lambda: relay.stats.events_published >= 1, timeout=60)
+    records = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    ids = [dict(r.headers)["id"].decode() for r in records]
+    assert ids == [marker]
+    assert not set(rolled) & set(ids)
+
+
+def test_slot_advances_while_only_other_tables_are_written(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE busy (id serial PRIMARY KEY, body text)")
+    with relay_thread(settings) as relay:
+        wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=30)
+        start, _ = slot_position(pg_dsn, settings.slot_name)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for i in range(200):
+                conn.execute("INSERT INTO busy (body) VALUES (%s)", ("x" * 500 + str(i),))
+        target = current_wal_lsn(pg_dsn)
+        wait_until(
+            lambda: slot_position(pg_dsn, settings.slot_name)[0] >= target,
+            timeout=60,
+            message=lambda: (
+                f"slot at {slot_position(pg_dsn, settings.slot_name)[0]}, "
+                f"want {target} (started at {start})"
+            ),
+        )
+        assert relay.stats.events_published == 0
+    assert slot_position(pg_dsn, settings.slot_name)[0] > start
+    assert count_records(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.") == 0
+
+
+def test_oversized_payload_goes_to_dead_letter_topic_and_stream_goes_on(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    # The broker keeps its default 1 MB limit; the producer is allowed bigger records so that
+    # the broker itself rejects the 2 MB one (random, so compression cannot shrink it).
+    settings = relay_settings(
+        pg_dsn,
+        kafka_broker.bootstrap_servers,
+        kafka_topic_prefix,
+        kafka={
+            "bootstrap_servers": kafka_broker.bootstrap_servers,
+            "config": {"message.max.bytes": "8000000"},
+        },
+    )
+    init_outbox(settings)
+    blob = base64.b64encode(os.urandom(1_500_000)).decode()  # ~2 MB of JSON text
+    with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
+        before = _insert_event(conn, "agg-1", '{"seq": 1}')
+        big = _insert_event(conn, "agg-1", json.dumps({"seq": 2, "blob": blob}))
+        conn.commit()
+        after = _insert_event(conn, "agg-1", '{"seq": 3}')
+        conn.commit()
+        wait_until(
+            lambda: relay.stats.events_published >= 2 and relay.stats.events_dead_lettered >= 1,
+            timeout=90,
+            message=lambda: f"stats {relay.stats}",
+        )
+        committed_lsn = current_wal_lsn(pg_dsn)
+        wait_until(
+            lambda: slot_position(pg_dsn, settings.slot_name)[0] >= committed_lsn, timeout=30
+        )
+    main = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    assert [dict(r.headers)["id"].decode() for r in main] == [before, after]
+    dlq = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.dlq")
+    assert len(dlq) == 1
+    dl_headers = dict(dlq[0].headers)
+    assert dl_headers["id"].decode() == big
+    assert b"MSG_SIZE_TOO_LARGE" in dl_headers["cdc_outbox.error"] or b"too large" in (
+        dl_headers["cdc_outbox.error"].lower()
+    )
+    assert dl_headers["cdc_outbox.original_topic"] == f"{kafka_topic_prefix}.event.order".encode()
+    assert dlq[0].key == b"agg-1"
+    assert dlq[0].value is None
+
+
+def test_null_payload_is_dead_lettered_never_published_as_null(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
+        bad = str(uuid.uuid4())
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (%s, 'order', 'agg-9', 'OrderPlaced', NULL)",
+            (bad,),
+        )
+        good = _insert_event(conn, "agg-9", '{"ok": 1}')
+        conn.commit()
+        wait_until(
+            lambda: relay.stats.events_published >= 1 and relay.stats.events_dead_lettered >= 1,
+            timeout=60,
+        )
+    main = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    assert [dict(r.headers)["id"].decode() for r in main] == [good]
+    assert all(r.value is not None for r in main)
+    dlq = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.dlq")
+    assert [dict(r.headers)["id"].decode() for r in dlq] == [bad]
+    assert b"null" in dict(dlq[0].headers)["cdc_outbox.error"]

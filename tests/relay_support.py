@@ -1,0 +1,145 @@
+"""Helpers for relay tests: settings, the relay in a thread or a real process, slot queries."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdc_outbox import bootstrap
+from cdc_outbox.config import Settings
+from cdc_outbox.lsn import Lsn
+from cdc_outbox.relay import Relay
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: Any) -> Settings:
+    """Settings for one test: its own topics (``<prefix>.event.*``, ``<prefix>.dlq``)."""
+    values: dict[str, Any] = {
+        "dsn": dsn,
+        "topic_template": prefix + ".event.{aggregate_type}",
+        "dead_letter_topic": prefix + ".dlq",
+        "kafka": {"bootstrap_servers": bootstrap_servers},
+        "status_interval_s": 1.0,
+        "shutdown_grace_s": 15.0,
+    }
+    values.update(overrides)
+    return Settings.model_validate(values)
+
+
+def init_outbox(settings: Settings) -> None:
+    """Outbox table, publication and slot, as ``cdc-outbox init --create-table`` does."""
+    bootstrap.init(settings, create_table=True)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes ``python -m cdc_outbox run`` use ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
+    env.update(
+        {
+            "CDC_OUTBOX_DSN": settings.postgres_dsn(),
+            "CDC_OUTBOX_SLOT_NAME": settings.slot_name,
+            "CDC_OUTBOX_PUBLICATION_NAME": settings.publication_name,
+            "CDC_OUTBOX_TOPIC_TEMPLATE": settings.topic_template,
+            "CDC_OUTBOX_DEAD_LETTER_TOPIC": settings.dead_letter_topic,
+            "CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+            "CDC_OUTBOX_STATUS_INTERVAL_S": str(settings.status_interval_s),
+            "CDC_OUTBOX_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
+            "CDC_OUTBOX_MODE": "cdc",
+            "CDC_OUTBOX_METRICS_PORT": "0",
+        }
+    )
+    return env
+
+
+class RelayProcess:
+    """``python -m cdc_outbox run`` as a real child process (for kill -9 and SIGTERM)."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self.settings = settings
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.log_path = ARTIFACTS / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc_outbox", "run"],
+            env=settings_env(self.settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop_quietly(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+@contextmanager
+def relay_thread(settings: Settings) -> Iterator[Relay]:
+    """The relay running in a background thread; stopped (and errors re-raised) on exit."""
+    relay = Relay(settings)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            relay.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="relay", daemon=True)
+    thread.start()
+    try:
+        yield relay
+    finally:
+        relay.request_stop()
+        thread.join(60)
+    assert not thread.is_alive(), "relay did not stop within 60 s"
+    if errors:
+        raise errors[0]
+
+
+def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:
+    """(confirmed_flush_lsn, active) of ``slot``."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+    assert row is not None, f"slot {slot} missing"
+    return Lsn.parse(row[0]), bool(row[1])
+
+
+def current_wal_lsn(dsn: str) -> Lsn:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
