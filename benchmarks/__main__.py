@@ -22,6 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     relay.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     relay.add_argument("--json", type=Path, default=Path("benchmarks/out/relay.json"))
     relay.add_argument("--profile", type=Path, help="write a cProfile of the relay phase here")
+    relay.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra librdkafka producer setting for the relay (repeatable)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "relay":

@@ -10,16 +10,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import os
 import resource
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from benchmarks.cpu import CpuMeter, process_cpu, tree_cpu
 from cdc_outbox import workload
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import KafkaPublisher, count_records
@@ -34,16 +36,20 @@ RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
 
 
 @contextlib.contextmanager
-def services(dsn: str | None, bootstrap: str | None) -> Iterator[tuple[str, str]]:
-    """The given services, or local throw-away ones for what is not given."""
+def services(dsn: str | None, bootstrap: str | None) -> Iterator[tuple[str, str, CpuMeter]]:
+    """The given services, or local throw-away ones for what is not given, and a CPU meter
+    over this process and (when local) the broker and the PostgreSQL server."""
+    probes: dict[str, Callable[[], float]] = {"relay_process": lambda: process_cpu(os.getpid())}
     with contextlib.ExitStack() as stack:
         if dsn is None:
             pg = stack.enter_context(LocalPostgres())
             dsn = pg.dsn
+            probes["postgres"] = lambda: tree_cpu(pg.pid or 0)
         if bootstrap is None:
             kafka = stack.enter_context(LocalKafka())
             bootstrap = kafka.bootstrap_servers
-        yield dsn, bootstrap
+            probes["kafka_broker"] = lambda: process_cpu(kafka.pid or 0)
+        yield dsn, bootstrap, CpuMeter(probes)
 
 
 def setup(settings: Settings, slots: list[str]) -> None:
@@ -80,9 +86,14 @@ def current_wal(dsn: str) -> int:
     return int(row[0])
 
 
-def raw_drain(settings: Settings, slot: str, events: int) -> tuple[float, int]:
-    """Receive frames from ``slot`` until ``events`` Insert frames arrived; (seconds, frames)."""
+def raw_drain(
+    settings: Settings, slot: str, events: int, cpu: CpuMeter
+) -> tuple[float, int, dict[str, float]]:
+    """Receive frames from ``slot`` until ``events`` Insert frames arrived.
+
+    Returns (seconds, frames, cores used per process while streaming)."""
     stream = ReplicationStream(settings.postgres_dsn(), slot, settings.publication_name)
+    cpu.start()
     t0 = time.perf_counter()
     stream.open(0)
     inserts = frames = 0
@@ -98,13 +109,18 @@ def raw_drain(settings: Settings, slot: str, events: int) -> tuple[float, int]:
             if time.monotonic() - last_status > 5:
                 stream.send_status(frame.wal_start, 0)
                 last_status = time.monotonic()
-        return time.perf_counter() - t0, frames
+        elapsed = time.perf_counter() - t0
+        return elapsed, frames, cpu.cores_used(elapsed)
     finally:
         stream.close()
 
 
-def relay_phase(settings: Settings, events: int, profile: Path | None) -> tuple[float, float]:
-    """Run the relay until Kafka acknowledged ``events`` events; (wall s, process CPU s)."""
+def relay_phase(
+    settings: Settings, events: int, profile: Path | None, cpu: CpuMeter
+) -> tuple[float, dict[str, float]]:
+    """Run the relay until Kafka acknowledged ``events`` events.
+
+    Returns (seconds, cores used per process while relaying)."""
     relay = Relay(settings)
     profiler = cProfile.Profile() if profile else None
     errors: list[BaseException] = []
@@ -120,12 +136,14 @@ def relay_phase(settings: Settings, events: int, profile: Path | None) -> tuple[
             if profiler:
                 profiler.disable()
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    cpu.start()
+    t0 = time.perf_counter()
     thread = threading.Thread(target=target, name="relay")
     thread.start()
     while relay.stats.events_published < events and thread.is_alive():
         time.sleep(0.005)
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    elapsed = time.perf_counter() - t0
+    cores = cpu.cores_used(elapsed)
     relay.request_stop()
     thread.join(60)
     if errors:
@@ -135,11 +153,11 @@ def relay_phase(settings: Settings, events: int, profile: Path | None) -> tuple[
     if profiler and profile:
         profile.parent.mkdir(parents=True, exist_ok=True)
         profiler.dump_stats(str(profile))
-    return elapsed, cpu
+    return elapsed, cores
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap):
+    with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu):
         topic_prefix = f"bench.{int(time.time())}"
         settings = Settings.model_validate(
             {
@@ -148,7 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "publication_name": PUBLICATION,
                 "outbox_table": "bench_outbox",
                 "topic_template": topic_prefix + ".{aggregate_type}",
-                "kafka": {"bootstrap_servers": bootstrap},
+                "kafka": {
+                    "bootstrap_servers": bootstrap,
+                    "config": dict(kv.split("=", 1) for kv in args.kafka_config),
+                },
             }
         )
         setup(settings, [RAW_SLOT, RELAY_SLOT])
@@ -165,8 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         write_s = time.perf_counter() - t0
         wal_bytes = current_wal(dsn)
-        raw_s, frames = raw_drain(settings, RAW_SLOT, args.events)
-        relay_s, relay_cpu_s = relay_phase(settings, args.events, args.profile)
+        raw_s, frames, raw_cores = raw_drain(settings, RAW_SLOT, args.events, cpu)
+        relay_s, relay_cores = relay_phase(settings, args.events, args.profile, cpu)
         in_kafka = count_records(bootstrap, topic_prefix) - 1
         raw_eps = args.events / raw_s
         relay_eps = args.events / relay_s
@@ -182,10 +203,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "relay_s": round(relay_s, 3),
             "relay_eps": round(relay_eps, 1),
             "ratio": round(relay_eps / raw_eps, 3),
-            # CPU of this process (relay thread + librdkafka threads) per wall second of the
-            # relay phase: near 1.0 means the relay is bound by its own Python thread.
-            "relay_cpu_per_wall": round(relay_cpu_s / relay_s, 2),
             "records_in_kafka": in_kafka,
+            # Average cores used per process during each phase (the machine's total is
+            # os.cpu_count()): shows what bounds the relay when the ratio is low.
+            "cores_raw_phase": raw_cores,
+            "cores_relay_phase": relay_cores,
             "wal_position_bytes": wal_bytes,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "machine": _machine(),
@@ -195,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 class _WarmupListener:
     """Outcome of the warm-up record."""
 
-    def delivered(self) -> None:
+    def delivered(self, topic: str) -> None:
         pass
 
     def failed(self, failure: object) -> None:
@@ -210,6 +232,10 @@ def _machine() -> str:
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {py}"
 
 
+def _cores(used: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in used.items())
+
+
 def print_table(result: dict[str, Any]) -> None:
     rows = [
         ("events", f"{result['events']:,}"),
@@ -217,8 +243,9 @@ def print_table(result: dict[str, Any]) -> None:
         ("raw drain (receive only)", f"{result['raw_drain_eps']:,.0f} events/s"),
         ("relay into Kafka (acked)", f"{result['relay_eps']:,.0f} events/s"),
         ("ratio relay/raw", f"{result['ratio']:.2f}"),
-        ("relay process CPU / wall", f"{result['relay_cpu_per_wall']:.2f}"),
         ("records in Kafka", f"{result['records_in_kafka']:,}"),
+        ("cores used, raw phase", _cores(result["cores_raw_phase"])),
+        ("cores used, relay phase", _cores(result["cores_relay_phase"])),
         ("peak RSS", f"{result['peak_rss_mb']} MB"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -26,8 +26,16 @@ _OPEN = -1  # end LSN of a transaction that has not committed yet
 class AckTracker:
     """Tracks unacknowledged events per transaction and the confirmable LSN."""
 
-    __slots__ = ("_confirmed", "_epoch", "_head", "_in_flight", "_next", "_open", "_open_rec",
-                 "_txns")
+    __slots__ = (
+        "_confirmed",
+        "_epoch",
+        "_head",
+        "_in_flight",
+        "_next",
+        "_open",
+        "_open_rec",
+        "_txns",
+    )
 
     def __init__(self, confirmed: int = 0) -> None:
         self._confirmed = confirmed

@@ -89,7 +89,7 @@ class DeliveryFailure:
 class DeliveryListener(Protocol):
     """Receives the outcome of each record produced with it."""
 
-    def delivered(self) -> None: ...
+    def delivered(self, topic: str) -> None: ...
 
     def failed(self, failure: DeliveryFailure) -> None: ...
 
@@ -106,7 +106,7 @@ class _DeliveryReport:
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
-            self.listener.delivered()
+            self.listener.delivered(msg.topic() or "")
         else:
             self.listener.failed(_failure(err, msg.topic(), msg.key(), msg.value(), self.headers))
 

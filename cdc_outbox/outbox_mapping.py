@@ -126,8 +126,17 @@ class OutboxMapper:
     new Relation object arrives for it (schema change).
     """
 
-    __slots__ = ("_cols", "_headers_name", "_positions", "_template", "_topics", "_use_at",
-                 "_use_et", "schema", "table")
+    __slots__ = (
+        "_cols",
+        "_headers_name",
+        "_positions",
+        "_template",
+        "_topics",
+        "_use_at",
+        "_use_et",
+        "schema",
+        "table",
+    )
 
     def __init__(
         self,

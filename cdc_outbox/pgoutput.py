@@ -284,7 +284,7 @@ def _type(buf: bytes, off: int, end: int) -> tuple[Type, int]:
     return Type(oid, namespace, name), off
 
 
-def _insert(buf: bytes, off: int, end: int) -> tuple[Insert, int]:
+def _insert_parts(buf: bytes, off: int, end: int) -> tuple[int, TupleData, int]:
     try:
         oid, tag = _INSERT_HEAD(buf, off)
     except struct.error:
@@ -292,12 +292,32 @@ def _insert(buf: bytes, off: int, end: int) -> tuple[Insert, int]:
     if tag != 0x4E:  # 'N'
         raise ValueError(f"expected 'N' but got {bytes([tag])!r} at offset {off + 4}")
     new, off = _tuple(buf, off + 5, end)
+    return oid, new, off
+
+
+def _insert(buf: bytes, off: int, end: int) -> tuple[Insert, int]:
+    oid, new, off = _insert_parts(buf, off, end)
     return Insert(oid, new), off
 
 
-def _old_or_key(
-    buf: bytes, off: int, end: int
-) -> tuple[TupleData | None, TupleData | None, int]:
+def decode_insert(buf: bytes) -> tuple[int, TupleData]:
+    """Hot path for an Insert message (``buf[0] == ord("I")``, protocol v1, not streamed):
+    ``(relation_oid, new_tuple)`` with the same checks and errors as :func:`decode`."""
+    end = len(buf)
+    try:
+        if buf[0] != 0x49:
+            raise ValueError(f"not an Insert message: {buf[:1]!r}")
+        oid, new, off = _insert_parts(buf, 1, end)
+    except _Short as e:
+        raise DecodeError(f"Insert: truncated at offset {e.offset}") from None
+    except (ValueError, IndexError, struct.error) as e:
+        raise DecodeError(f"Insert: {e}") from None
+    if off != end:
+        raise DecodeError(f"Insert: {end - off} trailing bytes at offset {off}")
+    return oid, new
+
+
+def _old_or_key(buf: bytes, off: int, end: int) -> tuple[TupleData | None, TupleData | None, int]:
     _need(off, 1, end)
     tag = buf[off]
     if tag == 0x4F:  # 'O'
@@ -315,7 +335,7 @@ def _update(buf: bytes, off: int, end: int) -> tuple[Update, int]:
     old, key, off = _old_or_key(buf, off + 4, end)
     _need(off, 1, end)
     if buf[off] != 0x4E:
-        raise ValueError(f"expected 'N' but got {buf[off:off + 1]!r} at offset {off}")
+        raise ValueError(f"expected 'N' but got {buf[off : off + 1]!r} at offset {off}")
     new, off = _tuple(buf, off + 1, end)
     return Update(oid, old, key, new), off
 
@@ -325,7 +345,7 @@ def _delete(buf: bytes, off: int, end: int) -> tuple[Delete, int]:
     (oid,) = _U32(buf, off)
     old, key, off2 = _old_or_key(buf, off + 4, end)
     if off2 == off + 4:
-        raise ValueError(f"expected 'K' or 'O' but got {buf[off2:off2 + 1]!r} at offset {off2}")
+        raise ValueError(f"expected 'K' or 'O' but got {buf[off2 : off2 + 1]!r} at offset {off2}")
     return Delete(oid, old, key), off2
 
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from cdc_outbox import pgoutput
 from cdc_outbox.ack_tracker import AckTracker
 from cdc_outbox.config import Settings
+from cdc_outbox.dead_letters import dead_letter_record
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.kafka_publisher import (
     DeliveryFailure,
@@ -35,31 +35,19 @@ from cdc_outbox.kafka_publisher import (
     QueueFull,
 )
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper
+from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.replication_stream import ReplicationError, ReplicationStream
-from cdc_outbox.walproto import Keepalive
+from cdc_outbox.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 
 logger = logging.getLogger(__name__)
 
 _BEGIN, _COMMIT, _INSERT, _RELATION = ord("B"), ord("C"), ord("I"), ord("R")
+_XLOGDATA = ord("w")
+_PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
 _FRAMES_PER_TURN = 2000
 _MIN_CONFIRM_INTERVAL_S = 1.0
 _PROGRESS_LOG_INTERVAL_S = 30.0
-
-
-@dataclass
-class RelayStats:
-    """Counters the relay keeps; read by logs, metrics and tests (single writer)."""
-
-    events_published: int = 0
-    events_dead_lettered: int = 0
-    transactions: int = 0
-    ignored: dict[str, int] = field(default_factory=dict)
-    delivery_errors: int = 0
-    restarts: int = 0
-    confirmed_lsn: int = 0
-    last_confirm_unix: float = 0.0
-    in_flight: int = 0
 
 
 class _Restart(Exception):
@@ -67,35 +55,52 @@ class _Restart(Exception):
 
 
 class _TxnListener:
-    """Delivery outcomes of one transaction's records, reported to the tracker of its session."""
+    """Delivery outcomes of one transaction's records, reported to the tracker of its session.
 
-    __slots__ = ("relay", "tracker", "txn_id")
+    Also times the transaction: commit timestamp to its last acknowledgement."""
+
+    __slots__ = ("commit_unix", "events", "pending", "relay", "tracker", "txn_id")
 
     def __init__(self, relay: Relay, tracker: AckTracker, txn_id: int) -> None:
         self.relay = relay
         self.tracker = tracker
         self.txn_id = txn_id
+        self.pending = 0
+        self.events = 0
+        self.commit_unix = 0.0  # set at Commit
 
-    def delivered(self) -> None:
+    def delivered(self, topic: str) -> None:
+        self.relay.stats.count_published(topic)
+        self.done()
+
+    def done(self) -> None:
         self.tracker.ack(self.txn_id)
-        self.relay.stats.events_published += 1
+        self.pending -= 1
+        if self.pending == 0 and self.commit_unix:
+            self.relay._txn_acked(self)
 
     def failed(self, failure: DeliveryFailure) -> None:
         self.relay._on_delivery_failure(self, failure)
 
 
-class _DeadLetterListener(_TxnListener):
-    __slots__ = ()
+class _DeadLetterListener:
+    """Outcome of the dead-letter record standing in for one event of a transaction."""
 
-    def delivered(self) -> None:
-        self.tracker.ack(self.txn_id)
-        self.relay.stats.events_dead_lettered += 1
+    __slots__ = ("intended_topic", "txn")
+
+    def __init__(self, txn: _TxnListener, intended_topic: str) -> None:
+        self.txn = txn
+        self.intended_topic = intended_topic
+
+    def delivered(self, topic: str) -> None:
+        self.txn.relay.stats.count_dead_lettered(self.intended_topic)
+        self.txn.done()
 
     def failed(self, failure: DeliveryFailure) -> None:
         if failure.permanent:
-            self.relay._halt(f"dead-letter topic rejected a record: {failure.reason}")
+            self.txn.relay._halt(f"dead-letter topic rejected a record: {failure.reason}")
         else:
-            self.relay._on_delivery_failure(self, failure)
+            self.txn.relay._on_delivery_failure(self.txn, failure)
 
 
 class Relay:
@@ -115,6 +120,7 @@ class Relay:
         )
         self._publisher: KafkaPublisher | None = None
         self._relations = pgoutput.RelationCache()
+        self._outbox_relations: dict[int, pgoutput.Relation] = {}
         self._tracker = AckTracker(0)
         self._stop_requested = False
         self._restart_reason: str | None = None
@@ -166,6 +172,7 @@ class Relay:
         self._tracker = AckTracker(start)
         self._sent_flush = self._written = start
         self._relations.clear()
+        self._outbox_relations.clear()
         self._restart_reason = None
         self.stats.confirmed_lsn = start
         grace_deadline: float | None = None
@@ -207,46 +214,49 @@ class Relay:
     def _read_turn(self, publisher: KafkaPublisher) -> None:
         """Handle the frames available now (waiting briefly if there are none)."""
         wait = 0.0 if self._tracker.in_flight or len(publisher) else 0.1
-        stream, tracker = self._stream, self._tracker
+        read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
         for _ in range(_FRAMES_PER_TURN):
-            frame = stream.read(wait)
-            if frame is None:
-                if self._tracker.in_flight:
+            data = read(wait)
+            if data is None:
+                if tracker.in_flight:
                     publisher.poll(0.002)
                 return
             wait = 0.0
-            if isinstance(frame, Keepalive):
-                if frame.wal_end > self._written:
-                    self._written = frame.wal_end
-                tracker.keepalive(frame.wal_end)
-                if frame.reply_requested:
-                    self._send_status()
+            if data[0] == _XLOGDATA:
+                self._handle(bytes(data[XLOG_HEADER_SIZE:]), publisher)
+                if tracker.in_flight >= limit or self._stop_requested:
+                    return
                 continue
-            if frame.wal_start > self._written:
-                self._written = frame.wal_start
-            self._handle(frame.payload, publisher)
-            if tracker.in_flight >= limit or self._stop_requested:
-                return
+            frame = parse_copy_data(data)
+            assert isinstance(frame, Keepalive)
+            if frame.wal_end > self._written:
+                self._written = frame.wal_end
+            tracker.keepalive(frame.wal_end)
+            if frame.reply_requested:
+                self._send_status()
 
-    def _handle(self, payload: memoryview, publisher: KafkaPublisher) -> None:
+    def _handle(self, payload: bytes, publisher: KafkaPublisher) -> None:
         kind = payload[0]
         tracker = self._tracker
         if kind == _INSERT:
-            msg = pgoutput.decode(payload)
-            assert isinstance(msg, pgoutput.Insert)
-            rel = self._relations.get(msg.relation_oid)
-            if not self._mapper.is_outbox(rel):
+            oid, row = pgoutput.decode_insert(payload)
+            rel = self._outbox_relations.get(oid)
+            if rel is None:
+                self._relations.get(oid)  # raises for a relation never described
                 self._count_ignored("insert_other_table")
                 return
-            txn_id = self._txn_id
-            tracker.add_event(txn_id)
-            result = self._mapper.map_insert(rel, msg.new)
-            if isinstance(result, DeadLetter):
-                logger.warning("event %s dead-lettered: %s", result.event_id, result.reason)
-                self._dead_letters.append((self._txn_listener, result))
+            tracker.add_event(self._txn_id)
+            listener = self._txn_listener
+            listener.pending += 1
+            listener.events += 1
+            result = self._mapper.map_insert(rel, row)
+            if type(result) is OutboxRecord:
+                self._produce(publisher, result.topic, result.key, result.value, result.headers)
                 return
-            self._produce(publisher, result.topic, result.key, result.value, result.headers)
+            assert isinstance(result, DeadLetter)
+            logger.warning("event %s dead-lettered: %s", result.event_id, result.reason)
+            self._dead_letters.append((self._txn_listener, result))
         elif kind == _BEGIN:
             self._txn_id = tracker.begin()
             self._txn_listener = _TxnListener(self, tracker, self._txn_id)
@@ -254,11 +264,18 @@ class Relay:
             msg = pgoutput.decode(payload)
             assert isinstance(msg, pgoutput.Commit)
             tracker.commit(self._txn_id, msg.end_lsn)
+            self._txn_listener.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
+            if msg.end_lsn > self._written:
+                self._written = msg.end_lsn
             self.stats.transactions += 1
         elif kind == _RELATION:
             rel_msg = pgoutput.decode(payload)
             assert isinstance(rel_msg, pgoutput.Relation)
             self._relations.put(rel_msg)
+            if self._mapper.is_outbox(rel_msg):
+                self._outbox_relations[rel_msg.oid] = rel_msg
+            else:
+                self._outbox_relations.pop(rel_msg.oid, None)
         else:
             other = pgoutput.decode(payload)
             self._count_ignored(type(other).__name__.lower())
@@ -270,7 +287,7 @@ class Relay:
         key: bytes | None,
         value: bytes | None,
         headers: Headers,
-        listener: _TxnListener | None = None,
+        listener: _TxnListener | _DeadLetterListener | None = None,
     ) -> None:
         """Produce, waiting (with the connection kept alive) while the queue is full."""
         listener = listener or self._txn_listener
@@ -310,25 +327,23 @@ class Relay:
     def _drain_dead_letters(self, publisher: KafkaPublisher) -> None:
         while self._dead_letters and self._halt_reason is None:
             listener, problem = self._dead_letters.popleft()
-            if isinstance(problem, DeadLetter):
-                if self.settings.on_permanent_error == "halt":
-                    self._halt(f"event {problem.event_id} cannot be published: {problem.reason}")
-                    return
-                headers = [
-                    *problem.headers,
-                    *_error_headers(problem.reason, problem.intended_topic),
-                ]
-                key, value = problem.key, problem.value
-            else:
-                headers = [*problem.headers, *_error_headers(problem.reason, problem.topic)]
-                key, value = problem.key, problem.value
-                if problem.name in {"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE"}:
-                    value = None
-                    headers.append(("cdc_outbox.value_omitted", b"true"))
-            dl = _DeadLetterListener(self, listener.tracker, listener.txn_id)
+            if isinstance(problem, DeadLetter) and self.settings.on_permanent_error == "halt":
+                self._halt(f"event {problem.event_id} cannot be published: {problem.reason}")
+                return
+            record = dead_letter_record(problem)
             self._produce(
-                publisher, self.settings.dead_letter_topic, key, value, headers, dl
+                publisher,
+                self.settings.dead_letter_topic,
+                record.key,
+                record.value,
+                record.headers,
+                _DeadLetterListener(listener, record.intended_topic),
             )
+
+    def _txn_acked(self, txn: _TxnListener) -> None:
+        """Every event of a committed transaction is acknowledged: record its latency."""
+        if self.stats.latency_observers:
+            self.stats.observe_latency(time.time() - txn.commit_unix, txn.events)
 
     def _halt(self, reason: str) -> None:
         if self._halt_reason is None:
@@ -398,9 +413,3 @@ class Relay:
         while not self._stop_requested and time.monotonic() < deadline:
             time.sleep(min(0.1, deadline - time.monotonic()))
 
-
-def _error_headers(reason: str, topic: str | None) -> Headers:
-    return [
-        ("cdc_outbox.error", reason.encode()),
-        ("cdc_outbox.original_topic", (topic or "").encode()),
-    ]

@@ -130,6 +130,11 @@ class ReplicationStream:
 
     def read(self, timeout: float) -> XLogData | Keepalive | None:
         """Next frame, or ``None`` if none arrived within ``timeout`` seconds."""
+        data = self.read_raw(timeout)
+        return None if data is None else parse_copy_data(data)
+
+    def read_raw(self, timeout: float) -> memoryview | None:
+        """Next CopyData message unparsed (see :mod:`cdc_outbox.walproto`), or ``None``."""
         conn = self._require()
         nbytes, data = conn.get_copy_data(1)
         if nbytes == 0:
@@ -143,7 +148,7 @@ class ReplicationStream:
                 if remaining <= 0 or not self._wait_readable(remaining):
                     return None
         if nbytes > 0:
-            return parse_copy_data(data)
+            return data
         self._raise_stream_end()
 
     def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:

@@ -39,7 +39,11 @@ _U64_MAX = (1 << 64) - 1
 
 @dataclass(frozen=True, slots=True)
 class XLogData:
-    """``w``: one pgoutput message; ``payload`` is a view of the bytes after the header."""
+    """``w``: one pgoutput message; ``payload`` is a view of the bytes after the header.
+
+    ``wal_start`` is not a usable position: PostgreSQL 15 sends 0 for Relation and Type
+    messages and for a Begin followed by an Origin. Confirm Commit end LSNs instead.
+    """
 
     wal_start: int
     wal_end: int

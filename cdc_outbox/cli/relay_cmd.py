@@ -32,7 +32,7 @@ def run(
     On a signal it stops reading at a transaction boundary, waits (up to the grace period) for
     Kafka to acknowledge what was sent, confirms it to the slot and exits 0.
     """
-    from cdc_outbox.relay import Relay
+    from cdc_outbox.service import Service
 
     overrides = global_options(ctx).overrides
     if mode is not None:
@@ -40,14 +40,14 @@ def run(
     if grace is not None:
         overrides["shutdown_grace_s"] = grace
     settings = settings_from(ctx)
-    relay = Relay(settings)
+    service = Service(settings)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        relay.request_stop()
+        service.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    relay.run()
+    service.run()
 
 
 def demo(

@@ -61,19 +61,25 @@ def children(pid: int) -> list[int]:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie."""
+    """True when ``pid`` exists and some thread of it still runs (an exited process waiting to
+    be reaped is a zombie; a JVM whose main thread ended shows a zombie leader while its other
+    threads still run)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs: trust kill(0)
-    # Field 3 (after the parenthesised command name) is the state; "Z" = zombie, "X" = dead.
-    return stat.rpartition(")")[2].split()[0] not in {"Z", "X"}
+    task_stats = [Path(f"/proc/{pid}/stat"), *Path(f"/proc/{pid}/task").glob("*/stat")]
+    for stat in task_stats:
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # The state follows the parenthesised command name: "Z" zombie, "X" dead.
+        if text.rpartition(")")[2].split()[0] not in {"Z", "X"}:
+            return True
+    return not Path("/proc/self/stat").exists()  # no procfs: trust kill(0)
 
 
 def cmdline(pid: int) -> str:
@@ -96,10 +102,12 @@ def wait_for(
         time.sleep(interval)
 
 
-def reap(proc: subprocess.Popen[bytes] | None) -> None:
-    """Collect the exit status of our own child so it does not linger as a zombie."""
-    if proc is not None:
-        proc.poll()
+def exited(pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
+    """True once ``pid`` is gone; for our own child ``proc`` (same pid) its exit status decides
+    (and is collected, so it does not linger as a zombie)."""
+    if proc is not None and proc.pid == pid:
+        return proc.poll() is not None
+    return not pid_alive(pid)
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -121,16 +129,12 @@ def terminate(
 ) -> None:
     """Send ``sig`` to ``pid``, wait up to ``timeout`` s for it to exit, then SIGKILL its group."""
 
-    def gone() -> bool:
-        reap(proc)
-        return not pid_alive(pid)
-
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
         return
     try:
-        wait_for(gone, timeout, f"pid {pid} to exit after {sig.name}")
+        wait_for(lambda: exited(pid, proc), timeout, f"pid {pid} to exit after {sig.name}")
     except TimeoutError:
         logger.warning(
             "pid %d did not exit %.0fs after %s; sending SIGKILL", pid, timeout, sig.name
@@ -148,8 +152,7 @@ def kill_group(pid: int, proc: subprocess.Popen[bytes] | None = None, timeout: f
             os.kill(kid, signal.SIGKILL)
 
     def gone() -> bool:
-        reap(proc)
-        return not any(pid_alive(p) for p in [pid, *kids])
+        return exited(pid, proc) and not any(pid_alive(kid) for kid in kids)
 
     wait_for(gone, timeout, f"pid {pid} to die after SIGKILL")
 

@@ -183,11 +183,13 @@ class LocalKafka:
     @property
     def pid(self) -> int | None:
         """Pid of the broker JVM when running, else None."""
-        _proc.reap(self._proc)
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc.pid  # our own child: no pid-file or /proc guesswork
         try:
             pid = int((self.base_dir / "kafka.pid").read_text().strip())
         except (OSError, ValueError):
             return None
+        # Started by another process (sandbox up): make sure the pid was not reused.
         alive = _proc.pid_alive(pid) and str(self.properties) in _proc.cmdline(pid)
         return pid if alive else None
 

@@ -114,12 +114,15 @@ class LocalPostgres:
     @property
     def pid(self) -> int | None:
         """Postmaster pid when running, else None."""
-        _proc.reap(self._proc)
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc.pid  # our own child: no pid-file or /proc guesswork
         lines = self._pidfile_lines()
         if not lines or not lines[0].strip().isdigit():
             return None
         pid = int(lines[0])
-        return pid if _proc.pid_alive(pid) else None
+        # A stale postmaster.pid (after kill) may name a reused pid: check it is our postmaster.
+        alive = _proc.pid_alive(pid) and str(self.datadir) in _proc.cmdline(pid)
+        return pid if alive else None
 
     def is_running(self) -> bool:
         """True when the postmaster of this data directory is alive."""
@@ -276,7 +279,7 @@ class LocalPostgres:
     def _resolve_datadir(self) -> Path:
         link = self.base_dir / "data"
         if link.is_symlink():
-            return link.resolve()
+            return Path(os.readlink(link))
         if self._user is None or reachable(self.base_dir, self._user):
             return link
         digest = hashlib.sha1(str(self.base_dir).encode()).hexdigest()[:12]

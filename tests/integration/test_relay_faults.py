@@ -58,6 +58,9 @@ def test_broker_stopped_mid_load_holds_the_slot_then_recovers_by_itself(
             # Let the relay notice: acks stop, events pile up in flight.
             published_at_stop = relay.stats.events_published
             wait_until(lambda: relay.stats.in_flight > 0, timeout=30)
+            # Acks that arrived just before the stop may still be confirmed by the next
+            # status update (within status_interval_s = 1 s); after that the slot must freeze.
+            time.sleep(2.5)
             frozen, _ = slot_position(pg_dsn, settings.slot_name)
             samples = []
             deadline = time.monotonic() + 8

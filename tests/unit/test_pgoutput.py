@@ -101,8 +101,13 @@ def encode(m: PgOutputMessage) -> bytes:
                 for c in m.columns
             )
             return (
-                b"R" + struct.pack("!I", m.oid) + enc_str(m.namespace) + enc_str(m.name)
-                + m.replica_identity.encode() + struct.pack("!H", len(m.columns)) + cols
+                b"R"
+                + struct.pack("!I", m.oid)
+                + enc_str(m.namespace)
+                + enc_str(m.name)
+                + m.replica_identity.encode()
+                + struct.pack("!H", len(m.columns))
+                + cols
             )
         case Type():
             return b"Y" + struct.pack("!I", m.oid) + enc_str(m.namespace) + enc_str(m.name)
@@ -110,8 +115,11 @@ def encode(m: PgOutputMessage) -> bytes:
             return b"I" + struct.pack("!I", m.relation_oid) + b"N" + enc_tuple(m.new)
         case Update():
             return (
-                b"U" + struct.pack("!I", m.relation_oid) + enc_old(m.old, m.key)
-                + b"N" + enc_tuple(m.new)
+                b"U"
+                + struct.pack("!I", m.relation_oid)
+                + enc_old(m.old, m.key)
+                + b"N"
+                + enc_tuple(m.new)
             )
         case Delete():
             return b"D" + struct.pack("!I", m.relation_oid) + enc_old(m.old, m.key)
@@ -120,8 +128,11 @@ def encode(m: PgOutputMessage) -> bytes:
             return b"T" + struct.pack(f"!IB{n}I", n, m.options, *m.relation_oids)
         case Message():
             return (
-                b"M" + struct.pack("!BQ", int(m.transactional), m.lsn) + enc_str(m.prefix)
-                + struct.pack("!I", len(m.content)) + m.content
+                b"M"
+                + struct.pack("!BQ", int(m.transactional), m.lsn)
+                + enc_str(m.prefix)
+                + struct.pack("!I", len(m.content))
+                + m.content
             )
         case StreamStart():
             return b"S" + struct.pack("!IB", m.xid, int(m.first_segment))

@@ -1,0 +1,53 @@
+"""CPU seconds used by the processes of a benchmark phase (Linux procfs)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads) in seconds; 0.0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and its direct children (e.g. a postmaster and its backends)."""
+    total = process_cpu(root)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[1] == str(root):
+            total += process_cpu(int(stat.parent.name))
+    return total
+
+
+class CpuMeter:
+    """Snapshot CPU of named probes before and after a phase; report per wall second.
+
+    Processes that exit during the phase (e.g. backends) are not counted: probe long-lived
+    processes (the relay itself, the broker, the postmaster tree during streaming).
+    """
+
+    def __init__(self, probes: dict[str, Callable[[], float]]) -> None:
+        self._probes = probes
+        self._start: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._start = {name: probe() for name, probe in self._probes.items()}
+
+    def cores_used(self, wall_s: float) -> dict[str, float]:
+        """Average cores used by each probe since :meth:`start`."""
+        return {
+            name: round((probe() - self._start[name]) / wall_s, 2)
+            for name, probe in self._probes.items()
+        }

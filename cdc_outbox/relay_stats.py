@@ -1,0 +1,44 @@
+"""What the relay counts, for logs, metrics, the dashboard and tests.
+
+Single writer (the relay thread); readers in other threads see plain ints and dicts, so a
+reading may be a moment stale but is never torn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RelayStats:
+    """Counters and gauges of one relay (CDC or polling)."""
+
+    mode: str = "cdc"
+    events_published: int = 0
+    events_dead_lettered: int = 0
+    published_by_topic: dict[str, int] = field(default_factory=dict)
+    dead_lettered_by_topic: dict[str, int] = field(default_factory=dict)
+    transactions: int = 0
+    ignored: dict[str, int] = field(default_factory=dict)
+    delivery_errors: int = 0
+    restarts: int = 0
+    confirmed_lsn: int = 0
+    last_confirm_unix: float = 0.0
+    in_flight: int = 0
+    #: Called with (seconds from commit to the last acknowledgement, events) per transaction.
+    latency_observers: list[Callable[[float, int], None]] = field(default_factory=list)
+
+    def count_published(self, topic: str) -> None:
+        self.events_published += 1
+        by_topic = self.published_by_topic
+        by_topic[topic] = by_topic.get(topic, 0) + 1
+
+    def count_dead_lettered(self, intended_topic: str) -> None:
+        self.events_dead_lettered += 1
+        by_topic = self.dead_lettered_by_topic
+        by_topic[intended_topic] = by_topic.get(intended_topic, 0) + 1
+
+    def observe_latency(self, seconds: float, events: int) -> None:
+        for observer in self.latency_observers:
+            observer(seconds, events)
