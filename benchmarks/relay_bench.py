@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 class _WarmupListener:
     """Outcome of the warm-up record."""
 
-    def delivered(self, topic: str) -> None:
+    def delivered(self, topic: str, headers: object) -> None:
         pass
 
     def failed(self, failure: object) -> None:

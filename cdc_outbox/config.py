@@ -204,6 +204,13 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     max_in_flight: int = Field(default=50_000, gt=0)
     mode: Literal["auto", "cdc", "polling"] = "auto"
+    #: CDC housekeeping: after Kafka acknowledges an event, mark its row PUBLISHED ("update"),
+    #: delete it ("delete") or leave it ("off"; a later polling pass would republish it).
+    cdc_mark_published: Literal["update", "delete", "off"] = "update"
+    #: auto mode: seconds between checks whether CDC is usable again while polling.
+    cdc_probe_interval_s: float = Field(30.0, gt=0)
+    #: auto mode: consecutive replication connection failures before falling back to polling.
+    cdc_max_failures: int = Field(5, ge=1)
     polling: PollingSettings = Field(default_factory=PollingSettings)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9187, ge=0, le=65535)

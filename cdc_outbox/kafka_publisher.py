@@ -89,7 +89,7 @@ class DeliveryFailure:
 class DeliveryListener(Protocol):
     """Receives the outcome of each record produced with it."""
 
-    def delivered(self, topic: str) -> None: ...
+    def delivered(self, topic: str, headers: Headers) -> None: ...
 
     def failed(self, failure: DeliveryFailure) -> None: ...
 
@@ -106,7 +106,7 @@ class _DeliveryReport:
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
-            self.listener.delivered(msg.topic() or "")
+            self.listener.delivered(msg.topic() or "", self.headers)
         else:
             self.listener.failed(_failure(err, msg.topic(), msg.key(), msg.value(), self.headers))
 

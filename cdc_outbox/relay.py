@@ -36,6 +36,7 @@ from cdc_outbox.kafka_publisher import (
 )
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.published_marker import PublishedMarker
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
@@ -69,8 +70,11 @@ class _TxnListener:
         self.events = 0
         self.commit_unix = 0.0  # set at Commit
 
-    def delivered(self, topic: str) -> None:
-        self.relay.stats.count_published(topic)
+    def delivered(self, topic: str, headers: Headers) -> None:
+        relay = self.relay
+        relay.stats.count_published(topic)
+        if relay.marker is not None:
+            relay.marker.add(headers[0][1].decode())  # the mapper puts the event id first
         self.done()
 
     def done(self) -> None:
@@ -92,7 +96,7 @@ class _DeadLetterListener:
         self.txn = txn
         self.intended_topic = intended_topic
 
-    def delivered(self, topic: str) -> None:
+    def delivered(self, topic: str, headers: Headers) -> None:
         self.txn.relay.stats.count_dead_lettered(self.intended_topic)
         self.txn.done()
 
@@ -119,6 +123,8 @@ class Relay:
             settings.topic_template,
         )
         self._publisher: KafkaPublisher | None = None
+        marker = PublishedMarker(settings)
+        self.marker = marker if marker.enabled else None
         self._relations = pgoutput.RelationCache()
         self._outbox_relations: dict[int, pgoutput.Relation] = {}
         self._tracker = AckTracker(0)
@@ -141,6 +147,8 @@ class Relay:
     def run(self) -> None:
         """Run until stopped. Raises RelayHalted on a permanent failure with halt policy."""
         self._publisher = KafkaPublisher(self.settings.kafka_config())
+        if self.marker is not None:
+            self.marker.start()
         backoff = 0.5
         try:
             while not self._stop_requested:
@@ -161,6 +169,8 @@ class Relay:
                 left = self._publisher.close(timeout=0.5)
                 if left:
                     logger.warning("%d records were not acknowledged; they will be re-sent", left)
+            if self.marker is not None:
+                self.marker.stop()
         if self._halt_reason is not None:
             raise RelayHalted(self._halt_reason)
 

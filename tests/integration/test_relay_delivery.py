@@ -183,3 +183,53 @@ def test_null_payload_is_dead_lettered_never_published_as_null(
     dlq = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.dlq")
     assert [dict(r.headers)["id"].decode() for r in dlq] == [bad]
     assert b"null" in dict(dlq[0].headers)["cdc_outbox.error"]
+
+
+def test_acknowledged_rows_are_marked_published_off_the_hot_path(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    spec = workload.WorkloadSpec(events=3_000, writers=2, aggregates=30, txn_sizes=(1, 50))
+
+    def statuses() -> dict[str, int]:
+        with psycopg.connect(pg_dsn) as conn:
+            rows = conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall()
+        return {status: n for status, n in rows}
+
+    with relay_thread(settings) as relay:
+        workload.write_orders(pg_dsn, spec, columns=settings.column_names())
+        wait_until(lambda: relay.stats.events_published >= 3_000, timeout=120)
+        wait_until(
+            lambda: statuses() == {"PUBLISHED": 3_000},
+            timeout=30,
+            message=lambda: f"statuses {statuses()}",
+        )
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL OR locked_by IS NOT NULL"
+        ).fetchone()
+    assert row == (0,)
+
+
+def test_delete_housekeeping_removes_published_rows(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, cdc_mark_published="delete"
+    )
+    init_outbox(settings)
+    with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
+        for i in range(20):
+            _insert_event(conn, f"agg-{i % 3}", json.dumps({"n": i}))
+        conn.commit()
+        wait_until(lambda: relay.stats.events_published >= 20, timeout=60)
+
+        def remaining() -> int:
+            row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+            conn.commit()
+            return int(row[0]) if row else -1
+
+        wait_until(lambda: remaining() == 0, timeout=30, message=lambda: f"{remaining()} left")
+    records = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    assert len(records) == 20

@@ -1,0 +1,119 @@
+"""CDC housekeeping: mark (or delete) outbox rows once Kafka has acknowledged their events.
+
+Runs off the hot path, on its own thread and connection, in batches. It exists so that a later
+polling pass (fallback mode) does not publish again what CDC already delivered.
+
+Contract: an id is handed over only after Kafka acknowledged its event, so a row is never
+marked before it is durable in Kafka. Marking is best effort and at-least-once friendly: ids
+still buffered when the process dies, or dropped when the buffer is full (the database is down
+for long), leave their rows PENDING; a polling pass would then publish them again (duplicates,
+never losses). That window is at most ``flush_interval_s`` plus the time of one batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+import psycopg
+from psycopg import sql
+
+from cdc_outbox.config import Settings
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 5_000
+_MAX_BUFFERED = 1_000_000
+
+
+class PublishedMarker:
+    """Buffers acknowledged event ids and marks their rows in batches (thread-safe ``add``)."""
+
+    def __init__(self, settings: Settings, *, flush_interval_s: float = 0.5) -> None:
+        self._settings = settings
+        self._flush_interval_s = flush_interval_s
+        self._ids: deque[str] = deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.marked = 0
+        self.dropped = 0
+        self.failures = 0
+        self._statement = _statement(settings)
+
+    @property
+    def enabled(self) -> bool:
+        return self._statement is not None
+
+    def add(self, event_id: str) -> None:
+        """Hand over one acknowledged event id (cheap; called per delivery report)."""
+        if len(self._ids) >= _MAX_BUFFERED:
+            self.dropped += 1
+            return
+        self._ids.append(event_id)
+
+    def start(self) -> None:
+        if self._statement is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="published-marker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Mark what is buffered (within ``timeout``) and stop the thread."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        conn: psycopg.Connection[tuple[object, ...]] | None = None
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                if self._ids:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
+                    self._flush(conn)
+            except psycopg.Error as exc:
+                self.failures += 1
+                logger.warning("marking published rows failed (will retry): %s", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                if stopping:
+                    break
+            if stopping and not self._ids:
+                break
+            self._wake.wait(self._flush_interval_s)
+            self._wake.clear()
+        if conn is not None:
+            conn.close()
+        if self._ids:
+            logger.info("%d acknowledged rows left unmarked at stop", len(self._ids))
+
+    def _flush(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        assert self._statement is not None
+        while self._ids:
+            batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
+            try:
+                cur = conn.execute(self._statement, (batch,))
+            except psycopg.Error:
+                self._ids.extendleft(reversed(batch))
+                raise
+            self.marked += cur.rowcount if cur.rowcount > 0 else 0
+
+
+def _statement(settings: Settings) -> sql.Composed | None:
+    """The UPDATE/DELETE for a batch of ids, or None when housekeeping is off."""
+    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    id_col = sql.Identifier(settings.columns.id)
+    if settings.cdc_mark_published == "delete":
+        return sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::uuid[])").format(table, id_col)
+    if settings.cdc_mark_published == "update" and settings.columns.preset == "default":
+        return sql.SQL(
+            "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
+            " locked_at = NULL WHERE {} = ANY(%s::uuid[]) AND status <> 'PUBLISHED'"
+        ).format(table, id_col)
+    return None
