@@ -28,7 +28,35 @@ logger = logging.getLogger(__name__)
 
 
 class ReplicationError(CdcOutboxError):
-    """The replication connection failed or the server ended the stream."""
+    """The replication connection failed or the server ended the stream.
+
+    ``permanent`` means retrying cannot help until someone changes the server (wal_level,
+    privileges, a missing or invalidated slot, a missing publication); otherwise the failure
+    is transient (server restarting, network, slot still held by a dying connection).
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+#: SQLSTATEs after which streaming cannot work until the server is changed.
+_PERMANENT_SQLSTATES = frozenset(
+    {
+        "55000",  # object_not_in_prerequisite_state: wal_level, slot invalidated
+        "42704",  # undefined_object: slot or publication missing
+        "42501",  # insufficient_privilege: no REPLICATION
+        "28000",  # invalid_authorization_specification
+        "28P01",  # invalid_password
+        "3D000",  # invalid_catalog_name: database missing
+    }
+)
+_PERMANENT_CONNECT_TEXT = (
+    "must be superuser or replication role",
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "does not exist",
+)
 
 
 def start_replication_command(
@@ -52,6 +80,9 @@ def start_replication_command(
 
 class SlotMissing(ReplicationError):
     """The configured slot does not exist."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, permanent=True)
 
 
 class ReplicationStream:
@@ -80,7 +111,8 @@ class ReplicationStream:
         if conn.status != pq.ConnStatus.OK:
             msg = _error_text(conn)
             conn.finish()
-            raise ReplicationError(f"replication connection failed: {msg}")
+            permanent = any(text in msg for text in _PERMANENT_CONNECT_TEXT)
+            raise ReplicationError(f"replication connection failed: {msg}", permanent=permanent)
         self.server_version = conn.server_version
         confirmed = self._slot_position(conn)
         start_lsn = max(start_lsn, confirmed)
@@ -93,8 +125,9 @@ class ReplicationStream:
         result = conn.exec_(command)
         if result.status != pq.ExecStatus.COPY_BOTH:
             msg = _error_text(conn)
+            permanent = _sqlstate(result) in _PERMANENT_SQLSTATES
             conn.finish()
-            raise ReplicationError(f"START_REPLICATION failed: {msg}")
+            raise ReplicationError(f"START_REPLICATION failed: {msg}", permanent=permanent)
         conn.nonblocking = 1
         self._conn = conn
         self._selector = selectors.DefaultSelector()
@@ -125,7 +158,7 @@ class ReplicationStream:
                 if wal_status == b"lost"
                 else (f"uses plugin {plugin!r}, not pgoutput")
             )
-            raise ReplicationError(f"replication slot {self._slot!r} {problem}")
+            raise ReplicationError(f"replication slot {self._slot!r} {problem}", permanent=True)
         return int(Lsn.parse(raw_lsn.decode())) if raw_lsn else 0
 
     def read(self, timeout: float) -> XLogData | Keepalive | None:
@@ -192,12 +225,19 @@ class ReplicationStream:
     def _raise_stream_end(self) -> NoReturn:
         conn = self._require()
         parts = []
+        permanent = False
         while (res := conn.get_result()) is not None:
             if res.status == pq.ExecStatus.FATAL_ERROR and res.error_message:
                 parts.append(res.error_message.decode(errors="replace").strip())
+                permanent = permanent or _sqlstate(res) in _PERMANENT_SQLSTATES
         detail = "; ".join(parts) or _error_text(conn) or "server ended the stream"
         self.close()
-        raise ReplicationError(f"replication stream ended: {detail}")
+        raise ReplicationError(f"replication stream ended: {detail}", permanent=permanent)
+
+
+def _sqlstate(result: pq.abc.PGresult) -> str:
+    raw = result.error_field(pq.DiagnosticField.SQLSTATE)
+    return raw.decode() if raw else ""
 
 
 def _error_text(conn: pq.abc.PGconn) -> str:

@@ -16,6 +16,7 @@ it is registered and unfenced, so a broker that answers also accepts produce req
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 import re
@@ -88,9 +89,14 @@ def ensure_cds_archive() -> Path | None:
     """Return the AppCDS archive for the broker, recording it once (None if disabled/failed)."""
     if os.environ.get("CDC_OUTBOX_KAFKA_CDS", "1") == "0":
         return None
-    ensure_kafka_jars()
+    jars = ensure_kafka_jars()
     home = kafka_home()
-    archive, failed = home / "kafka.jsa", home / "kafka.jsa.failed"
+    # An archive is only valid for one JVM build and one set of jars: key it by both.
+    java = Path(_java_binary()).resolve()
+    marker = jars.parent / "jars.complete"
+    ident = f"{java}:{java.stat().st_mtime_ns}:{marker.stat().st_mtime_ns}"
+    key = hashlib.sha1(ident.encode()).hexdigest()[:12]
+    archive, failed = home / f"kafka-{key}.jsa", home / f"kafka-{key}.jsa.failed"
     if archive.exists() or failed.exists():
         return archive if archive.exists() else None
     with locked(home / "cds.lock"):
@@ -107,11 +113,23 @@ def ensure_cds_archive() -> Path | None:
             logger.warning("CDS archive not recorded (%s); Kafka starts without it", exc)
         if staging.exists() and staging.stat().st_size > 0:
             staging.rename(archive)
+            for stale in home.glob("kafka-*.jsa*"):  # archives of older JVMs or jars
+                if stale != archive:
+                    stale.unlink(missing_ok=True)
             logger.info("CDS archive %s recorded in %.1fs", archive, time.monotonic() - began)
             return archive
         staging.unlink(missing_ok=True)
         failed.write_text("recording the CDS archive failed; delete this file to retry\n")
         return None
+
+
+def _java_binary() -> str:
+    """``$JAVA_HOME/bin/java`` or ``java`` from PATH."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is None:
+        raise RuntimeError("Java (17+) is needed to run the Kafka broker")
+    return java
 
 
 def api_versions_ok(host: str, port: int, timeout: float = 2.0) -> bool:
@@ -125,6 +143,8 @@ def api_versions_ok(host: str, port: int, timeout: float = 2.0) -> bool:
             (size,) = struct.unpack(">i", _recv_exact(sock, 4))
             body = _recv_exact(sock, size)
     except OSError:
+        return False
+    if len(body) < 6:
         return False
     got_correlation, error_code = struct.unpack_from(">ih", body)
     return bool(got_correlation == correlation and error_code == 0)
@@ -338,10 +358,7 @@ class LocalKafka:
         (self.base_dir / "log4j2.properties").write_text(log4j)
 
     def _java_cmd(self, jars: Path, archive: Path | None) -> list[str]:
-        java_home = os.environ.get("JAVA_HOME")
-        java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-        if java is None:
-            raise RuntimeError("Java (17+) is needed to run the Kafka broker")
+        java = _java_binary()
         cds = [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
         return [
             java,
@@ -360,8 +377,7 @@ class LocalKafka:
                 *java,
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                f"--cluster-id={cluster_id}",  # ids may start with "-"
                 "-c",
                 str(self.properties),
                 "--ignore-formatted",

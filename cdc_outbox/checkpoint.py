@@ -1,0 +1,63 @@
+"""Checkpointing: report positions to the server so the slot's ``confirmed_flush_lsn`` moves.
+
+Contract: the flushed position sent is ``AckTracker.confirmed`` and never decreases (PostgreSQL
+15 would move a slot backwards if told a smaller value); written >= flushed. Updates go out on
+a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also while Kafka is down)
+and, at most once a second, when the confirmed position advanced.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cdc_outbox.ack_tracker import AckTracker
+from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.replication_stream import ReplicationStream
+
+MIN_CONFIRM_INTERVAL_S = 1.0
+
+
+class Checkpointer:
+    """Sends standby status updates for one streaming session."""
+
+    def __init__(
+        self,
+        stream: ReplicationStream,
+        tracker: AckTracker,
+        stats: RelayStats,
+        *,
+        start: int,
+        interval_s: float,
+    ) -> None:
+        self._stream = stream
+        self._tracker = tracker
+        self._stats = stats
+        self._interval_s = interval_s
+        self.written = start
+        self.sent_flush = start
+        self._last_sent = 0.0
+
+    def note_written(self, lsn: int) -> None:
+        """A position received from the server (keepalive WAL end, commit end)."""
+        if lsn > self.written:
+            self.written = lsn
+
+    def maybe_send(self) -> None:
+        """Send an update if the timer is due or the confirmed position moved (rate-limited)."""
+        since = time.monotonic() - self._last_sent
+        if since >= self._interval_s or (
+            self._tracker.confirmed > self.sent_flush and since >= MIN_CONFIRM_INTERVAL_S
+        ):
+            self.send()
+
+    def send(self, *, reply_requested: bool = False) -> None:
+        """Send an update now."""
+        flushed = max(self._tracker.confirmed, self.sent_flush)
+        self._stream.send_status(
+            max(self.written, flushed), flushed, reply_requested=reply_requested
+        )
+        self._last_sent = time.monotonic()
+        if flushed > self.sent_flush:
+            self.sent_flush = flushed
+            self._stats.confirmed_lsn = flushed
+            self._stats.last_confirm_unix = time.time()
