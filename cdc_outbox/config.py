@@ -214,6 +214,8 @@ class Settings(BaseSettings):
     polling: PollingSettings = Field(default_factory=PollingSettings)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9187, ge=0, le=65535)
+    monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    heartbeat_interval_s: float = Field(default=0.0, ge=0, le=3600)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from cdc_outbox import pgoutput
 from cdc_outbox.ack_tracker import AckTracker
@@ -60,9 +61,9 @@ class _Restart(Exception):
 class Relay:
     """Streams one slot into Kafka until :meth:`request_stop`; see the module contract."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stats: RelayStats | None = None) -> None:
         self.settings = settings
-        self.stats = RelayStats()
+        self.stats = stats or RelayStats()
         self._stream = ReplicationStream(
             settings.postgres_dsn(), settings.slot_name, settings.publication_name
         )
@@ -85,6 +86,19 @@ class Relay:
         self._txn_listener = TxnListener(self._outcomes, self._tracker, -1)
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def start_from_fresh_slot(self, catch_up: Callable[[str], object]) -> None:
+        """Create the slot, exporting a snapshot, and run ``catch_up(snapshot_name)`` (publish
+        what is unpublished in it) before :meth:`run` streams from the consistent point.
+        On failure the slot is left for the caller to drop."""
+        _, snapshot = self._stream.create_slot()
+        if self.marker is not None:
+            self.marker.start()
+        try:
+            catch_up(snapshot)
+        except BaseException:
+            self._stream.close()
+            raise
 
     def request_stop(self) -> None:
         """Ask the relay to finish the current transaction, flush, confirm and return."""

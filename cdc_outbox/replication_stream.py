@@ -94,6 +94,7 @@ class ReplicationStream:
         self._publication = publication
         self._conn: pq.abc.PGconn | None = None
         self._selector: selectors.DefaultSelector | None = None
+        self._idle: pq.abc.PGconn | None = None  # connected, not streaming (holds a snapshot)
         self.server_version = 0
 
     @property
@@ -106,14 +107,9 @@ class ReplicationStream:
         Returns that start position: the caller must never confirm less than it (PostgreSQL 15
         would move the slot backwards). Raises ReplicationError with the server's message.
         """
+        idle, self._idle = self._idle, None
         self.close()
-        conn = pq.PGconn.connect(self._dsn.encode())
-        if conn.status != pq.ConnStatus.OK:
-            msg = _error_text(conn)
-            conn.finish()
-            permanent = any(text in msg for text in _PERMANENT_CONNECT_TEXT)
-            raise ReplicationError(f"replication connection failed: {msg}", permanent=permanent)
-        self.server_version = conn.server_version
+        conn = idle or self._connect()
         confirmed = self._slot_position(conn)
         start_lsn = max(start_lsn, confirmed)
         command = start_replication_command(
@@ -134,6 +130,43 @@ class ReplicationStream:
         self._selector.register(conn.socket, selectors.EVENT_READ)
         logger.info("streaming slot %s from %s", self._slot, Lsn(start_lsn))
         return start_lsn
+
+    def create_slot(self) -> tuple[int, str]:
+        """Create the slot, exporting a snapshot: ``(consistent_point, snapshot_name)``.
+
+        Rows committed before the consistent point are exactly those visible in the snapshot
+        (import it with ``SET TRANSACTION SNAPSHOT`` in a REPEATABLE READ transaction); later
+        ones will be streamed. The snapshot stays valid until :meth:`open` starts streaming
+        on this same connection, so read the backlog first.
+        """
+        self.close()
+        conn = self._connect()
+        command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')")
+        res = conn.exec_(command.format(sql.Identifier(self._slot)).as_string(None).encode())
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            msg = _error_text(conn)
+            permanent = _sqlstate(res) in _PERMANENT_SQLSTATES
+            conn.finish()
+            raise ReplicationError(
+                f"creating slot {self._slot!r} failed: {msg}", permanent=permanent
+            )
+        point, snapshot = res.get_value(0, 1), res.get_value(0, 2)
+        if point is None or snapshot is None:
+            conn.finish()
+            raise ReplicationError("CREATE_REPLICATION_SLOT returned no snapshot")
+        self._idle = conn
+        logger.info("created slot %s at %s", self._slot, point.decode())
+        return int(Lsn.parse(point.decode())), snapshot.decode()
+
+    def _connect(self) -> pq.abc.PGconn:
+        conn = pq.PGconn.connect(self._dsn.encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = _error_text(conn)
+            conn.finish()
+            permanent = any(text in msg for text in _PERMANENT_CONNECT_TEXT)
+            raise ReplicationError(f"replication connection failed: {msg}", permanent=permanent)
+        self.server_version = conn.server_version
+        return conn
 
     def _slot_position(self, conn: pq.abc.PGconn) -> int:
         query = sql.SQL(
@@ -193,6 +226,9 @@ class ReplicationStream:
 
     def close(self) -> None:
         """End the stream and close the connection (best effort, never raises)."""
+        if self._idle is not None:
+            self._idle.finish()
+            self._idle = None
         conn, self._conn = self._conn, None
         if self._selector is not None:
             self._selector.close()

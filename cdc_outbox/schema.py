@@ -56,7 +56,9 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
     if polling:
         statuses = sql.SQL(", ").join(sql.Literal(s) for s in STATUSES)
         lines += [
-            sql.SQL("created_at timestamptz NOT NULL DEFAULT now()"),
+            # clock_timestamp(), not now(): rows of one transaction get increasing times,
+            # so created_at orders an aggregate's events within a transaction too.
+            sql.SQL("created_at timestamptz NOT NULL DEFAULT clock_timestamp()"),
             sql.SQL("status text NOT NULL DEFAULT 'PENDING' CHECK (status IN ({}))").format(
                 statuses
             ),

@@ -15,6 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -36,7 +37,9 @@ class WorkloadSpec:
     aggregate_type: str = "order"
     payload_pad: int = 120
     rollback_every: int = 0  # every Nth transaction of a writer is rolled back (0: never)
-    rate: float = 0.0  # offered load in committed events/s over all writers (0: as fast as possible)
+    rate: float = (
+        0.0  # offered load in committed events/s over all writers (0: as fast as possible)
+    )
 
 
 @dataclass
@@ -134,7 +137,11 @@ def _run_writer(
     written, txn_no = 0, 0
     per_writer_rate = spec.rate / spec.writers if spec.rate > 0 else 0.0
     started = time.monotonic()
-    with psycopg.connect(dsn) as conn:
+    check_committed = sql.SQL("SELECT 1 FROM {}.{} WHERE {} = %s").format(
+        sql.Identifier(schema), sql.Identifier(table), sql.Identifier(columns.id)
+    )
+    conn = psycopg.connect(dsn)
+    try:
         while written < count and not (stop and stop.is_set()):
             if per_writer_rate:
                 # Pace commits so that this writer offers its share of ``spec.rate``.
@@ -162,19 +169,48 @@ def _run_writer(
                 if columns.headers:
                     row.append(json.dumps({"writer": str(w), "txn": str(txn_no)}))
                 events.append(row)
-            with conn.cursor() as cur:
-                cur.executemany(insert_order, orders)
-                cur.executemany(insert_outbox, events)
-            if rollback:
-                conn.rollback()
-                with lock:
+            while True:
+                try:
+                    with conn.cursor() as cur:
+                        cur.executemany(insert_order, orders)
+                        cur.executemany(insert_outbox, events)
+                    if rollback:
+                        conn.rollback()
+                    else:
+                        conn.commit()
+                    break
+                except psycopg.OperationalError:
+                    # The server went away (a restart test): reconnect, then find out whether
+                    # the commit happened before retrying the same transaction.
+                    conn = _reconnect(dsn, conn)
+                    if not rollback and conn.execute(check_committed, (ids[0],)).fetchone():
+                        conn.rollback()
+                        break
+                    conn.rollback()
+            with lock:
+                if rollback:
                     report.rolled_back_ids.extend(ids)
-            else:
-                conn.commit()
-                written += size
-                with lock:
+                else:
                     report.committed += size
                     report.transactions += 1
+            if not rollback:
+                written += size
+    finally:
+        conn.close()
+
+
+def _reconnect(
+    dsn: str, old: psycopg.Connection[tuple[Any, ...]]
+) -> psycopg.Connection[tuple[Any, ...]]:
+    old.close()
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return psycopg.connect(dsn)
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ CREATE TABLE IF NOT EXISTS public.outbox (
     event_type      text        NOT NULL,                               -- sent as a header
     payload         jsonb,                                              -- Kafka message value (NULL = tombstone)
     headers         jsonb       NOT NULL DEFAULT '{}',                  -- extra Kafka headers (string values)
-    created_at      timestamptz NOT NULL DEFAULT now(),
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),     -- increases within a transaction: orders events
 
-    -- Polling-relay columns (fallback mode). Replication mode never touches them.
+    -- Polling-relay columns (fallback mode). In replication mode the relay only marks
+    -- acknowledged rows PUBLISHED (setting cdc_mark_published).
     status          text        NOT NULL DEFAULT 'PENDING'
                                 CHECK (status IN ('PENDING', 'PROCESSING', 'PUBLISHED', 'FAILED')),
     attempts        integer     NOT NULL DEFAULT 0,

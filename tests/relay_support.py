@@ -18,6 +18,7 @@ from cdc_outbox import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay import Relay
+from cdc_outbox.service import Service
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -31,6 +32,7 @@ def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: A
         "kafka": {"bootstrap_servers": bootstrap_servers},
         "status_interval_s": 1.0,
         "shutdown_grace_s": 15.0,
+        "metrics_port": 0,
     }
     values.update(overrides)
     return Settings.model_validate(values)
@@ -143,3 +145,33 @@ def current_wal_lsn(dsn: str) -> Lsn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     return Lsn.parse(row[0])
+
+
+@contextmanager
+def service_thread(settings: Settings) -> Iterator[Service]:
+    """``cdc-outbox run`` (the Service, any mode) in a background thread; stopped on exit."""
+    service = Service(settings)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            service.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="service", daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.request_stop()
+        thread.join(90)
+    assert not thread.is_alive(), "service did not stop within 90 s"
+    if errors:
+        raise errors[0]
+
+
+def outbox_statuses(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall()
+    return {status: int(n) for status, n in rows}

@@ -246,31 +246,32 @@ class LocalPostgres:
         return self.dsn_for(name)
 
     def drop_database(self, name: str, timeout: float = 30.0) -> None:
-        """Drop ``name`` if it exists, first ending its sessions and dropping its replication
-        slots (a database with slots cannot be dropped)."""
+        """Drop ``name`` if it exists: refuse new connections, end its sessions (walsenders
+        included), drop its replication slots (they block DROP DATABASE), then drop it."""
+        ident = sql.Identifier(name)
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-                " WHERE database = %s AND active_pid IS NOT NULL",
-                (name,),
-            )
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(ident))
 
-            def slots_idle() -> bool:
+            def slots_released() -> bool:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
                 row = conn.execute(
                     "SELECT count(*) FROM pg_replication_slots WHERE database = %s AND active",
                     (name,),
                 ).fetchone()
                 return row is not None and row[0] == 0
 
-            _proc.wait_for(slots_idle, timeout, f"replication slots of {name} to be released")
+            _proc.wait_for(slots_released, timeout, f"replication slots of {name} to be released")
             conn.execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                 " WHERE database = %s",
                 (name,),
             )
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
 
     # -- internals ----------------------------------------------------------------------------
     def _own(self, pid: int) -> subprocess.Popen[bytes] | None:

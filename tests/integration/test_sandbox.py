@@ -16,7 +16,7 @@ from cdc_outbox import sandbox
 from cdc_outbox.cli.sandbox_cmd import app as sandbox_app
 from cdc_outbox.sandbox.kafka import LocalKafka, api_versions_ok
 from cdc_outbox.sandbox.postgres import LocalPostgres
-from tests.helpers import consume_all
+from tests.helpers import consume_all, wait_until
 
 
 def produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
@@ -166,6 +166,13 @@ def test_pg_dsn_drops_database_with_active_slot(pg_server: LocalPostgres) -> Non
     try:
         result = walsender.exec_(b"CREATE_REPLICATION_SLOT s1 LOGICAL pgoutput")
         assert result.status == pq.ExecStatus.TUPLES_OK
+        walsender.send_query(
+            b"START_REPLICATION SLOT s1 LOGICAL 0/0 (proto_version '1', publication_names 'p')"
+        )
+        wait_until(
+            lambda: scalar(pg_server.dsn, "SELECT active FROM pg_replication_slots"),
+            message="slot never became active",
+        )
         pg_server.drop_database(name)
     finally:
         walsender.finish()

@@ -1,0 +1,98 @@
+"""Heartbeat: a transactional ``pg_logical_emit_message`` every ``heartbeat_interval_s``.
+
+For servers where the outbox database is idle while other databases write WAL: each heartbeat
+is a small committed transaction in the outbox database, so the slot sees a commit of its own
+to confirm. ``pg_logical_emit_message`` needs no privilege beyond connecting (it is executable
+by PUBLIC), so the least-privilege relay role suffices. The relay receives the message and
+ignores it (counted in ``ignored_messages_total{kind="message"}``).
+
+A failing heartbeat never affects the stream: it counts in ``errors``, logs a warning and is
+retried at the next interval on a new connection (logged at most once a minute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+
+import psycopg
+
+from cdc_outbox.config import Settings
+from cdc_outbox.monitoring.lag import Conn, connect, one_line
+
+logger = logging.getLogger(__name__)
+
+#: Prefix of the heartbeat's logical decoding message.
+HEARTBEAT_PREFIX = "cdc_outbox.heartbeat"
+_ERROR_LOG_INTERVAL_S = 60.0
+
+
+class Heartbeat:
+    """Background heartbeat writer; counters are plain ints read by the metrics collector."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.interval_s = settings.heartbeat_interval_s
+        self.sent = 0
+        self.errors = 0
+        self.last_success_unix = 0.0
+        self.last_error: str | None = None
+        self._conn: Conn | None = None
+        self._last_error_log = float("-inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def counts(self) -> tuple[int, int]:
+        """(heartbeats committed, heartbeats failed)."""
+        return self.sent, self.errors
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+    def beat(self) -> bool:
+        """Commit one heartbeat now; ``False`` (counted, logged) if it failed. Never raises."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.settings, "cdc-outbox-heartbeat", 5.0)
+            now = time.time()
+            content = json.dumps({"unix": round(now, 3), "slot": self.settings.slot_name})
+            with self._conn.transaction():
+                self._conn.execute(
+                    "SELECT pg_logical_emit_message(true, %s, %s)", (HEARTBEAT_PREFIX, content)
+                )
+        except Exception as exc:
+            self.errors += 1
+            self.last_error = one_line(exc, self.settings)
+            self._close()
+            if time.monotonic() - self._last_error_log >= _ERROR_LOG_INTERVAL_S:
+                self._last_error_log = time.monotonic()
+                logger.warning("heartbeat failed (the stream goes on): %s", self.last_error)
+            return False
+        self.sent += 1
+        self.last_success_unix = now
+        if self.last_error is not None:
+            logger.info("heartbeat recovered")
+            self.last_error = None
+            self._last_error_log = float("-inf")
+        return True
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None

@@ -1,0 +1,229 @@
+"""The lag view: one :class:`LagSample` of slot, WAL and outbox figures, read from PostgreSQL.
+
+Shared by the relay's slot monitor (which adds relay figures) and ``cdc-outbox lag`` (which
+reads the database itself). Reads only catalog views and the outbox table, so it works for the
+least-privilege relay role. Positions are LSN text; sizes are bytes; ``None`` = not known.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from cdc_outbox import schema
+from cdc_outbox.config import Settings
+from cdc_outbox.lsn import Lsn
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@dataclass(slots=True)
+class LagSample:
+    """Figures at ``sampled_at`` (Unix time). Relay fields are set only by the relay's monitor."""
+
+    sampled_at: float
+    slot_name: str
+    # server and slot (pg_replication_slots, pg_stat_replication_slots)
+    wal_lsn: str | None = None
+    slot_present: bool | None = None
+    slot_active: bool | None = None
+    slot_active_pid: int | None = None
+    confirmed_flush_lsn: str | None = None
+    restart_lsn: str | None = None
+    slot_lag_bytes: int | None = None
+    slot_retained_wal_bytes: int | None = None
+    slot_wal_status: str | None = None
+    slot_safe_wal_size_bytes: int | None = None
+    slot_spill_txns: int | None = None
+    slot_spill_count: int | None = None
+    slot_spill_bytes: int | None = None
+    slot_stream_txns: int | None = None
+    slot_stream_count: int | None = None
+    slot_stream_bytes: int | None = None
+    slot_total_txns: int | None = None
+    slot_total_bytes: int | None = None
+    # outbox
+    oldest_unpublished_age_seconds: float | None = None
+    polling_pending: int | None = None
+    polling_processing: int | None = None
+    polling_failed: int | None = None
+    polling_retrying_rows: int | None = None
+    polling_retry_attempts: int | None = None
+    # relay (from RelayStats and the latency histogram, over the last sampling interval)
+    mode: str | None = None
+    events_published_total: int | None = None
+    events_dead_lettered_total: int | None = None
+    delivery_errors_total: int | None = None
+    in_flight_events: int | None = None
+    relay_confirmed_lsn: str | None = None
+    last_confirm_unix: float | None = None
+    throughput_events_per_second: float | None = None
+    latency_p50_seconds: float | None = None
+    latency_p95_seconds: float | None = None
+    latency_mean_seconds: float | None = None
+    heartbeats_total: int | None = None
+    heartbeat_errors_total: int | None = None
+    monitor_errors_total: int | None = None
+    #: Why the database figures are missing (one line), if they are.
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LagSample:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def connect(settings: Settings, application_name: str, statement_timeout_s: float) -> Conn:
+    """An autocommit connection for monitoring (a statement timeout bounds every query)."""
+    dsn = settings.postgres_dsn()
+    extra: dict[str, Any] = {}
+    given = conninfo_to_dict(dsn)
+    if "connect_timeout" not in given:
+        extra["connect_timeout"] = 5
+    if "application_name" not in given:
+        extra["application_name"] = application_name
+    conn = psycopg.connect(dsn, autocommit=True, **extra)
+    conn.execute(
+        "SELECT set_config('statement_timeout', %s, false)",
+        (f"{int(statement_timeout_s * 1000)}ms",),
+    )
+    return conn
+
+
+def one_line(exc: BaseException, settings: Settings) -> str:
+    """``exc`` as one line with any secret of ``settings`` masked."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    for secret in settings.secret_values():
+        text = text.replace(secret, "***")
+    return text
+
+
+#: One row whatever exists: the slot and its statistics are LEFT JOINed.
+_SLOT_SQL = """
+SELECT w.lsn::text, s.slot_name IS NOT NULL, s.active, s.active_pid,
+       s.confirmed_flush_lsn::text, s.restart_lsn::text,
+       greatest(pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn), 0)::bigint,
+       greatest(pg_wal_lsn_diff(w.lsn, s.restart_lsn), 0)::bigint,
+       s.wal_status, s.safe_wal_size,
+       st.spill_txns, st.spill_count, st.spill_bytes, st.stream_txns, st.stream_count,
+       st.stream_bytes, st.total_txns, st.total_bytes
+FROM (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                  ELSE pg_current_wal_lsn() END AS lsn) w
+LEFT JOIN pg_replication_slots s ON s.slot_name = %(slot)s
+LEFT JOIN pg_stat_replication_slots st ON st.slot_name = %(slot)s
+"""
+_SLOT_FIELDS = (
+    "wal_lsn", "slot_present", "slot_active", "slot_active_pid", "confirmed_flush_lsn",
+    "restart_lsn", "slot_lag_bytes", "slot_retained_wal_bytes", "slot_wal_status",
+    "slot_safe_wal_size_bytes", "slot_spill_txns", "slot_spill_count", "slot_spill_bytes",
+    "slot_stream_txns", "slot_stream_count", "slot_stream_bytes", "slot_total_txns",
+    "slot_total_bytes",
+)  # fmt: skip
+_COLUMNS_SQL = """
+SELECT a.attname FROM pg_attribute a
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+#: Outbox columns the polling figures need (the default preset has them; debezium does not).
+POLLING_NEEDS = frozenset({"status", "attempts"})
+
+
+def outbox_columns(conn: Conn, settings: Settings) -> frozenset[str]:
+    """Column names of the outbox table (empty if it does not exist or is not visible)."""
+    name = schema.outbox_ident(settings).as_string(conn)
+    return frozenset(r[0] for r in conn.execute(_COLUMNS_SQL, (name,)))
+
+
+def read_slot(conn: Conn, settings: Settings, sample: LagSample) -> None:
+    """Fill the server and slot fields of ``sample`` (one statement)."""
+    row = conn.execute(_SLOT_SQL, {"slot": settings.slot_name}).fetchone()
+    assert row is not None
+    for name, value in zip(_SLOT_FIELDS, row, strict=True):
+        setattr(sample, name, value)
+
+
+def read_polling(
+    conn: Conn, settings: Settings, sample: LagSample, columns: frozenset[str]
+) -> None:
+    """Fill the polling counts and the oldest unpublished (PENDING/PROCESSING) row's age.
+
+    Needs the ``status`` and ``attempts`` columns (age also ``created_at``); without them the
+    fields stay ``None``.
+    """
+    if not columns >= POLLING_NEEDS:
+        return
+    status, attempts = sql.Identifier("status"), sql.Identifier("attempts")
+    age: sql.Composable = sql.SQL("NULL::float8")
+    if "created_at" in columns:
+        age = sql.SQL(
+            "extract(epoch FROM now() - min({}) FILTER (WHERE {} IN ('PENDING', 'PROCESSING')))"
+            "::float8"
+        ).format(sql.Identifier("created_at"), status)
+    query = sql.SQL(
+        "SELECT count(*) FILTER (WHERE {s} = 'PENDING'),"
+        " count(*) FILTER (WHERE {s} = 'PROCESSING'),"
+        " count(*) FILTER (WHERE {s} = 'FAILED'),"
+        " count(*) FILTER (WHERE {s} = 'PENDING' AND {a} > 0),"
+        " coalesce(sum({a}) FILTER (WHERE {s} = 'PENDING' AND {a} > 0), 0)::bigint,"
+        " {age}"
+        " FROM {t} WHERE {s} IN ('PENDING', 'PROCESSING', 'FAILED')"
+    ).format(s=status, a=attempts, age=age, t=schema.outbox_ident(settings))
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    pending, processing, failed, retrying, attempts_sum = (int(v) for v in row[:5])
+    sample.polling_pending, sample.polling_processing = pending, processing
+    sample.polling_failed, sample.polling_retrying_rows = failed, retrying
+    sample.polling_retry_attempts = attempts_sum
+    if "created_at" in columns:  # no unpublished row: age 0
+        sample.oldest_unpublished_age_seconds = max(float(row[5] or 0.0), 0.0)
+
+
+class WalClock:
+    """When was WAL position X written? Estimated from (time, current WAL) samples.
+
+    Keeps at most ``max_points`` samples; runs of equal positions keep their first and last
+    sample. A position older than every sample gets the age of the oldest sample (a lower
+    bound); a position at or past the newest sample is "now" (age 0).
+    """
+
+    def __init__(self, max_points: int = 20_000) -> None:
+        self._points: deque[tuple[float, int]] = deque(maxlen=max_points)
+
+    def add(self, unix: float, lsn: int) -> None:
+        pts = self._points
+        if pts and lsn < pts[-1][1]:  # another server, or a restored one: start over
+            pts.clear()
+        if len(pts) >= 2 and pts[-1][1] == lsn and pts[-2][1] == lsn:
+            pts[-1] = (unix, lsn)
+        else:
+            pts.append((unix, lsn))
+
+    def age(self, lsn: int, now: float) -> float | None:
+        """Seconds since WAL ``lsn`` was written (``None`` before the first sample)."""
+        pts = self._points
+        if not pts:
+            return None
+        if lsn >= pts[-1][1]:
+            return 0.0
+        i = bisect.bisect_right(pts, lsn, key=lambda p: p[1])  # first sample past ``lsn``
+        if i == 0:
+            return max(now - pts[0][0], 0.0)
+        (t0, l0), (t1, l1) = pts[i - 1], pts[i]
+        written = t0 + (t1 - t0) * ((lsn - l0) / (l1 - l0))
+        return max(now - written, 0.0)
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+
+def lsn_value(text: str | None) -> int | None:
+    return None if text is None else int(Lsn.parse(text))

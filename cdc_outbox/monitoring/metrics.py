@@ -1,0 +1,357 @@
+"""Prometheus metrics of a running relay, read at scrape time (no cost on the hot path).
+
+:class:`LatencyHistogram` is the one thing the relay thread writes: it is appended to
+``RelayStats.latency_observers`` and counts commit-to-acknowledgement latency per event with a
+bisect and two additions (single writer; a scrape may read it a moment stale, never torn in a
+way that matters for monitoring). :class:`RelayCollector` turns ``RelayStats``, the histogram,
+the slot monitor's latest sample and the heartbeat's counters into metric families.
+
+Every family name is listed in :data:`METRIC_NAMES` (the alert-rule test checks against it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from cdc_outbox import __version__
+from cdc_outbox.lsn import Lsn
+from cdc_outbox.relay_stats import RelayStats
+
+if TYPE_CHECKING:
+    from cdc_outbox.monitoring.heartbeat import Heartbeat
+    from cdc_outbox.monitoring.lag import LagSample
+    from cdc_outbox.monitoring.slot_monitor import SlotMonitor
+
+PREFIX = "cdc_outbox_"
+#: Upper bounds (seconds) of the commit-to-acknowledgement latency buckets.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+MODES = ("cdc", "polling")
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+POLLING_STATUSES = ("pending", "processing", "failed")
+
+
+class LatencyHistogram:
+    """Cumulative-on-read histogram of commit-to-ack latency, weighted by events.
+
+    ``observe(seconds, events)`` matches ``RelayStats.latency_observers``: a transaction whose
+    last event was acknowledged ``seconds`` after its commit adds ``events`` observations.
+    """
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float, events: int) -> None:
+        seconds = max(seconds, 0.0)  # clocks of the server and this host may differ a little
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += events
+        self.sum += seconds * events
+        self.count += events
+
+    def snapshot(self) -> tuple[list[int], float, int]:
+        """(per-bucket counts, sum, count), copied."""
+        return list(self.counts), self.sum, self.count
+
+
+def quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:
+    """The ``q`` quantile of per-bucket ``counts`` (linear within a bucket, as PromQL's
+    ``histogram_quantile``); ``None`` without observations. Above the last bound: that bound."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            if i >= len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i > 0 else 0.0
+            return lower + (bounds[i] - lower) * ((rank - seen) / n)
+        seen += n
+    return bounds[-1]
+
+
+def _lsn_bytes(text: str) -> float:
+    return float(Lsn.parse(text))
+
+
+class RelayCollector(Collector):
+    """All ``cdc_outbox_*`` families; reads its sources at each scrape."""
+
+    def __init__(
+        self,
+        stats: Callable[[], RelayStats],
+        histogram: LatencyHistogram,
+        monitor: SlotMonitor | None = None,
+        heartbeat: Heartbeat | None = None,
+    ) -> None:
+        self._stats = stats
+        self._histogram = histogram
+        self._monitor = monitor
+        self._heartbeat = heartbeat
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._relay_families(self._stats())
+        yield self._latency_family()
+        if self._monitor is not None:
+            yield from _monitor_families(self._monitor)
+        if self._heartbeat is not None:
+            yield from _heartbeat_families(self._heartbeat)
+
+    def _relay_families(self, stats: RelayStats) -> Iterable[Metric]:
+        p = PREFIX
+        info = GaugeMetricFamily(p + "build_info", "cdc-outbox version.", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        mode = GaugeMetricFamily(
+            p + "relay_mode", "1 for the mode the relay runs in (cdc or polling).", labels=["mode"]
+        )
+        for name in sorted({*MODES, stats.mode}):
+            mode.add_metric([name], 1.0 if name == stats.mode else 0.0)
+        yield mode
+        yield _by_label(
+            p + "events_published_total",
+            "Events acknowledged by Kafka, by topic.",
+            "topic",
+            stats.published_by_topic.copy(),
+        )
+        yield _by_label(
+            p + "events_dead_lettered_total",
+            "Events sent to the dead-letter topic, by the topic they were meant for.",
+            "topic",
+            stats.dead_lettered_by_topic.copy(),
+        )
+        yield _by_label(
+            p + "ignored_messages_total",
+            "Replication messages ignored, by kind.",
+            "kind",
+            stats.ignored.copy(),
+        )
+        yield CounterMetricFamily(
+            p + "delivery_errors_total",
+            "Failed Kafka deliveries (retried, dead-lettered or halting).",
+            value=stats.delivery_errors,
+        )
+        yield CounterMetricFamily(
+            p + "transactions_total", "Committed transactions received.", value=stats.transactions
+        )
+        yield CounterMetricFamily(
+            p + "relay_restarts_total", "Stream restarts after a failure.", value=stats.restarts
+        )
+        yield GaugeMetricFamily(
+            p + "events_in_flight",
+            "Events sent to Kafka, not yet acknowledged.",
+            value=stats.in_flight,
+        )
+        yield GaugeMetricFamily(
+            p + "confirmed_lsn_bytes",
+            "WAL position the relay last confirmed to the slot (as a byte position).",
+            value=float(stats.confirmed_lsn),
+        )
+        confirm = GaugeMetricFamily(
+            p + "last_confirm_timestamp_seconds",
+            "Unix time of the last confirmation that moved the slot forward.",
+        )
+        if stats.last_confirm_unix > 0:
+            confirm.add_metric([], stats.last_confirm_unix)
+        yield confirm
+
+    def _latency_family(self) -> Metric:
+        counts, total, _ = self._histogram.snapshot()
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*self._histogram.bounds, math.inf), counts, strict=True):
+            running += n
+            cumulative.append(("+Inf" if math.isinf(bound) else repr(bound), running))
+        return HistogramMetricFamily(
+            PREFIX + "commit_to_ack_latency_seconds",
+            "Seconds from a transaction's commit to Kafka's acknowledgement of its last event,"
+            " counted once per event.",
+            buckets=cumulative,
+            sum_value=total,
+        )
+
+
+def _by_label(name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float | int | bool | None) -> Metric:
+    family = GaugeMetricFamily(PREFIX + name, doc)
+    if value is not None:
+        family.add_metric([], float(value))
+    return family
+
+
+def _counter(name: str, doc: str, value: int | None) -> Metric:
+    family = CounterMetricFamily(PREFIX + name, doc)
+    if value is not None:
+        family.add_metric([], value)
+    return family
+
+
+def _monitor_families(monitor: SlotMonitor) -> Iterable[Metric]:
+    s: LagSample | None = monitor.latest
+    yield _gauge("monitor_up", "1 if the last slot-monitor sample succeeded.", monitor.up)
+    yield _counter("monitor_errors_total", "Failed slot-monitor samples.", monitor.errors)
+    yield _gauge(
+        "monitor_last_sample_timestamp_seconds",
+        "Unix time of the last slot-monitor sample.",
+        None if s is None else s.sampled_at,
+    )
+    if s is None:
+        return
+    yield _gauge(
+        "server_wal_lsn_bytes",
+        "Current WAL position of the server.",
+        None if s.wal_lsn is None else _lsn_bytes(s.wal_lsn),
+    )
+    yield _gauge("slot_present", "1 if the replication slot exists.", s.slot_present)
+    yield _gauge("slot_active", "1 if a connection is streaming from the slot.", s.slot_active)
+    yield _gauge(
+        "slot_confirmed_flush_lsn_bytes",
+        "Slot confirmed_flush_lsn.",
+        None if s.confirmed_flush_lsn is None else _lsn_bytes(s.confirmed_flush_lsn),
+    )
+    yield _gauge(
+        "slot_restart_lsn_bytes",
+        "Slot restart_lsn.",
+        None if s.restart_lsn is None else _lsn_bytes(s.restart_lsn),
+    )
+    yield _gauge(
+        "slot_lag_bytes", "Current WAL minus the slot's confirmed_flush_lsn.", s.slot_lag_bytes
+    )
+    yield _gauge(
+        "slot_retained_wal_bytes",
+        "Current WAL minus the slot's restart_lsn (WAL the server keeps for this slot).",
+        s.slot_retained_wal_bytes,
+    )
+    status = GaugeMetricFamily(
+        PREFIX + "slot_wal_status",
+        "1 for the slot's wal_status (reserved, extended, unreserved, lost).",
+        labels=["status"],
+    )
+    if s.slot_wal_status is not None:
+        for name in sorted({*WAL_STATUSES, s.slot_wal_status}):
+            status.add_metric([name], 1.0 if name == s.slot_wal_status else 0.0)
+    yield status
+    yield _gauge(
+        "slot_safe_wal_size_bytes",
+        "WAL that can still be written before the slot "
+        "is in danger of being lost (absent: no max_slot_wal_keep_size).",
+        s.slot_safe_wal_size_bytes,
+    )
+    pg_stats = (
+        (
+            "slot_spill_transactions_total",
+            "Transactions spilled to disk (pg_stat_replication_slots.spill_txns).",
+            s.slot_spill_txns,
+        ),
+        (
+            "slot_spills_total",
+            "Times transactions were spilled to disk (spill_count).",
+            s.slot_spill_count,
+        ),
+        (
+            "slot_spill_bytes_total",
+            "Decoded bytes spilled to disk (spill_bytes).",
+            s.slot_spill_bytes,
+        ),
+        (
+            "slot_stream_transactions_total",
+            "In-progress transactions streamed (stream_txns).",
+            s.slot_stream_txns,
+        ),
+        (
+            "slot_streams_total",
+            "Times in-progress transactions were streamed (stream_count).",
+            s.slot_stream_count,
+        ),
+        ("slot_stream_bytes_total", "Decoded bytes streamed (stream_bytes).", s.slot_stream_bytes),
+        (
+            "slot_decoded_transactions_total",
+            "Transactions decoded for the slot (total_txns).",
+            s.slot_total_txns,
+        ),
+        (
+            "slot_decoded_bytes_total",
+            "Bytes decoded for the slot (total_bytes).",
+            s.slot_total_bytes,
+        ),
+    )
+    for name, doc, value in pg_stats:
+        yield _counter(name, doc, value)
+    yield _gauge(
+        "oldest_unpublished_age_seconds",
+        "Age of the oldest unpublished outbox event (polling: oldest PENDING/PROCESSING row; "
+        "cdc: age of the oldest WAL the slot has not confirmed, an upper bound).",
+        s.oldest_unpublished_age_seconds,
+    )
+    rows = GaugeMetricFamily(
+        PREFIX + "polling_rows",
+        "Outbox rows by polling status (sampled in polling mode).",
+        labels=["status"],
+    )
+    polling = (s.polling_pending, s.polling_processing, s.polling_failed)
+    for name, count in zip(POLLING_STATUSES, polling, strict=True):
+        if count is not None:
+            rows.add_metric([name], count)
+    yield rows
+    yield _gauge(
+        "polling_retrying_rows", "PENDING rows that failed at least once.", s.polling_retrying_rows
+    )
+    yield _gauge(
+        "polling_retry_attempts",
+        "Attempts made so far by the retrying PENDING rows.",
+        s.polling_retry_attempts,
+    )
+
+
+def _heartbeat_families(heartbeat: Heartbeat) -> Iterable[Metric]:
+    yield _counter("heartbeats_total", "Heartbeat messages committed.", heartbeat.sent)
+    yield _counter("heartbeat_errors_total", "Failed heartbeats.", heartbeat.errors)
+    yield _gauge(
+        "heartbeat_last_success_timestamp_seconds",
+        "Unix time of the last committed heartbeat.",
+        heartbeat.last_success_unix or None,
+    )
+
+
+#: Every family the relay exports (sample names add ``_bucket``/``_sum``/``_count``).
+METRIC_NAMES = frozenset(
+    PREFIX + n
+    for n in (
+        "build_info", "relay_mode", "events_published_total", "events_dead_lettered_total",
+        "ignored_messages_total", "delivery_errors_total", "transactions_total",
+        "relay_restarts_total", "events_in_flight", "confirmed_lsn_bytes",
+        "last_confirm_timestamp_seconds", "commit_to_ack_latency_seconds", "monitor_up",
+        "monitor_errors_total", "monitor_last_sample_timestamp_seconds", "server_wal_lsn_bytes",
+        "slot_present", "slot_active", "slot_confirmed_flush_lsn_bytes", "slot_restart_lsn_bytes",
+        "slot_lag_bytes", "slot_retained_wal_bytes", "slot_wal_status", "slot_safe_wal_size_bytes",
+        "slot_spill_transactions_total", "slot_spills_total", "slot_spill_bytes_total",
+        "slot_stream_transactions_total", "slot_streams_total", "slot_stream_bytes_total",
+        "slot_decoded_transactions_total", "slot_decoded_bytes_total",
+        "oldest_unpublished_age_seconds", "polling_rows", "polling_retrying_rows",
+        "polling_retry_attempts", "heartbeats_total", "heartbeat_errors_total",
+        "heartbeat_last_success_timestamp_seconds",
+    )
+)  # fmt: skip

@@ -1,0 +1,299 @@
+"""Polling relay against real PostgreSQL and Kafka: delivery, backoff, dead letters, redrive,
+a worker killed with SIGKILL, three workers keeping per-aggregate order, commit inversion."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from cdc_outbox import outbox_admin, workload
+from cdc_outbox.config import Settings
+from cdc_outbox.kafka_publisher import read_topics
+from cdc_outbox.polling_relay import PollingRelay
+from cdc_outbox.schema import outbox_table_ddl
+from tests.helpers import consume_all, wait_until
+from tests.relay_support import ARTIFACTS, relay_settings
+
+
+def _settings(dsn: str, bootstrap: str, prefix: str, **polling: Any) -> Settings:
+    kafka = polling.pop("kafka_config", {})
+    values = {"poll_interval_s": 0.05, "backoff_base_s": 0.2, "backoff_max_s": 1.0, **polling}
+    return relay_settings(
+        dsn,
+        bootstrap,
+        prefix,
+        polling=values,
+        kafka={"bootstrap_servers": bootstrap, "config": kafka},
+    )
+
+
+def _create_table(settings: Settings) -> None:
+    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+        for stmt in outbox_table_ddl(settings):
+            conn.execute(stmt)
+
+
+def _insert(conn: psycopg.Connection[Any], agg: str, payload: dict[str, Any], **extra: Any) -> str:
+    row = conn.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)"
+        " VALUES ('order', %s, %s, %s, %s) RETURNING id::text",
+        (
+            agg,
+            extra.get("event_type", "OrderPlaced"),
+            json.dumps(payload),
+            json.dumps(extra.get("headers", {})),
+        ),
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _rows(dsn: str) -> dict[str, dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(
+            "SELECT id::text, status, attempts, available_at, locked_at, locked_by, last_error,"
+            " published_at FROM outbox"
+        )
+        names = [d.name for d in cur.description or []]
+        return {r[0]: dict(zip(names, r, strict=True)) for r in cur.fetchall()}
+
+
+def _statuses(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute("SELECT status, count(*) FROM outbox GROUP BY 1").fetchall())
+
+
+@contextmanager
+def _workers(settings: Settings, n: int) -> Iterator[list[PollingRelay]]:
+    """``n`` polling workers, each on its own thread, connection and producer."""
+    relays = [PollingRelay(settings, worker_id=f"w{i}") for i in range(n)]
+    errors: list[BaseException] = []
+
+    def target(relay: PollingRelay) -> None:
+        try:
+            relay.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in relays]
+    for t in threads:
+        t.start()
+    try:
+        yield relays
+    finally:
+        for r in relays:
+            r.request_stop()
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker did not stop"
+    assert not errors, errors
+
+
+def test_publishes_exact_records_and_marks_rows_published(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    _create_table(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        a = _insert(conn, "o-1", {"n": 1, "x": [1, 2]}, headers={"trace": "t1", "n": 5})
+        b = _insert(conn, "o-1", {"n": 2})
+    relay = PollingRelay(settings)
+    try:
+        assert relay.run_once() == 2
+        assert relay.run_once() == 0
+    finally:
+        relay.close()
+    rows = _rows(pg_dsn)
+    assert {r["status"] for r in rows.values()} == {"PUBLISHED"}
+    assert all(r["locked_by"] is None and r["published_at"] for r in rows.values())
+    records = consume_all(
+        kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.event.order"], expected_count=2
+    )
+    assert [dict(r.headers)["id"].decode() for r in records] == [a, b]  # one partition, in order
+    first = records[0]
+    assert first.key == b"o-1" and first.value == b'{"n": 1, "x": [1, 2]}'
+    assert first.headers == [
+        ("id", a.encode()),
+        ("event_type", b"OrderPlaced"),
+        ("aggregate_type", b"order"),
+        ("trace", b"t1"),
+        ("n", b"5"),
+    ]
+    assert relay.stats.events_published == 2 and relay.stats.mode == "polling"
+
+
+def test_backoff_then_failed_then_redrive_publishes(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    # The producer refuses records over 1,000 bytes: a permanent per-record failure.
+    settings = _settings(
+        pg_dsn,
+        kafka_broker.bootstrap_servers,
+        kafka_topic_prefix,
+        max_attempts=3,
+        kafka_config={"message.max.bytes": "1000"},
+    )
+    _create_table(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        big = _insert(conn, "o-1", {"pad": "x" * 3000})
+        small = _insert(conn, "o-1", {"n": 2})  # same aggregate, later: must wait behind big
+        other = _insert(conn, "o-2", {"n": 1})
+    relay = PollingRelay(settings)
+    delays = []
+    try:
+        assert relay.run_once() == 3  # big fails, small is given back unproduced, other goes
+        rows = _rows(pg_dsn)
+        assert rows[other]["status"] == "PUBLISHED"
+        assert (rows[small]["status"], rows[small]["attempts"]) == ("PENDING", 0)
+        for attempt in (1, 2):
+            row = _rows(pg_dsn)[big]
+            assert (row["status"], row["attempts"]) == ("PENDING", attempt)
+            assert "MSG_SIZE_TOO_LARGE" in row["last_error"]
+            delays.append((row["available_at"] - row["locked_at"]).total_seconds())
+            assert _rows(pg_dsn)[small]["status"] == "PENDING"
+            # Nothing is due until the backoff passes; small stays behind big meanwhile.
+            wait_until(lambda: relay.run_once() > 0, timeout=30)
+        row = _rows(pg_dsn)[big]
+        assert (row["status"], row["attempts"]) == ("FAILED", 3)
+        assert relay.stats.events_dead_lettered == 1
+        # The dead letter no longer blocks its aggregate.
+        wait_until(lambda: relay.run_once() > 0, timeout=30)
+        assert _rows(pg_dsn)[small]["status"] == "PUBLISHED"
+    finally:
+        relay.close()
+    # Backoff visible in available_at: base 0.2 s doubling, jitter 0.5..1.
+    assert delays[0] >= 0.1 and delays[1] >= 0.2
+
+    flt = outbox_admin.RedriveFilter(ids=(big,))
+    assert outbox_admin.redrive(settings, flt, dry_run=True) == 1
+    assert outbox_admin.redrive(settings, flt) == 1
+    row = _rows(pg_dsn)[big]
+    assert (row["status"], row["attempts"]) == ("PENDING", 0)
+    fixed = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    relay = PollingRelay(fixed)
+    try:
+        wait_until(lambda: relay.run_once() > 0, timeout=30)
+    finally:
+        relay.close()
+    assert _rows(pg_dsn)[big]["status"] == "PUBLISHED"
+    records = consume_all(
+        kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.event.order"], expected_count=3
+    )
+    assert {dict(r.headers)["id"].decode() for r in records} == {big, small, other}
+
+
+def _worker_process(settings: Settings, worker_id: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
+    env.update(
+        {
+            "CDC_OUTBOX_DSN": settings.postgres_dsn(),
+            "CDC_OUTBOX_TOPIC_TEMPLATE": settings.topic_template,
+            "CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+            # Records wait a minute in the producer: the worker holds its rows until killed.
+            "CDC_OUTBOX_KAFKA__CONFIG": json.dumps({"linger.ms": "60000"}),
+            "CDC_OUTBOX_POLLING__LEASE_S": str(settings.polling.lease_s),
+            "CDC_OUTBOX_POLLING__POLL_INTERVAL_S": "0.05",
+        }
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / f"polling-{worker_id}.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc_outbox.polling_relay", "--worker-id", worker_id],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def test_worker_killed_while_holding_rows_loses_nothing(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, lease_s=1.5)
+    _create_table(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ids = [_insert(conn, f"o-{i % 7}", {"i": i}) for i in range(60)]
+    victim = _worker_process(settings, "victim")
+    try:
+        wait_until(
+            lambda: _statuses(pg_dsn).get("PROCESSING", 0) == 60,
+            timeout=60,
+            message=lambda: f"{_statuses(pg_dsn)}",
+        )
+        assert {r["locked_by"] for r in _rows(pg_dsn).values()} == {"victim"}
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+    assert _statuses(pg_dsn) == {"PROCESSING": 60}  # held by a dead worker
+    with _workers(settings, 1):
+        wait_until(
+            lambda: _statuses(pg_dsn) == {"PUBLISHED": 60},
+            timeout=60,
+            message=lambda: f"{_statuses(pg_dsn)}",
+        )
+    rows = _rows(pg_dsn)
+    assert all(r["attempts"] == 1 and "expired" in r["last_error"] for r in rows.values())
+    records = consume_all(
+        kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.event.order"], expected_count=60
+    )
+    assert sorted(dict(r.headers)["id"].decode() for r in records) == sorted(ids)
+
+
+def test_three_workers_keep_per_aggregate_order(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, batch_size=40)
+    _create_table(settings)
+    # 20 aggregates per writer, transactions of at most 20 events: an aggregate appears at most
+    # once per transaction, so its seq order is its created_at order.
+    spec = workload.WorkloadSpec(events=4_000, writers=3, aggregates=60, txn_sizes=(1, 5, 20))
+    with _workers(settings, 3) as relays:
+        report = workload.write_orders(pg_dsn, spec, columns=settings.column_names())
+        wait_until(
+            lambda: _statuses(pg_dsn) == {"PUBLISHED": report.committed},
+            timeout=120,
+            message=lambda: f"{_statuses(pg_dsn)}",
+        )
+    shares = [r.stats.events_published for r in relays]
+    assert sum(shares) >= report.committed and all(shares), shares
+    expected = workload.stored_events(pg_dsn, columns=settings.column_names())
+    verdict = workload.tally(
+        expected, read_topics(kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    )
+    assert verdict.ok, verdict.summary() + f" {verdict.order_violations[:5]}"
+    assert verdict.expected == report.committed == 4_000
+
+
+def test_commit_inversion_loses_nothing_with_three_workers(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    _create_table(settings)
+    with _workers(settings, 3), psycopg.connect(pg_dsn) as late, psycopg.connect(pg_dsn) as early:
+        # Transaction A starts first (earlier created_at) but commits last.
+        a1 = _insert(late, "o-1", {"tx": "A"})
+        a2 = _insert(late, "o-3", {"tx": "A"})
+        b1 = _insert(early, "o-1", {"tx": "B"})
+        b2 = _insert(early, "o-2", {"tx": "B"})
+        early.commit()
+        wait_until(lambda: _statuses(pg_dsn) == {"PUBLISHED": 2}, timeout=30)
+        late.commit()
+        wait_until(lambda: _statuses(pg_dsn) == {"PUBLISHED": 4}, timeout=30)
+    with psycopg.connect(pg_dsn) as conn:
+        created = dict(conn.execute("SELECT id::text, created_at FROM outbox").fetchall())
+    assert created[a1] < created[b1]  # the inversion really happened
+    records = consume_all(
+        kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.event.order"], expected_count=4
+    )
+    by_agg = [(r.key, dict(r.headers)["id"].decode()) for r in records if r.key == b"o-1"]
+    # Visibility order: B's event was published before A's became visible.
+    assert [i for _, i in by_agg] == [b1, a1]
+    assert {dict(r.headers)["id"].decode() for r in records} == {a1, a2, b1, b2}
