@@ -107,8 +107,8 @@ def build(settings: Settings) -> PollingSql:
         mine=mine, **fields
     )
     mark_published = sql.SQL(
-        "UPDATE {t} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-        " last_error = NULL WHERE {id} = ANY(%(ids)s) AND {mine}"
+        "UPDATE {t} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL"
+        " WHERE {id} = ANY(%(ids)s) AND {mine}"
     ).format(mine=mine, **fields)
     # One row per outcome: bump = attempts to add, delay = seconds until due again (NULL: keep),
     # final = give up now (FAILED) whatever the count.

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from cdc_outbox import __version__
-from cdc_outbox.cli import bootstrap_cmd, polling_cmd, relay_cmd
+from cdc_outbox.cli import bootstrap_cmd, lag_cmd, polling_cmd, relay_cmd
 from cdc_outbox.cli.common import GlobalOptions, error_exit
 from cdc_outbox.cli.sandbox_cmd import app as sandbox_app
 
@@ -89,6 +89,8 @@ def _global(
 bootstrap_cmd.register(app)  # init, status, drop
 
 relay_cmd.register(app)  # run, demo
+
+lag_cmd.register(app)  # lag (slot lag, retained WAL, oldest unpublished; --watch)
 
 polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 

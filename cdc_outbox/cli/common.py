@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,23 +62,45 @@ def scrub(text: str) -> str:
     return text
 
 
+#: Context fields a log call may pass with ``extra={...}``; they become keys of a JSON line
+#: (and ``key=value`` pairs after a text line).
+LOG_CONTEXT_FIELDS = ("event_id", "aggregate_id", "event_type", "topic", "lsn", "mode", "slot")
+
+
+def _context(record: logging.LogRecord) -> dict[str, str]:
+    return {
+        name: str(getattr(record, name))
+        for name in LOG_CONTEXT_FIELDS
+        if getattr(record, name, None) is not None
+    }
+
+
 class _ScrubbingFormatter(logging.Formatter):
     def __init__(self, json_lines: bool) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.json_lines = json_lines
 
+    def formatMessage(self, record: logging.LogRecord) -> str:  # text lines, before exc text
+        text = super().formatMessage(record)
+        context = _context(record)
+        if context:
+            text += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"
+        return text
+
     def format(self, record: logging.LogRecord) -> str:
         if not self.json_lines:
             return scrub(super().format(record))
         entry = {
-            "ts": self.formatTime(record),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            **_context(record),
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return scrub(json.dumps(entry))
+        # Scrub the values before JSON escaping could hide a secret from the final pass.
+        return scrub(json.dumps({k: scrub(v) for k, v in entry.items()}))
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:

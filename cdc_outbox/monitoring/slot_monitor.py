@@ -147,11 +147,15 @@ class SlotMonitor:
         except Exception as exc:
             self._failed(sample, exc)
         sample.monitor_errors_total = self.errors
-        point = {"t": now, **{name: getattr(sample, name) for name in CHART_FIELDS}}
+        self.record(sample)
+        return sample
+
+    def record(self, sample: LagSample) -> None:
+        """Publish ``sample`` as ``latest`` and add it to the chart."""
+        point = {"t": sample.sampled_at, **{name: getattr(sample, name) for name in CHART_FIELDS}}
         with self._lock:
             self._latest = sample
             self._chart.append(point)
-        return sample
 
     def _database_figures(self, sample: LagSample, now: float) -> None:
         if self._conn is None or self._conn.closed:

@@ -73,9 +73,9 @@ def _statuses(dsn: str) -> dict[str, int]:
 
 
 @contextmanager
-def _workers(settings: Settings, n: int) -> Iterator[list[PollingRelay]]:
-    """``n`` polling workers, each on its own thread, connection and producer."""
-    relays = [PollingRelay(settings, worker_id=f"w{i}") for i in range(n)]
+def _workers(*settings: Settings) -> Iterator[list[PollingRelay]]:
+    """One polling worker per settings, each on its own thread, connection and producer."""
+    relays = [PollingRelay(s, worker_id=f"w{i}") for i, s in enumerate(settings)]
     errors: list[BaseException] = []
 
     def target(relay: PollingRelay) -> None:
@@ -125,8 +125,8 @@ def test_publishes_exact_records_and_marks_rows_published(
         ("id", a.encode()),
         ("event_type", b"OrderPlaced"),
         ("aggregate_type", b"order"),
+        ("n", b"5"),  # jsonb's key order, as the CDC relay sends it too
         ("trace", b"t1"),
-        ("n", b"5"),
     ]
     assert relay.stats.events_published == 2 and relay.stats.mode == "polling"
 
@@ -233,7 +233,7 @@ def test_worker_killed_while_holding_rows_loses_nothing(
         victim.send_signal(signal.SIGKILL)
         victim.wait(30)
     assert _statuses(pg_dsn) == {"PROCESSING": 60}  # held by a dead worker
-    with _workers(settings, 1):
+    with _workers(settings):
         wait_until(
             lambda: _statuses(pg_dsn) == {"PUBLISHED": 60},
             timeout=60,
@@ -250,12 +250,24 @@ def test_worker_killed_while_holding_rows_loses_nothing(
 def test_three_workers_keep_per_aggregate_order(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
 ) -> None:
-    settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, batch_size=40)
+    # Producers that send after different delays: a worker overtakes another one that holds
+    # earlier events of the same aggregate whenever the claim lets two of them hold it at once.
+    workers = [
+        _settings(
+            pg_dsn,
+            kafka_broker.bootstrap_servers,
+            kafka_topic_prefix,
+            batch_size=40,
+            kafka_config={"linger.ms": linger},
+        )
+        for linger in ("150", "0", "20")
+    ]
+    settings = workers[0]
     _create_table(settings)
     # 20 aggregates per writer, transactions of at most 20 events: an aggregate appears at most
     # once per transaction, so its seq order is its created_at order.
     spec = workload.WorkloadSpec(events=4_000, writers=3, aggregates=60, txn_sizes=(1, 5, 20))
-    with _workers(settings, 3) as relays:
+    with _workers(*workers) as relays:
         report = workload.write_orders(pg_dsn, spec, columns=settings.column_names())
         wait_until(
             lambda: _statuses(pg_dsn) == {"PUBLISHED": report.committed},
@@ -277,7 +289,11 @@ def test_commit_inversion_loses_nothing_with_three_workers(
 ) -> None:
     settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     _create_table(settings)
-    with _workers(settings, 3), psycopg.connect(pg_dsn) as late, psycopg.connect(pg_dsn) as early:
+    with (
+        _workers(settings, settings, settings),
+        psycopg.connect(pg_dsn) as late,
+        psycopg.connect(pg_dsn) as early,
+    ):
         # Transaction A starts first (earlier created_at) but commits last.
         a1 = _insert(late, "o-1", {"tx": "A"})
         a2 = _insert(late, "o-3", {"tx": "A"})

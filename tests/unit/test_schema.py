@@ -32,7 +32,7 @@ def test_default_outbox_table() -> None:
         '"event_type" text NOT NULL',
         '"payload" jsonb',
         "\"headers\" jsonb NOT NULL DEFAULT '{}'",
-        "created_at timestamptz NOT NULL DEFAULT now()",
+        "created_at timestamptz NOT NULL DEFAULT clock_timestamp()",
         "status text NOT NULL DEFAULT 'PENDING' CHECK (status IN "
         "('PENDING', 'PROCESSING', 'PUBLISHED', 'FAILED'))",
         "attempts integer NOT NULL DEFAULT 0",
