@@ -25,11 +25,11 @@ from benchmarks.cpu import CpuMeter, process_cpu, tree_cpu
 from cdc_outbox import workload
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import KafkaPublisher, count_records
-from cdc_outbox.relay import Relay
 from cdc_outbox.replication_stream import ReplicationStream
 from cdc_outbox.sandbox.kafka import LocalKafka
 from cdc_outbox.sandbox.postgres import LocalPostgres
 from cdc_outbox.schema import outbox_table_ddl, publication_ddl
+from cdc_outbox.service import Service
 from cdc_outbox.walproto import Keepalive
 
 RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
@@ -121,7 +121,7 @@ def relay_phase(
     """Run the relay until Kafka acknowledged ``events`` events.
 
     Returns (seconds, cores used per process while relaying)."""
-    relay = Relay(settings)
+    relay = Service(settings)  # what `cdc-outbox run --mode cdc` runs
     profiler = cProfile.Profile() if profile else None
     errors: list[BaseException] = []
 
@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "publication_name": PUBLICATION,
                 "outbox_table": "bench_outbox",
                 "topic_template": topic_prefix + ".{aggregate_type}",
+                "mode": "cdc",
+                "metrics_port": 0,
                 "kafka": {
                     "bootstrap_servers": bootstrap,
                     "config": dict(kv.split("=", 1) for kv in args.kafka_config),

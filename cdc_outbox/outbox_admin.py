@@ -156,11 +156,14 @@ def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) ->
                 sql.SQL("SELECT count(*) FROM ({}) AS m").format(matching), params
             ).fetchone()
             return int(row[0]) if row else 0
+        # A materialized CTE runs once: LIMIT and SKIP LOCKED hold (an IN (subquery) may be
+        # re-run per row).
         cur = conn.execute(
             sql.SQL(
-                "UPDATE {t} SET status = 'PENDING', attempts = 0, available_at = now(),"
+                "WITH m AS MATERIALIZED ({matching} FOR UPDATE SKIP LOCKED)"
+                " UPDATE {t} AS o SET status = 'PENDING', attempts = 0, available_at = now(),"
                 " locked_by = NULL, locked_at = NULL"
-                " WHERE status = 'FAILED' AND {id} IN ({matching} FOR UPDATE SKIP LOCKED)"
+                " FROM m WHERE o.{id} = m.{id} AND o.status = 'FAILED'"
             ).format(
                 t=sql.Identifier(settings.outbox_schema, settings.outbox_table),
                 id=sql.Identifier(settings.columns.id),
@@ -197,8 +200,9 @@ def cleanup(
             ).fetchone()
             return int(counted[0]) if counted else 0
         delete = sql.SQL(
-            "DELETE FROM {t} WHERE {id} IN"
+            "WITH b AS MATERIALIZED"
             " (SELECT {id} FROM {t} WHERE {old} LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
+            " DELETE FROM {t} AS o USING b WHERE o.{id} = b.{id}"
         ).format(t=table, id=id_col, old=old)
         total = 0
         while True:

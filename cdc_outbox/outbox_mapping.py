@@ -16,6 +16,7 @@ Contract of :meth:`OutboxMapper.map_insert`:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
@@ -229,7 +230,7 @@ class OutboxMapper:
                 if hv is None or hv == b"{}":  # the common case: no JSON parsing
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
                 extra = _parse_headers(self._headers_name, hv)
-                if type(extra) is list:
+                if type(extra) is tuple:
                     headers.extend(extra)
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
         return self._slow(pos, id_v, at_v, key, et_v, value, hv)
@@ -288,10 +289,16 @@ class OutboxMapper:
         return OutboxRecord(topic, key_b, value_b, headers, event_id)
 
 
-def _parse_headers(name: str, hv: ColumnValue) -> list[tuple[str, bytes]] | str:
+def _parse_headers(name: str, hv: ColumnValue) -> tuple[tuple[str, bytes], ...] | str:
     """Extra headers from the headers column, or the dead-letter reason."""
     if not isinstance(hv, bytes):
         return _problem(name, hv)
+    return _parse_headers_text(name, hv)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_headers_text(name: str, hv: bytes) -> tuple[tuple[str, bytes], ...] | str:
+    """Cached: the events of one transaction (one request) usually share their headers."""
     try:
         obj = _from_json(hv.decode())
     except (ValueError, RecursionError) as e:  # ValueError covers JSON and UTF-8 errors
@@ -312,4 +319,4 @@ def _parse_headers(name: str, hv: ColumnValue) -> list[tuple[str, bytes]] | str:
             out.append((k, text.encode()))
     except (UnicodeEncodeError, RecursionError) as e:  # e.g. a lone surrogate escape
         return f"column {name!r} has a header that cannot be encoded: {e}"
-    return out
+    return tuple(out)

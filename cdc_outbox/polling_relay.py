@@ -2,32 +2,30 @@
 
 Contract (at-least-once, per-aggregate order; any number of workers on any hosts):
 
-- Claim: rows go PENDING -> PROCESSING (``locked_by`` = this worker, ``locked_at`` = now) in a
-  short transaction (see :mod:`cdc_outbox.polling_sql`): per aggregate, only the leading run of
-  unpublished rows (order: ``created_at``, then physical position) that are all PENDING and
-  due, and only when no row of the aggregate is PROCESSING anywhere. A per-aggregate advisory
-  lock, held while claiming, makes that check exact across workers. So an aggregate's next
-  event is never produced while an earlier visible one is unpublished or in flight.
-- Publish: records are produced in that order (key = aggregate id, one partition, idempotent
-  producer); a row is marked PUBLISHED (one UPDATE per batch) only after Kafka acknowledged it.
-- Failure: a per-record permanent failure adds an attempt and moves ``available_at`` forward by
-  :func:`backoff_delay`; at ``max_attempts`` the row becomes FAILED with ``last_error`` (the
-  dead letter; it no longer blocks its aggregate; ``cdc-outbox redrive`` re-queues it). A row
-  the mapping rejects (bad topic, null payload, headers not an object) is FAILED at once. Later
+- Claim (:mod:`cdc_outbox.polling_sql`): rows go PENDING -> PROCESSING (``locked_by``,
+  ``locked_at``). Per aggregate only the leading run of unpublished rows (by ``created_at``,
+  then physical position) that are all PENDING and due, and only while no row of the aggregate
+  is PROCESSING anywhere; a per-aggregate advisory lock held while claiming makes that check
+  exact across workers. So an aggregate's next event is never produced while an earlier
+  visible one is unpublished or in flight.
+- Publish: records go out in that order (key = aggregate id, idempotent producer); rows are
+  marked PUBLISHED (one UPDATE per batch) only after Kafka acknowledged them.
+- Failure: a permanent per-record failure adds an attempt and sets ``available_at`` =
+  now + :func:`backoff_delay`; at ``max_attempts`` the row is FAILED with ``last_error`` (the
+  dead letter: it stops blocking its aggregate; ``cdc-outbox redrive`` re-queues it). A row the
+  mapping rejects (bad topic, null payload, headers not an object) is FAILED at once. Later
   rows of a failing aggregate are given back unproduced. A transient failure re-queues the row
-  without using an attempt. While the broker is down rows stay PROCESSING; the worker keeps
-  renewing their lease and waits.
-- Crash: rows of a dead worker stay PROCESSING until their lease (``lease_s`` since the last
-  renewal) expires; every worker sweeps them back to PENDING (one attempt counted, so a row
-  that kills workers ends FAILED) about every ``lease_s / 2``. They are then sent again
-  (duplicates possible, never lost; consumers de-duplicate by the ``id`` header).
-- Visibility, not ``created_at``, decides order between transactions: a transaction that
-  commits after a later-started one (commit inversion) is still published (no cursor is kept;
-  every PENDING row is found), just after the rows that became visible before it. Events of one
-  aggregate with equal ``created_at`` (one transaction, ``DEFAULT now()``) follow their
-  physical position, which is insertion order unless a retry has moved the row.
-- Residual: a permanent rejection reported by the broker (asynchronously) for a record does not
-  stop later records of its aggregate that are already in the same batch.
+  without using an attempt. While the broker is down rows stay PROCESSING (lease renewed).
+- Crash: a dead worker's rows stay PROCESSING until the lease (``lease_s`` after the last
+  renewal) expires; every worker sweeps such rows back to PENDING about every ``lease_s / 2``
+  (one attempt counted, so a row that keeps killing workers ends FAILED). They are sent again:
+  duplicates possible, nothing lost (consumers de-duplicate by the ``id`` header).
+- Order between transactions is visibility order: no cursor is kept, every PENDING row is
+  found, so a transaction committing after a later-started one (commit inversion) is published
+  too, after what was already visible. Equal ``created_at`` values fall back to physical
+  position (insertion order unless a retry moved the row).
+- Residual: a permanent rejection the broker reports asynchronously does not stop later records
+  of the same aggregate already produced in that batch.
 """
 
 from __future__ import annotations
@@ -70,23 +68,6 @@ def default_worker_id() -> str:
 
 class _Row:
     """One claimed row, and the delivery listener of its record."""
-
-    __slots__ = (
-        "agg_type",
-        "aggregate_id",
-        "attempts",
-        "created_unix",
-        "error",
-        "event_type",
-        "headers",
-        "id",
-        "id_text",
-        "outcome",
-        "payload",
-        "rank",
-        "relay",
-        "topic",
-    )
 
     def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
         (
@@ -415,28 +396,3 @@ class PollingRelay:
         deadline = time.monotonic() + seconds
         while not self._stop and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(0.05, left))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m cdc_outbox.polling_relay [--worker-id ID]``: one worker until SIGTERM/SIGINT
-    (settings from ``CDC_OUTBOX_*`` / ``$CDC_OUTBOX_CONFIG``)."""
-    import argparse
-    import signal
-
-    from cdc_outbox.config import load_settings
-
-    parser = argparse.ArgumentParser(prog="python -m cdc_outbox.polling_relay")
-    parser.add_argument("--worker-id")
-    args = parser.parse_args(argv)
-    settings = load_settings()
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    relay = PollingRelay(settings, worker_id=args.worker_id)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: relay.request_stop())
-    relay.run()
-
-
-if __name__ == "__main__":
-    main()

@@ -82,7 +82,7 @@ def build(settings: Settings) -> PollingSql:
         "  bool_or(status = 'PROCESSING') OVER (PARTITION BY agg) AS busy"
         " FROM unpublished"
         " WINDOW w AS (PARTITION BY agg ORDER BY created_at, pos ROWS UNBOUNDED PRECEDING)"
-        "), chosen AS ("
+        "), chosen AS MATERIALIZED ("
         " SELECT {oid} AS id, r.rank FROM {t} AS o JOIN ranked AS r ON {oid} = r.id"
         " WHERE r.open AND NOT r.busy AND o.status = 'PENDING'"
         " ORDER BY r.created_at, r.pos LIMIT %(limit)s"

@@ -17,6 +17,7 @@ has flushed and confirmed; it raises what the relays raise (e.g. RelayHalted).
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from contextlib import ExitStack
@@ -51,6 +52,7 @@ class Service:
             current.request_stop()
 
     def run(self) -> None:
+        _tune_gc()
         with ExitStack() as stack:
             if self.settings.metrics_port:
                 from cdc_outbox.monitoring import start_monitoring
@@ -137,6 +139,15 @@ class Service:
         thread.join()
         if errors:
             raise errors[0]
+
+
+def _tune_gc() -> None:
+    """The relay allocates short-lived objects per event; collect the young generation less
+    often and keep start-up objects out of full collections (measured: fewer pauses)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(20_000, gen1, gen2)
 
 
 # -- probes and housekeeping (own short connections) -------------------------------------------
