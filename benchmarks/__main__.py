@@ -1,4 +1,5 @@
-"""Entry point: ``python -m benchmarks relay --events N --txn-size K --json PATH``."""
+"""Entry point: ``python -m benchmarks relay --events N --txn-size K --json PATH`` and
+``python -m benchmarks compare --events N --json PATH`` (CDC vs polling, writes RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks import relay_bench
+from benchmarks import compare_bench, relay_bench
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="extra librdkafka producer setting for the relay (repeatable)",
     )
+    compare = sub.add_parser("compare", help="CDC vs polling: throughput, latency, DB cost")
+    compare.add_argument("--events", type=int, default=20_000)
+    compare.add_argument("--writers", type=int, default=4)
+    compare.add_argument("--rate", type=float, default=2_000.0, help="latency phase events/s")
+    compare.add_argument("--latency-seconds", type=float, default=30.0)
+    compare.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
+    compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
+    compare.add_argument("--json", type=Path, default=Path("benchmarks/out/compare.json"))
+    compare.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "relay":
@@ -39,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
+    elif args.command == "compare":
+        if args.events <= 0 or args.rate <= 0 or args.latency_seconds <= 0:
+            parser.error("--events, --rate and --latency-seconds must be positive")
+        result = compare_bench.run(args)
+        compare_bench.print_table(result)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
+        compare_bench.write_results(result, args.results, command)
+        print(f"wrote {args.json} and {args.results}")
     return 0
 
 

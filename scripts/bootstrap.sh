@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything cdc-outbox needs, from nothing, on Debian 12 (idempotent; re-runs are fast).
-#   - PostgreSQL server binaries, Java 17+ and Maven (apt-get, only what is missing)
+#   - PostgreSQL server binaries, Java 17+ and Maven, Chromium and promtool for the
+#     monitoring tests (apt-get, only what is missing)
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
 #     pyproject.toml changes)
 #   - the Kafka broker jars and its class-data-sharing archive, cached in
@@ -35,6 +36,9 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; 
   packages+=(openjdk-17-jre-headless)
 fi
 command -v mvn >/dev/null 2>&1 || packages+=(maven)
+# The dashboard test drives a real headless Chromium; promtool validates the alert rules.
+command -v chromium >/dev/null 2>&1 || packages+=(chromium fonts-dejavu-core)
+command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
 python_ok || packages+=(python3 python3-venv)
 
 if [ "${#packages[@]}" -gt 0 ]; then

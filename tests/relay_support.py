@@ -8,9 +8,9 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
@@ -104,28 +104,48 @@ class RelayProcess:
         return self.log_path.read_text(errors="replace")[-chars:]
 
 
+class Runner(Protocol):
+    """What the relay, the polling relay and the service have in common."""
+
+    def run(self) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+
+R = TypeVar("R", bound=Runner)
+
+
 @contextmanager
-def relay_thread(settings: Settings) -> Iterator[Relay]:
-    """The relay running in a background thread; stopped (and errors re-raised) on exit."""
-    relay = Relay(settings)
+def running(runner: R, timeout: float = 90) -> Iterator[R]:
+    """``runner.run()`` in a background thread; stopped on exit and its error re-raised."""
     errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            relay.run()
+            runner.run()
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=target, name="relay", daemon=True)
+    thread = threading.Thread(target=target, name=type(runner).__name__, daemon=True)
     thread.start()
     try:
-        yield relay
+        yield runner
     finally:
-        relay.request_stop()
-        thread.join(60)
-    assert not thread.is_alive(), "relay did not stop within 60 s"
+        runner.request_stop()
+        thread.join(timeout)
+    assert not thread.is_alive(), f"{type(runner).__name__} did not stop within {timeout} s"
     if errors:
         raise errors[0]
+
+
+def relay_thread(settings: Settings) -> AbstractContextManager[Relay]:
+    """The CDC relay running in a background thread."""
+    return running(Relay(settings))
+
+
+def service_thread(settings: Settings) -> AbstractContextManager[Service]:
+    """``cdc-outbox run`` (the Service, any mode) in a background thread."""
+    return running(Service(settings))
 
 
 def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:
@@ -145,30 +165,6 @@ def current_wal_lsn(dsn: str) -> Lsn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     return Lsn.parse(row[0])
-
-
-@contextmanager
-def service_thread(settings: Settings) -> Iterator[Service]:
-    """``cdc-outbox run`` (the Service, any mode) in a background thread; stopped on exit."""
-    service = Service(settings)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            service.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="service", daemon=True)
-    thread.start()
-    try:
-        yield service
-    finally:
-        service.request_stop()
-        thread.join(90)
-    assert not thread.is_alive(), "service did not stop within 90 s"
-    if errors:
-        raise errors[0]
 
 
 def outbox_statuses(dsn: str) -> dict[str, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
@@ -75,12 +75,6 @@ class LagSample:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LagSample:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def connect(settings: Settings, application_name: str, statement_timeout_s: float) -> Conn:

@@ -159,7 +159,7 @@ class SlotMonitor:
 
     def _database_figures(self, sample: LagSample, now: float) -> None:
         if self._conn is None or self._conn.closed:
-            timeout = max(1.0, min(5.0, self.interval_s))
+            timeout = max(5.0, min(30.0, self.interval_s))
             self._conn = connect(self.settings, "cdc-outbox-monitor", timeout)
             self._columns = None
         conn = self._conn

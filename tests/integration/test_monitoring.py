@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -32,8 +31,8 @@ from cdc_outbox import schema, workload
 from cdc_outbox.config import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.monitoring.heartbeat import Heartbeat
-from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.monitoring.metrics import LatencyHistogram
+from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.service import Service
 from tests.helpers import wait_until
@@ -73,6 +72,7 @@ def service_thread(settings: Settings) -> Iterator[Service]:
     thread = threading.Thread(target=target, name="service", daemon=True)
     thread.start()
     try:
+        wait_until(lambda: errors or _answers(settings), timeout=30, message="endpoint not up")
         yield service
     finally:
         service.request_stop()
@@ -80,6 +80,13 @@ def service_thread(settings: Settings) -> Iterator[Service]:
     assert not thread.is_alive(), "service did not stop within 60 s"
     if errors:
         raise errors[0]
+
+
+def _answers(settings: Settings) -> bool:
+    try:
+        return get(f"http://127.0.0.1:{settings.metrics_port}/healthz")[0] == 200
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -195,6 +202,7 @@ def test_endpoint_under_load_exports_every_metric_with_plausible_values(
                 f"cdc_outbox_events_dead_lettered_total{{topic={topic}}}",
                 "cdc_outbox_ignored_messages_total{kind=message}",  # heartbeats in the stream
                 "cdc_outbox_slot_decoded_transactions_total",
+                "cdc_outbox_last_confirm_timestamp_seconds",
             )
             if all(m.get(k, 0) > 0 for k in keys) and m.get(keys[0], 0) >= 300:
                 return m
@@ -205,7 +213,9 @@ def test_endpoint_under_load_exports_every_metric_with_plausible_values(
         status, content_type, page = get(f"http://127.0.0.1:{settings.metrics_port}/dashboard")
     now = time.time()
     # relay figures
-    assert m["cdc_outbox_relay_mode{mode=cdc}"] == 1 and m["cdc_outbox_relay_mode{mode=polling}"] == 0
+    assert (
+        m["cdc_outbox_relay_mode{mode=cdc}"] == 1 and m["cdc_outbox_relay_mode{mode=polling}"] == 0
+    )
     assert m["cdc_outbox_transactions_total"] > 0
     assert m["cdc_outbox_delivery_errors_total"] == 0
     assert m["cdc_outbox_relay_restarts_total"] == 0
@@ -215,7 +225,8 @@ def test_endpoint_under_load_exports_every_metric_with_plausible_values(
     assert count > 0 and m["cdc_outbox_commit_to_ack_latency_seconds_bucket{le=+Inf}"] == count
     assert 0 < m["cdc_outbox_commit_to_ack_latency_seconds_sum"] / count < 60
     assert started - 1 <= m["cdc_outbox_last_confirm_timestamp_seconds"] <= now + 1
-    assert 0 < m["cdc_outbox_confirmed_lsn_bytes"] <= m["cdc_outbox_server_wal_lsn_bytes"]
+    # the relay's own position (read at the scrape) is at or past the slot's (sampled before)
+    assert m["cdc_outbox_confirmed_lsn_bytes"] >= m["cdc_outbox_slot_confirmed_flush_lsn_bytes"] > 0
     # slot figures (sampled by the monitor's own connection)
     assert m["cdc_outbox_monitor_up"] == 1 and m["cdc_outbox_monitor_errors_total"] == 0
     assert started - 1 <= m["cdc_outbox_monitor_last_sample_timestamp_seconds"] <= now + 1
@@ -237,7 +248,7 @@ def test_endpoint_under_load_exports_every_metric_with_plausible_values(
     # heartbeat
     assert m["cdc_outbox_heartbeats_total"] > 0 and m["cdc_outbox_heartbeat_errors_total"] == 0
     assert m["cdc_outbox_heartbeat_last_success_timestamp_seconds"] >= started
-    assert m['cdc_outbox_build_info{version=' + __import__("cdc_outbox").__version__ + "}"] == 1
+    assert m["cdc_outbox_build_info{version=" + __import__("cdc_outbox").__version__ + "}"] == 1
     assert m["process_resident_memory_bytes"] > 0
     # the JSON the dashboard polls, and the dashboard page itself
     current = lag_doc["current"]
@@ -253,7 +264,8 @@ def test_http_routes_serve_packaged_assets_only(pg_dsn: str) -> None:
     settings = Settings.model_validate(
         {"dsn": pg_dsn, "metrics_port": free_port(), "monitor_interval_s": 1.0}
     )
-    with start_monitoring(settings, RelayStats) as monitoring:
+    stats = RelayStats()
+    with start_monitoring(settings, lambda: stats) as monitoring:
         assert monitoring.url == f"http://127.0.0.1:{settings.metrics_port}"
         base = monitoring.url
         status, ctype, body = get(base + "/dashboard/dashboard.js")
@@ -284,7 +296,9 @@ def test_polling_figures_and_lag_cli_read_the_outbox(pg_dsn: str) -> None:
             )
     stats = RelayStats(mode="polling")
     with start_monitoring(settings, lambda: stats):
-        m = wait_until(lambda: (v := scrape(settings)).get("cdc_outbox_polling_retrying_rows") and v)
+        m = wait_until(
+            lambda: (v := scrape(settings)).get("cdc_outbox_polling_retrying_rows") and v
+        )
         doc = lag_json(settings)  # reads the database itself (mode polling) and the endpoint
     assert m["cdc_outbox_polling_rows{status=pending}"] == 3
     assert m["cdc_outbox_polling_rows{status=processing}"] == 1
@@ -334,9 +348,11 @@ def test_heartbeat_runs_with_least_privilege_and_a_failing_one_never_stops_the_s
     try:
         with caplog.at_level(logging.INFO), service_thread(settings) as service:
             m = wait_until(
-                lambda: (v := scrape(settings)).get("cdc_outbox_heartbeats_total", 0) >= 3
-                and v.get("cdc_outbox_ignored_messages_total{kind=message}", 0) >= 1
-                and v,
+                lambda: (
+                    (v := scrape(settings)).get("cdc_outbox_heartbeats_total", 0) >= 3
+                    and v.get("cdc_outbox_ignored_messages_total{kind=message}", 0) >= 1
+                    and v
+                ),
                 timeout=60,
                 message=lambda: str(service.stats),
             )
@@ -369,18 +385,21 @@ def test_monitor_and_heartbeat_failures_are_counted_not_raised(
 ) -> None:
     dead = f"host=127.0.0.1 port={free_port()} dbname=x user=u password=hunter2 connect_timeout=2"
     settings = Settings.model_validate({"dsn": dead, "metrics_port": free_port()})
-    monitor = SlotMonitor(settings, RelayStats, LatencyHistogram())
+    stats = RelayStats()
+    monitor = SlotMonitor(settings, lambda: stats, LatencyHistogram())
     sample = monitor.sample_once()
+    monitor.stop()
     assert sample.error and "hunter2" not in sample.error
-    assert (monitor.up, monitor.errors, sample.slot_lag_bytes, sample.mode) == (False, 1, None, "cdc")
+    assert (monitor.up, monitor.errors, sample.slot_lag_bytes) == (False, 1, None)
+    assert sample.mode == "cdc" and sample.events_published_total == 0
     heartbeat = Heartbeat(settings)
     assert heartbeat.beat() is False and heartbeat.errors == 1
     with socket.socket() as busy:  # the metrics port is taken: the relay runs without it
         busy.bind(("127.0.0.1", settings.metrics_port))
         busy.listen()
-        with caplog.at_level(logging.ERROR), start_monitoring(settings, RelayStats) as monitoring:
-            assert monitoring.server is None
-            wait_until(lambda: monitoring.monitor.errors >= 1, timeout=30)
+        with caplog.at_level(logging.ERROR), start_monitoring(settings, lambda: stats) as m:
+            assert m.server is None
+            wait_until(lambda: m.monitor.errors >= 1 and not m.monitor.up, timeout=30)
     assert any("metrics endpoint" in r.getMessage() for r in caplog.records)
     assert not any("hunter2" in r.getMessage() for r in caplog.records)
-    assert math.isfinite(monitoring.monitor.interval_s)
+    assert stats.latency_observers == []  # the histogram is detached on exit

@@ -65,10 +65,10 @@ def grafana_exprs() -> list[str]:
 
 def test_metric_name_extraction() -> None:
     assert metric_names('up{job="x"} == 0') == {"up"}
-    assert metric_names(
-        'histogram_quantile(0.95, sum by (le) (rate(a_bucket{i=~"$i"}[5m])))'
-    ) == {"a_bucket"}
-    assert metric_names("b == 0 and on(instance) c{mode=\"cdc\"} == 1") == {"b", "c"}
+    assert metric_names('histogram_quantile(0.95, sum by (le) (rate(a_bucket{i=~"$i"}[5m])))') == {
+        "a_bucket"
+    }
+    assert metric_names('b == 0 and on(instance) c{mode="cdc"} == 1') == {"b", "c"}
     assert metric_names("time() - d") == {"d"}
 
 
@@ -115,7 +115,7 @@ def test_grafana_dashboard_is_importable() -> None:
     assert {"Slot lag and retained WAL", "Throughput by topic", "Commit→ack latency"} <= titles
     for panel in doc["panels"]:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
 

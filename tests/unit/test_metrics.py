@@ -195,8 +195,12 @@ def test_unknown_figures_are_absent_not_zero() -> None:
     sample = LagSample(sampled_at=1.0, slot_name="s", slot_present=False)
     _, values = scrape(RelayStats(), sample)
     assert values["cdc_outbox_slot_present"] == 0
-    for name in ("cdc_outbox_slot_lag_bytes", "cdc_outbox_slot_safe_wal_size_bytes",
-                 "cdc_outbox_oldest_unpublished_age_seconds", "cdc_outbox_last_confirm_timestamp_seconds"):
+    for name in (
+        "cdc_outbox_slot_lag_bytes",
+        "cdc_outbox_slot_safe_wal_size_bytes",
+        "cdc_outbox_oldest_unpublished_age_seconds",
+        "cdc_outbox_last_confirm_timestamp_seconds",
+    ):
         assert name not in values  # fmt: skip
     assert not any(k.startswith("cdc_outbox_polling_rows") for k in values)
     _, before_first_sample = scrape(RelayStats(), None)

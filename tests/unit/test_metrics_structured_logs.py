@@ -10,7 +10,7 @@ import pytest
 
 from cdc_outbox.cli import common
 
-SECRET = "s3cr\"t\\pw"  # quotes and backslashes: JSON escaping must not hide it from scrubbing
+SECRET = 's3cr"t\\pw'  # quotes and backslashes: JSON escaping must not hide it from scrubbing
 
 
 @pytest.fixture

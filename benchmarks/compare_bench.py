@@ -1,0 +1,411 @@
+"""CDC vs polling in one run, same broker, same workload: ``python -m benchmarks compare``.
+
+Each mode runs ``cdc-outbox run``'s :class:`~cdc_outbox.service.Service` with default settings
+(``mode`` = cdc or polling; polling at its default ``poll_interval_s`` and ``batch_size``), on a
+fresh outbox table filled by the same workload:
+
+1. throughput: ``--events`` events are written first (a backlog), then the relay runs until
+   Kafka acknowledged all of them (events/s from relay start).
+2. latency: with the relay running, writers (another process) offer ``--rate`` events/s for
+   ``--latency-seconds``; each event's latency runs to its delivery report from the commit
+   (CDC: the commit record's timestamp) or from ``created_at`` (polling: ``clock_timestamp()``
+   at insert, shortly before the commit, which if anything favours polling by up to one
+   transaction's duration).
+
+Costs per event: outbox row writes (``n_tup_ins + n_tup_upd + n_tup_del`` of the outbox table)
+and WAL bytes (``pg_current_wal_lsn`` delta, the whole server: business rows included, the
+same for both modes), each split into the writers' part and the relay's part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import threading
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from benchmarks.cpu import CpuMeter
+from benchmarks.relay_bench import current_wal, services, setup
+from cdc_outbox import workload
+from cdc_outbox.config import Settings
+from cdc_outbox.kafka_publisher import Headers, KafkaPublisher, count_records
+from cdc_outbox.outbox_mapping import ColumnNames
+from cdc_outbox.sandbox.kafka_jars import KAFKA_VERSION
+from cdc_outbox.service import Service
+
+SLOT, PUBLICATION, TABLE = "bench_compare", "bench_compare_pub", "bench_compare_outbox"
+MODES = ("cdc", "polling")
+TARGET_THROUGHPUT_RATIO, TARGET_P99_RATIO = 3.0, 0.2
+
+
+def _settings(dsn: str, bootstrap: str, mode: str, topic_prefix: str) -> Settings:
+    return Settings.model_validate(
+        {
+            "dsn": dsn,
+            "mode": mode,
+            "slot_name": SLOT,
+            "publication_name": PUBLICATION,
+            "outbox_table": TABLE,
+            "topic_template": topic_prefix + ".{aggregate_type}",
+            "metrics_port": 0,
+            "kafka": {"bootstrap_servers": bootstrap},
+        }
+    )
+
+
+def _fresh(settings: Settings) -> None:
+    """Fresh table (new statistics) and publication; a slot only for CDC."""
+    setup(settings, [SLOT] if settings.mode == "cdc" else [])
+    if settings.mode != "cdc":  # drop a CDC slot left by an earlier phase: it retains WAL
+        with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                " WHERE slot_name = %s",
+                (SLOT,),
+            )
+
+
+def _create_topic(settings: Settings, topic: str) -> None:
+    """One warm-up record, so that no phase times topic creation."""
+    warm = KafkaPublisher(settings.kafka_config())
+    warm.produce(topic, b"warmup", b"{}", [], _Warmup())
+    if warm.flush(30):
+        raise RuntimeError(f"could not create topic {topic}")
+
+
+class _Warmup:
+    def delivered(self, topic: str, headers: Headers) -> None:
+        pass
+
+    def failed(self, failure: object) -> None:
+        raise RuntimeError(f"warm-up record failed: {failure}")
+
+
+def outbox_writes(dsn: str, table: str, settle_s: float = 1.5, timeout: float = 15.0) -> int:
+    """``n_tup_ins + n_tup_upd + n_tup_del`` of ``table`` once it stops changing (backends
+    report their counters when idle for a second or when they exit)."""
+    query = (
+        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
+        " WHERE relname = %s"
+    )
+    deadline = time.monotonic() + timeout
+    last: int | None = None
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(query, (table,)).fetchone()
+            value = int(row[0]) if row else 0
+            if value == last or time.monotonic() > deadline:
+                return value
+            last = value
+            time.sleep(settle_s)
+
+
+class _Running:
+    """A Service on a thread; stopped (errors re-raised) by :meth:`stop`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.service = Service(settings)
+        self.stats = self.service.stats
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._target, name=f"relay-{settings.mode}")
+
+    def _target(self) -> None:
+        try:
+            self.service.run()
+        except BaseException as exc:
+            self._errors.append(exc)
+
+    def start(self) -> _Running:
+        self._thread.start()
+        return self
+
+    def wait_published(self, events: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.stats.events_published < events:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"{self.stats.mode}: {self.stats.events_published}/{events} published"
+                )
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self.service.request_stop()
+        self._thread.join(120)
+        if self._errors:
+            raise self._errors[0]
+
+
+def _costs(events: int, writes: int, wal: int) -> dict[str, float]:
+    return {
+        "row_writes_per_event": round(writes / events, 3),
+        "wal_bytes_per_event": round(wal / events, 1),
+    }
+
+
+def throughput_phase(
+    settings: Settings, spec: workload.WorkloadSpec, cpu: CpuMeter, timeout: float
+) -> dict[str, Any]:
+    """Backlog of ``spec.events``, then the relay until all are acknowledged."""
+    dsn = settings.postgres_dsn()
+    _fresh(settings)
+    wal0 = current_wal(dsn)
+    workload.write_orders(dsn, spec, table=TABLE, columns=settings.column_names())
+    wal1, writes1 = current_wal(dsn), outbox_writes(dsn, TABLE)
+    running = _Running(settings)
+    cpu.start()
+    t0 = time.perf_counter()
+    running.start().wait_published(spec.events, timeout)
+    elapsed = time.perf_counter() - t0
+    cores = cpu.cores_used(elapsed)
+    running.stop()
+    wal2, writes2 = current_wal(dsn), outbox_writes(dsn, TABLE)
+    return {
+        "events": spec.events,
+        "seconds": round(elapsed, 3),
+        "events_per_s": round(spec.events / elapsed, 1),
+        "writers": _costs(spec.events, writes1, wal1 - wal0),
+        "relay": _costs(spec.events, writes2 - writes1, wal2 - wal1),
+        "cores_used": cores,
+    }
+
+
+def percentile(samples: list[tuple[float, int]], q: float) -> float:
+    """The ``q`` quantile (0..1) of (value, weight) samples: weighted nearest rank."""
+    ordered = sorted(samples)
+    total = sum(w for _, w in ordered)
+    if not total:
+        return float("nan")
+    need, seen = q * total, 0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= need:
+            return value
+    return ordered[-1][0]
+
+
+def _write(dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames) -> None:
+    workload.write_orders(dsn, spec, table=TABLE, columns=columns)
+
+
+def latency_phase(settings: Settings, rate: float, seconds: float, cpu: CpuMeter) -> dict[str, Any]:
+    """Relay running; writers offer ``rate`` events/s for ``seconds``; latency percentiles."""
+    dsn = settings.postgres_dsn()
+    _fresh(settings)
+    samples: list[tuple[float, int]] = []
+    running = _Running(settings)
+    running.stats.latency_observers.append(lambda s, n: samples.append((s, n)))
+    running.start()
+    columns = settings.column_names()
+    warm = workload.WorkloadSpec(events=20, writers=1, txn_sizes=(1,))
+    workload.write_orders(dsn, warm, table=TABLE, columns=columns)
+    running.wait_published(warm.events, 120)
+    samples.clear()
+    events = int(rate * seconds)
+    spec = workload.WorkloadSpec(events=events, writers=4, txn_sizes=(1, 5, 10), rate=rate)
+    wal0, writes0 = current_wal(dsn), outbox_writes(dsn, TABLE, settle_s=0.2)
+    cpu.start()
+    t0 = time.perf_counter()
+    # The writers run in their own process: in this one they would compete with the relay
+    # for the GIL and inflate its latency.
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_write, args=(dsn, spec, columns), name="writers"
+    )
+    writer.start()
+    writer.join()
+    if writer.exitcode != 0:
+        running.stop()
+        raise RuntimeError(f"writer process failed (exit code {writer.exitcode})")
+    offered_s = time.perf_counter() - t0
+    running.wait_published(warm.events + events, 300)
+    elapsed = time.perf_counter() - t0
+    cores = cpu.cores_used(elapsed)
+    running.stop()
+    wal1, writes1 = current_wal(dsn), outbox_writes(dsn, TABLE)
+    ms = [(s * 1000.0, n) for s, n in samples]
+    return {
+        "events": events,
+        "offered_events_per_s": round(events / offered_s, 1),
+        "latency_ms": {
+            "p50": round(percentile(ms, 0.50), 1),
+            "p95": round(percentile(ms, 0.95), 1),
+            "p99": round(percentile(ms, 0.99), 1),
+            "max": round(max(v for v, _ in ms), 1),
+        },
+        "latency_events": sum(n for _, n in samples),
+        "writers_and_relay": _costs(events, writes1 - writes0, wal1 - wal0),
+        "cores_used": cores,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu):
+        stamp = int(time.time())
+        spec = workload.WorkloadSpec(events=args.events, writers=args.writers)
+        out: dict[str, Any] = {}
+        for mode in MODES:
+            results: dict[str, Any] = {}
+            for phase in ("throughput", "latency"):
+                print(f"-- {mode}: {phase} phase", flush=True)
+                prefix = f"bench.{stamp}.{mode}.{phase}"
+                settings = _settings(dsn, bootstrap, mode, prefix)
+                _create_topic(settings, f"{prefix}.order")
+                if phase == "throughput":
+                    results[phase] = throughput_phase(settings, spec, cpu, timeout=600)
+                else:
+                    results[phase] = latency_phase(settings, args.rate, args.latency_seconds, cpu)
+                results[phase]["records_in_kafka"] = count_records(bootstrap, prefix) - 1
+            results["settings"] = {
+                "batch_size": settings.polling.batch_size,
+                "poll_interval_s": settings.polling.poll_interval_s,
+                "cdc_mark_published": settings.cdc_mark_published,
+            }
+            out[mode] = results
+        cdc, polling = out["cdc"], out["polling"]
+        out["ratios"] = {
+            "throughput": round(
+                cdc["throughput"]["events_per_s"] / polling["throughput"]["events_per_s"], 2
+            ),
+            "p99_latency": round(
+                cdc["latency"]["latency_ms"]["p99"] / polling["latency"]["latency_ms"]["p99"], 3
+            ),
+        }
+        out["targets"] = {
+            "throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
+            "p99_ratio_max": TARGET_P99_RATIO,
+            "throughput_met": out["ratios"]["throughput"] >= TARGET_THROUGHPUT_RATIO,
+            "p99_met": out["ratios"]["p99_latency"] <= TARGET_P99_RATIO,
+        }
+        out["params"] = {
+            "events": args.events,
+            "writers": args.writers,
+            "txn_sizes_throughput": list(spec.txn_sizes),
+            "rate": args.rate,
+            "latency_seconds": args.latency_seconds,
+        }
+        out["machine"] = machine(dsn)
+        return out
+
+
+def machine(dsn: str) -> dict[str, str]:
+    """What the numbers were measured on."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        mem_kb = 0
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        sync = conn.execute("SHOW synchronous_commit").fetchone()
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} cores",
+        "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "postgresql": f"{row[0] if row else '?'} (synchronous_commit={sync[0] if sync else '?'})",
+        "kafka": f"{KAFKA_VERSION} (single KRaft node, local)",
+        "confluent_kafka": metadata.version("confluent-kafka"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+_COST_ROWS = (
+    ("outbox row writes/event, relay", "throughput", "relay", "row_writes_per_event", ".2f"),
+    ("outbox row writes/event, writers", "throughput", "writers", "row_writes_per_event", ".2f"),
+    ("WAL bytes/event, relay", "throughput", "relay", "wal_bytes_per_event", ",.0f"),
+    ("WAL bytes/event, writers", "throughput", "writers", "wal_bytes_per_event", ",.0f"),
+    (
+        "WAL bytes/event, writers + relay at the fixed rate",
+        "latency",
+        "writers_and_relay",
+        "wal_bytes_per_event",
+        ",.0f",
+    ),
+)
+
+
+def _rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    cdc, pol = result["cdc"], result["polling"]
+    c, p = cdc["throughput"]["events_per_s"], pol["throughput"]["events_per_s"]
+    rows = [("throughput, backlog drain (events/s)", f"{c:,.0f}", f"{p:,.0f}", f"{c / p:.2f}x")]
+    for q in ("p50", "p95", "p99"):
+        c, p = cdc["latency"]["latency_ms"][q], pol["latency"]["latency_ms"][q]
+        rows.append((f"commit->ack latency {q} (ms)", f"{c:,.1f}", f"{p:,.1f}", f"{c / p:.3f}x"))
+    for label, phase, part, key, fmt in _COST_ROWS:
+        c, p = cdc[phase][part][key], pol[phase][part][key]
+        rows.append((label, format(c, fmt), format(p, fmt), ""))
+    return rows
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [("metric", "CDC", "polling", "CDC/polling"), *_rows(result)]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+    t = result["targets"]
+    print(
+        f"targets: throughput >= {t['throughput_ratio_min']}x: {t['throughput_met']};"
+        f" p99 <= {t['p99_ratio_max']}x: {t['p99_met']}"
+    )
+
+
+def write_results(result: dict[str, Any], path: Path, command: str) -> None:
+    """benchmarks/RESULTS.md: machine, command, the table, targets and method."""
+    m, p, t = result["machine"], result["params"], result["targets"]
+    lines = [
+        "# CDC vs polling: benchmark results",
+        "",
+        "Generated by `benchmarks/compare_bench.py`; re-run to replace this file:",
+        "",
+        f"    {command}",
+        "",
+        "## Machine",
+        "",
+        *(f"- {k}: {v}" for k, v in m.items()),
+        "",
+        "## Results",
+        "",
+        "| metric | CDC | polling | CDC/polling |",
+        "|---|---:|---:|---:|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(result)),
+        "",
+        f"- Throughput target (CDC >= {t['throughput_ratio_min']}x polling):"
+        f" {'met' if t['throughput_met'] else 'NOT met'}"
+        f" ({result['ratios']['throughput']:.2f}x).",
+        f"- p99 latency target (CDC <= {t['p99_ratio_max']}x polling):"
+        f" {'met' if t['p99_met'] else 'NOT met'} ({result['ratios']['p99_latency']:.3f}x).",
+        "",
+        "## Method",
+        "",
+        f"- Same broker and server, default settings for both modes (polling: batch_size"
+        f" {result['polling']['settings']['batch_size']}, poll_interval_s"
+        f" {result['polling']['settings']['poll_interval_s']}; CDC housekeeping"
+        f" cdc_mark_published = {result['cdc']['settings']['cdc_mark_published']}).",
+        f"- Throughput: {p['events']:,} events from {p['writers']} writers (transactions of"
+        f" {', '.join(map(str, p['txn_sizes_throughput']))} events, 200 aggregates) written"
+        " first, then the relay runs until Kafka acknowledged all of them.",
+        f"- Latency: {p['rate']:,.0f} events/s offered for {p['latency_seconds']:.0f} s"
+        " (4 writers, transactions of 1, 5, 10 events) with the relay running; from the commit"
+        " timestamp (CDC) or created_at = clock_timestamp() at insert (polling) to the"
+        " delivery report, weighted per event.",
+        "- Row writes: n_tup_ins + n_tup_upd + n_tup_del of the outbox table per event (the"
+        " writers' insert is 1; CDC's housekeeping UPDATE and polling's claim and publish"
+        " UPDATEs count for the relay). WAL: pg_current_wal_lsn delta per event, whole server"
+        " (the business row insert is in the writers' part for both modes).",
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
