@@ -120,7 +120,18 @@ class DeliveryOutcomes:
 
     def dead_letter(self, txn: TxnListener, problem: DeadLetter) -> None:
         """An event the mapper cannot publish (NULL key, bad headers, ...)."""
-        logger.warning("event %s dead-lettered: %s", problem.event_id, problem.reason)
+        headers = dict(problem.headers)
+        logger.warning(
+            "event %s dead-lettered: %s",
+            problem.event_id,
+            problem.reason,
+            extra={
+                "event_id": problem.event_id,
+                "aggregate_id": (problem.key or b"").decode(errors="replace"),
+                "event_type": headers.get("event_type", b"").decode(errors="replace"),
+                "topic": problem.intended_topic,
+            },
+        )
         self._dead.append((txn, problem))
 
     def failed(self, txn: TxnListener, failure: DeliveryFailure) -> None:
@@ -132,11 +143,18 @@ class DeliveryOutcomes:
             if self.settings.on_permanent_error == "halt":
                 self.halt(f"permanent delivery failure on {failure.topic}: {failure.reason}")
                 return
+            headers = dict(failure.headers)
             logger.warning(
                 "record for %s rejected (%s); sending it to %s",
                 failure.topic,
                 failure.name,
                 self.settings.dead_letter_topic,
+                extra={
+                    "topic": failure.topic,
+                    "event_id": headers.get("id", b"").decode(errors="replace"),
+                    "aggregate_id": (failure.key or b"").decode(errors="replace"),
+                    "event_type": headers.get("event_type", b"").decode(errors="replace"),
+                },
             )
             self._dead.append((txn, failure))
         elif self.restart_reason is None:
@@ -158,5 +176,5 @@ class DeliveryOutcomes:
 
     def halt(self, reason: str) -> None:
         if self.halt_reason is None:
-            logger.error("halting: %s", reason)
+            logger.error("halting: %s", reason, extra={"mode": self.stats.mode})
             self.halt_reason = reason

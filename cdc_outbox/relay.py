@@ -128,7 +128,12 @@ class Relay:
                     if isinstance(exc, ReplicationError):
                         self._give_up_if_unusable(exc, failures)
                     self.stats.restarts += 1
-                    logger.warning("relay restarting in %.1fs: %s", backoff, exc)
+                    logger.warning(
+                        "relay restarting in %.1fs: %s",
+                        backoff,
+                        exc,
+                        extra={"mode": "cdc", "lsn": str(Lsn(self._tracker.confirmed))},
+                    )
                     # Kafka trouble: drop the queue. Database trouble: let Kafka finish first,
                     # so what it acknowledges moves the restart position forward.
                     self._teardown(flush_s=0.0 if isinstance(exc, _Restart) else 10.0)
@@ -205,6 +210,7 @@ class Relay:
                     rate,
                     Lsn(self._tracker.confirmed),
                     self._tracker.in_flight,
+                    extra={"mode": "cdc", "lsn": str(Lsn(self._tracker.confirmed))},
                 )
                 last_log, last_count = now, self.stats.events_published
 
@@ -314,7 +320,8 @@ class Relay:
             frame = self._stream.read(reply_deadline - time.monotonic())
             if isinstance(frame, Keepalive) or frame is None:
                 break
-        logger.info("stopped; confirmed %s", Lsn(self._require_checkpoint().sent_flush))
+        confirmed = str(Lsn(self._require_checkpoint().sent_flush))
+        logger.info("stopped; confirmed %s", confirmed, extra={"mode": "cdc", "lsn": confirmed})
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -84,7 +84,9 @@ class Service:
                         logger.warning("CDC failed (%s); retrying with a fresh slot", problem)
                         retried = True
                         continue
-            logger.warning("CDC is not usable (%s); relaying by polling", problem)
+            logger.warning(
+                "CDC is not usable (%s); relaying by polling", problem, extra={"mode": "polling"}
+            )
             drop_slot_quietly(self.settings)  # an unused slot would only retain WAL
             fresh, retried = True, False
             self._run_polling(probe=True)
@@ -108,7 +110,7 @@ class Service:
             except CatchUpFailed:
                 drop_slot_quietly(self.settings)
                 raise
-        logger.info("relay mode: cdc (slot %s)", self.settings.slot_name)
+        logger.info("relay mode: cdc (slot %s)", self.settings.slot_name, extra={"mode": "cdc"})
         relay.run()
 
     def _run_polling(self, *, probe: bool) -> None:
@@ -117,7 +119,7 @@ class Service:
         self.stats.mode = "polling"
         if self._stop.is_set():
             return
-        logger.info("relay mode: polling")
+        logger.info("relay mode: polling", extra={"mode": "polling"})
         if not probe:
             polling.run()
             return
