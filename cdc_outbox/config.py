@@ -7,7 +7,9 @@ Use :func:`load_settings`; it raises :class:`~cdc_outbox.errors.ConfigError` wit
 Secrets: ``Settings.dsn`` is a ``SecretStr`` so a settings object can be printed or logged
 safely; code that connects calls :meth:`Settings.postgres_dsn` (the real conninfo) and
 :meth:`Settings.kafka_config` (the full librdkafka dict). :meth:`Settings.redacted` is the
-display form (DSN password and secret-looking Kafka keys shown as ``***``).
+display form (DSN password and secret-looking Kafka keys shown as ``***``). The nested tables
+live in :mod:`cdc_outbox.config_models`, the secret helpers in :mod:`cdc_outbox.redaction`;
+both are re-exported here.
 """
 
 from __future__ import annotations
@@ -17,21 +19,10 @@ import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -40,13 +31,46 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import (
-    DEBEZIUM_COLUMNS,
-    DEFAULT_COLUMNS,
-    ColumnNames,
-    is_legal_topic,
+from cdc_outbox.config_models import (
+    COLUMN_PRESETS,
+    IDENT_RE,
+    ColumnSettings,
+    KafkaSettings,
+    PollingSettings,
+    check_ident,
 )
+from cdc_outbox.errors import ConfigError
+from cdc_outbox.outbox_mapping import ColumnNames, is_legal_topic
+from cdc_outbox.redaction import (
+    KAFKA_SECRET_MARKERS,
+    MASK,
+    dsn_password,
+    is_secret_kafka_key,
+    redact_dsn,
+    validate_dsn,
+)
+
+__all__ = [
+    "COLUMN_PRESETS",
+    "ENV_ALLOWED",
+    "ENV_ALLOWED_PREFIXES",
+    "ENV_PREFIX",
+    "IDENT_RE",
+    "KAFKA_SECRET_MARKERS",
+    "MASK",
+    "SLOT_RE",
+    "TOPIC_FIELDS",
+    "WAL_SENDER_TIMEOUT_DEFAULT_S",
+    "ColumnSettings",
+    "KafkaSettings",
+    "PollingSettings",
+    "Settings",
+    "dsn_password",
+    "is_secret_kafka_key",
+    "load_settings",
+    "redact_dsn",
+    "validate_dsn",
+]
 
 ENV_PREFIX = "CDC_OUTBOX_"
 #: Variables with our prefix that are not settings but are read elsewhere (config file path;
@@ -55,126 +79,12 @@ ENV_ALLOWED = frozenset(
     {"CDC_OUTBOX_CONFIG", "CDC_OUTBOX_CACHE_DIR", "CDC_OUTBOX_KAFKA_CDS", "CDC_OUTBOX_PG_BINDIR"}
 )
 ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
-MASK = "***"
-#: A Kafka config key containing any of these (case-insensitive) has its value masked.
-KAFKA_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "sasl.oauthbearer.config")
 #: ``wal_sender_timeout`` default; the relay must report status well within it.
 WAL_SENDER_TIMEOUT_DEFAULT_S = 60.0
 
 SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
-IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _SLOT_RULE = "lowercase letters, digits, underscore; max 63"
-_IDENT_RULE = "letters, digits, _ or $, not starting with a digit; max 63"
-
-COLUMN_PRESETS: dict[str, dict[str, str | None]] = {
-    "default": asdict(DEFAULT_COLUMNS),
-    "debezium": asdict(DEBEZIUM_COLUMNS),
-}
 TOPIC_FIELDS = frozenset({"aggregate_type", "event_type"})
-
-
-def _check_ident(what: str, value: str) -> str:
-    if not IDENT_RE.match(value):
-        raise ValueError(f"{what} {value!r} is not a valid identifier ({_IDENT_RULE})")
-    return value
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class ColumnSettings(_Strict):
-    """Outbox column names: a ``preset`` plus per-column overrides (overrides win).
-
-    ``headers = ""`` means "no headers column" (the debezium preset has none).
-    """
-
-    preset: Literal["default", "debezium"] = "default"
-    id: str
-    aggregate_type: str
-    aggregate_id: str
-    event_type: str
-    payload: str
-    headers: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fill_from_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        preset = COLUMN_PRESETS.get(str(data.get("preset", "default")), COLUMN_PRESETS["default"])
-        for name, default in preset.items():
-            data.setdefault(name, default)
-        if data.get("headers") == "":
-            data["headers"] = None
-        return data
-
-    @field_validator("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
-    @classmethod
-    def _ident(cls, v: str | None, info: Any) -> str | None:
-        return None if v is None else _check_ident(f"columns.{info.field_name}", v)
-
-
-class KafkaSettings(_Strict):
-    """Kafka producer settings; ``config`` is passed through to librdkafka verbatim."""
-
-    bootstrap_servers: str = "127.0.0.1:9092"
-    config: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("config", mode="before")
-    @classmethod
-    def _stringify(cls, v: Any) -> Any:
-        if not isinstance(v, Mapping):
-            return v
-        out: dict[str, Any] = {}
-        for key, value in v.items():
-            if isinstance(value, bool):
-                value = "true" if value else "false"
-            elif isinstance(value, int | float):
-                value = str(value)
-            out[str(key)] = value
-        return out
-
-    @field_validator("config")
-    @classmethod
-    def _no_bootstrap(cls, v: dict[str, str]) -> dict[str, str]:
-        if "bootstrap.servers" in v:
-            raise ValueError("set kafka.bootstrap_servers, not kafka.config 'bootstrap.servers'")
-        return v
-
-    @field_validator("bootstrap_servers")
-    @classmethod
-    def _nonempty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("kafka.bootstrap_servers must not be empty")
-        return v
-
-    def redacted_config(self) -> dict[str, str]:
-        """``config`` with secret-looking values replaced by ``***``."""
-        return {k: MASK if is_secret_kafka_key(k) else v for k, v in self.config.items()}
-
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        yield "bootstrap_servers", self.bootstrap_servers
-        yield "config", self.redacted_config()
-
-
-class PollingSettings(_Strict):
-    """Polling relay (fallback mode) tuning."""
-
-    batch_size: int = Field(default=500, gt=0)
-    poll_interval_s: float = Field(default=0.5, gt=0)
-    max_attempts: int = Field(default=10, ge=1)
-    lease_s: float = Field(default=60.0, gt=0)
-    backoff_base_s: float = Field(default=1.0, gt=0)
-    backoff_max_s: float = Field(default=300.0, gt=0)
-
-    @model_validator(mode="after")
-    def _backoff_order(self) -> PollingSettings:
-        if self.backoff_max_s < self.backoff_base_s:
-            raise ValueError("polling.backoff_max_s must be >= polling.backoff_base_s")
-        return self
-
 
 _toml_path: ContextVar[Path | None] = ContextVar("cdc_outbox_toml_path", default=None)
 
@@ -250,7 +160,7 @@ class Settings(BaseSettings):
     @field_validator("publication_name", "outbox_schema", "outbox_table")
     @classmethod
     def _ident(cls, v: str, info: Any) -> str:
-        return _check_ident(str(info.field_name), v)
+        return check_ident(str(info.field_name), v)
 
     @field_validator("topic_template")
     @classmethod
@@ -329,63 +239,6 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
             yield name, (redact_dsn(self.postgres_dsn()) if name == "dsn" else value)
-
-
-# -- DSN helpers ---------------------------------------------------------------------------
-
-_URI_PASSWORD_RE = re.compile(r"^(postgres(?:ql)?://[^/@?#]*?:)([^@/]*)(@)", re.IGNORECASE)
-_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
-
-
-def dsn_password(dsn: str) -> str | None:
-    """The password embedded in a conninfo/URI, if any (``None`` if unparsable or absent)."""
-    try:
-        return conninfo_to_dict(dsn).get("password") or None  # type: ignore[return-value]
-    except psycopg.Error:
-        return None
-
-
-def redact_dsn(dsn: str) -> str:
-    """Display form of a DSN with any password replaced by ``***`` (URI or key=value)."""
-    try:
-        parts = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        text = _URI_PASSWORD_RE.sub(lambda m: m.group(1) + MASK + m.group(3), dsn)
-        return _KV_PASSWORD_RE.sub(lambda m: m.group(1) + MASK, text)
-    if "password" in parts:
-        parts["password"] = MASK
-    return make_conninfo(**{k: str(v) for k, v in parts.items()})
-
-
-def validate_dsn(dsn: str) -> None:
-    """Raise ``ValueError`` (one line, password-free) unless ``dsn`` is a usable conninfo."""
-    if not dsn.strip():
-        raise ValueError(f"dsn is required (set {ENV_PREFIX}DSN or --dsn)")
-    try:
-        parts = conninfo_to_dict(dsn)
-    except psycopg.Error as exc:
-        raise ValueError(f"dsn is malformed: {_scrub(str(exc), dsn)}") from None
-    for port in str(parts.get("port") or "").split(","):
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(f"dsn is malformed: invalid port {port!r}")
-
-
-def _scrub(message: str, dsn: str) -> str:
-    message = " ".join(message.split())
-    message = message.replace(dsn, redact_dsn(dsn))
-    password = dsn_password(dsn)
-    if password:
-        message = message.replace(password, MASK)
-    m = _URI_PASSWORD_RE.match(dsn)
-    if m and m.group(2):
-        message = message.replace(m.group(2), MASK)
-    return message
-
-
-def is_secret_kafka_key(key: str) -> bool:
-    """True for librdkafka keys whose value must never be shown."""
-    lowered = key.lower()
-    return any(marker in lowered for marker in KAFKA_SECRET_MARKERS)
 
 
 # -- loading -------------------------------------------------------------------------------

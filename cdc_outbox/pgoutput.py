@@ -73,7 +73,6 @@ __all__ = [
 ]
 
 
-
 _U16 = struct.Struct("!H").unpack_from
 _U32 = struct.Struct("!I").unpack_from
 _U64 = struct.Struct("!Q").unpack_from

@@ -20,8 +20,9 @@ import psycopg
 import typer
 from rich.console import Console
 
-from cdc_outbox.config import MASK, Settings, load_settings
+from cdc_outbox.config import Settings, load_settings
 from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.redaction import MASK
 
 #: Secret strings seen in loaded settings; masked in error lines and log records.
 _SECRETS: set[str] = set()

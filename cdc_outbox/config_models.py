@@ -1,0 +1,139 @@
+"""Nested settings tables: ``[columns]``, ``[kafka]`` and ``[polling]``.
+
+Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
+composes them (see docs/configuration.md). :func:`check_ident` is the SQL identifier rule
+shared with the top-level settings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
+from cdc_outbox.redaction import MASK, is_secret_kafka_key
+
+__all__ = [
+    "COLUMN_PRESETS",
+    "IDENT_RE",
+    "ColumnSettings",
+    "KafkaSettings",
+    "PollingSettings",
+    "check_ident",
+]
+
+IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_IDENT_RULE = "letters, digits, _ or $, not starting with a digit; max 63"
+
+COLUMN_PRESETS: dict[str, dict[str, str | None]] = {
+    "default": asdict(DEFAULT_COLUMNS),
+    "debezium": asdict(DEBEZIUM_COLUMNS),
+}
+
+
+def check_ident(what: str, value: str) -> str:
+    """``value`` if it is a valid SQL identifier, else ``ValueError`` naming ``what``."""
+    if not IDENT_RE.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid identifier ({_IDENT_RULE})")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ColumnSettings(_Strict):
+    """Outbox column names: a ``preset`` plus per-column overrides (overrides win).
+
+    ``headers = ""`` means "no headers column" (the debezium preset has none).
+    """
+
+    preset: Literal["default", "debezium"] = "default"
+    id: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: str
+    headers: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        preset = COLUMN_PRESETS.get(str(data.get("preset", "default")), COLUMN_PRESETS["default"])
+        for name, default in preset.items():
+            data.setdefault(name, default)
+        if data.get("headers") == "":
+            data["headers"] = None
+        return data
+
+    @field_validator("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
+    @classmethod
+    def _ident(cls, v: str | None, info: Any) -> str | None:
+        return None if v is None else check_ident(f"columns.{info.field_name}", v)
+
+
+class KafkaSettings(_Strict):
+    """Kafka producer settings; ``config`` is passed through to librdkafka verbatim."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    config: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        if not isinstance(v, Mapping):
+            return v
+        out: dict[str, Any] = {}
+        for key, value in v.items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, int | float):
+                value = str(value)
+            out[str(key)] = value
+        return out
+
+    @field_validator("config")
+    @classmethod
+    def _no_bootstrap(cls, v: dict[str, str]) -> dict[str, str]:
+        if "bootstrap.servers" in v:
+            raise ValueError("set kafka.bootstrap_servers, not kafka.config 'bootstrap.servers'")
+        return v
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("kafka.bootstrap_servers must not be empty")
+        return v
+
+    def redacted_config(self) -> dict[str, str]:
+        """``config`` with secret-looking values replaced by ``***``."""
+        return {k: MASK if is_secret_kafka_key(k) else v for k, v in self.config.items()}
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        yield "bootstrap_servers", self.bootstrap_servers
+        yield "config", self.redacted_config()
+
+
+class PollingSettings(_Strict):
+    """Polling relay (fallback mode) tuning."""
+
+    batch_size: int = Field(default=500, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    max_attempts: int = Field(default=10, ge=1)
+    lease_s: float = Field(default=60.0, gt=0)
+    backoff_base_s: float = Field(default=1.0, gt=0)
+    backoff_max_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> PollingSettings:
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError("polling.backoff_max_s must be >= polling.backoff_base_s")
+        return self

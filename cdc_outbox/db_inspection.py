@@ -1,0 +1,143 @@
+"""Read-only inspection of the server, outbox table, replication slot and publication.
+
+:func:`inspect_database` gathers everything preflight, ``init``, ``status`` and ``drop`` need
+in one :class:`DatabaseState` (a few catalog queries, no writes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from cdc_outbox.config import Settings
+from cdc_outbox.lsn import Lsn
+
+__all__ = ["Conn", "DatabaseState", "PublicationStatus", "SlotStatus", "inspect_database"]
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@dataclass(slots=True)
+class SlotStatus:
+    """A row of pg_replication_slots plus lag (current WAL - confirmed_flush_lsn) and retained
+    WAL (current WAL - restart_lsn), both in bytes."""
+
+    name: str
+    slot_type: str
+    active: bool
+    active_pid: int | None
+    confirmed_flush_lsn: Lsn | None
+    restart_lsn: Lsn | None
+    lag_bytes: int | None
+    retained_wal_bytes: int | None
+    wal_status: str | None
+    safe_wal_size: int | None
+    plugin: str | None
+    database: str | None
+
+
+@dataclass(slots=True)
+class PublicationStatus:
+    name: str
+    tables: list[str]
+    operations: list[str]
+    all_tables: bool
+
+
+@dataclass(slots=True)
+class DatabaseState:
+    """What :func:`inspect_database` found; ``slot``/``publication`` are None if absent."""
+
+    version_num: int
+    version: str
+    wal_level: str
+    max_slots: int
+    used_slots: int
+    max_senders: int
+    used_senders: int
+    superuser: bool
+    replication: bool
+    user: str
+    database: str
+    can_create_in_db: bool
+    can_create_in_schema: bool
+    table_oid: int | None = None
+    table_owned: bool = False
+    table_columns: set[str] = field(default_factory=set)
+    slot: SlotStatus | None = None
+    publication: PublicationStatus | None = None
+
+
+_SERVER_SQL = """
+SELECT current_setting('server_version_num')::int, current_setting('server_version'),
+       current_setting('wal_level'),
+       current_setting('max_replication_slots')::int,
+       (SELECT count(*) FROM pg_replication_slots)::int,
+       current_setting('max_wal_senders')::int,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int,
+       r.rolsuper, r.rolreplication, current_user, current_database(),
+       has_database_privilege(current_database(), 'CREATE'),
+       coalesce(has_schema_privilege(n.oid, 'CREATE'), false)
+FROM pg_roles r
+LEFT JOIN pg_namespace n ON n.nspname = %s
+WHERE r.rolname = current_user
+"""
+_TABLE_SQL = """
+SELECT c.oid, pg_has_role(c.relowner, 'USAGE')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
+"""
+_COLUMNS_SQL = (
+    "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+)
+_SLOT_SQL = """
+SELECT slot_name, slot_type, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
+       pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint,
+       pg_wal_lsn_diff(w.lsn, restart_lsn)::bigint,
+       wal_status, safe_wal_size, plugin, database
+FROM pg_replication_slots,
+     LATERAL (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                          ELSE pg_current_wal_lsn() END AS lsn) w
+WHERE slot_name = %s
+"""
+_OPS = ("insert", "update", "delete", "truncate")
+_PUB_SQL = """
+SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate
+FROM pg_publication WHERE pubname = %s
+"""
+_PUB_TABLES_SQL = """
+SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s
+ORDER BY schemaname, tablename
+"""
+
+
+def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
+    """Read the server settings, role privileges, outbox table, slot and publication."""
+    row = conn.execute(_SERVER_SQL, (settings.outbox_schema,)).fetchone()
+    assert row is not None
+    st = DatabaseState(*row)
+    trow = conn.execute(_TABLE_SQL, (settings.outbox_schema, settings.outbox_table)).fetchone()
+    if trow is not None:
+        st.table_oid, st.table_owned = trow
+        st.table_columns = {r[0] for r in conn.execute(_COLUMNS_SQL, (st.table_oid,))}
+    srow = conn.execute(_SLOT_SQL, (settings.slot_name,)).fetchone()
+    if srow is not None:
+        name, kind, active, pid, flushed, restart, lag, retained, wal, safe, plugin, db = srow
+        st.slot = SlotStatus(
+            name, kind, active, pid, _lsn(flushed), _lsn(restart), lag, retained, wal, safe,
+            plugin, db,
+        )  # fmt: skip
+    prow = conn.execute(_PUB_SQL, (settings.publication_name,)).fetchone()
+    if prow is not None:
+        ops = [op for op, on in zip(_OPS, prow[1:], strict=True) if on]
+        tables = [
+            f"{s}.{t}" for s, t in conn.execute(_PUB_TABLES_SQL, (settings.publication_name,))
+        ]
+        st.publication = PublicationStatus(settings.publication_name, tables, ops, prow[0])
+    return st
+
+
+def _lsn(text: str | None) -> Lsn | None:
+    return None if text is None else Lsn.parse(text)

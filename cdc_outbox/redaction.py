@@ -1,0 +1,80 @@
+"""Secret handling for settings: DSN passwords and secret-looking Kafka config keys.
+
+:func:`redact_dsn` and :data:`MASK` give the display form (password shown as ``***``),
+:func:`dsn_password` and :func:`is_secret_kafka_key` find the values to scrub, and
+:func:`validate_dsn` checks a conninfo without ever echoing its password.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+__all__ = [
+    "KAFKA_SECRET_MARKERS",
+    "MASK",
+    "dsn_password",
+    "is_secret_kafka_key",
+    "redact_dsn",
+    "validate_dsn",
+]
+
+MASK = "***"
+#: A Kafka config key containing any of these (case-insensitive) has its value masked.
+KAFKA_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "sasl.oauthbearer.config")
+
+_URI_PASSWORD_RE = re.compile(r"^(postgres(?:ql)?://[^/@?#]*?:)([^@/]*)(@)", re.IGNORECASE)
+_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def dsn_password(dsn: str) -> str | None:
+    """The password embedded in a conninfo/URI, if any (``None`` if unparsable or absent)."""
+    try:
+        return conninfo_to_dict(dsn).get("password") or None  # type: ignore[return-value]
+    except psycopg.Error:
+        return None
+
+
+def redact_dsn(dsn: str) -> str:
+    """Display form of a DSN with any password replaced by ``***`` (URI or key=value)."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        text = _URI_PASSWORD_RE.sub(lambda m: m.group(1) + MASK + m.group(3), dsn)
+        return _KV_PASSWORD_RE.sub(lambda m: m.group(1) + MASK, text)
+    if "password" in parts:
+        parts["password"] = MASK
+    return make_conninfo(**{k: str(v) for k, v in parts.items()})
+
+
+def validate_dsn(dsn: str) -> None:
+    """Raise ``ValueError`` (one line, password-free) unless ``dsn`` is a usable conninfo."""
+    if not dsn.strip():
+        raise ValueError("dsn is required (set CDC_OUTBOX_DSN or --dsn)")
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise ValueError(f"dsn is malformed: {_scrub(str(exc), dsn)}") from None
+    for port in str(parts.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"dsn is malformed: invalid port {port!r}")
+
+
+def _scrub(message: str, dsn: str) -> str:
+    message = " ".join(message.split())
+    message = message.replace(dsn, redact_dsn(dsn))
+    password = dsn_password(dsn)
+    if password:
+        message = message.replace(password, MASK)
+    m = _URI_PASSWORD_RE.match(dsn)
+    if m and m.group(2):
+        message = message.replace(m.group(2), MASK)
+    return message
+
+
+def is_secret_kafka_key(key: str) -> bool:
+    """True for librdkafka keys whose value must never be shown."""
+    lowered = key.lower()
+    return any(marker in lowered for marker in KAFKA_SECRET_MARKERS)
