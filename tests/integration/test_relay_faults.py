@@ -47,6 +47,11 @@ def test_broker_stopped_mid_load_holds_the_slot_then_recovers_by_itself(
 ) -> None:
     settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     init_outbox(settings)
+    # The server drops a replication connection silent for 4 s; the outage below is longer,
+    # so the relay survives it only by sending status updates while Kafka is down.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET wal_sender_timeout = '4s'")
+        conn.execute("SELECT pg_reload_conf()")
     spec = workload.WorkloadSpec(
         events=6_000, writers=3, aggregates=60, txn_sizes=(1, 10, 40), rate=400
     )
