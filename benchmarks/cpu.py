@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from cdc_outbox.sandbox._proc import children
+
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -20,15 +22,7 @@ def process_cpu(pid: int) -> float:
 
 def tree_cpu(root: int) -> float:
     """CPU seconds of ``root`` and its direct children (e.g. a postmaster and its backends)."""
-    total = process_cpu(root)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if len(fields) > 1 and fields[1] == str(root):
-            total += process_cpu(int(stat.parent.name))
-    return total
+    return process_cpu(root) + sum(process_cpu(pid) for pid in children(root))
 
 
 class CpuMeter:

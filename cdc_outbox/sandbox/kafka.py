@@ -30,10 +30,9 @@ import time
 import uuid
 from importlib import resources
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from cdc_outbox.sandbox import _proc
+from cdc_outbox.sandbox._lifecycle import LocalServer
 from cdc_outbox.sandbox.kafka_jars import (
     KAFKA_VERSION,
     cache_root,
@@ -160,7 +159,7 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(chunks)
 
 
-class LocalKafka:
+class LocalKafka(LocalServer):
     """A local KRaft broker; ``with LocalKafka() as kafka:`` starts it and cleans up.
 
     ``base_dir=None`` uses a temporary directory that ``close()`` deletes; an explicit ``base_dir``
@@ -300,29 +299,6 @@ class LocalKafka:
         shutil.rmtree(self.data_dir, ignore_errors=True)
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def close(self) -> None:
-        """Stop; also delete everything when ``base_dir`` was a temporary directory."""
-        if self._owns_dir:
-            self.destroy()
-        else:
-            self.stop()
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- internals ----------------------------------------------------------------------------
     def _own(self, pid: int) -> subprocess.Popen[bytes] | None:

@@ -28,14 +28,13 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdc_outbox.sandbox import _proc
+from cdc_outbox.sandbox._lifecycle import LocalServer
 from cdc_outbox.sandbox._pg_os import OS_USER, find_bindir, reachable, run_as_postgres
 
 logger = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ def _conf_value(value: SettingValue) -> str:
     return str(value)
 
 
-class LocalPostgres:
+class LocalPostgres(LocalServer):
     """A local PostgreSQL server; ``with LocalPostgres() as pg:`` starts it and cleans up.
 
     ``base_dir=None`` uses a fresh temporary directory that ``close()`` deletes; an explicit
@@ -214,29 +213,6 @@ class LocalPostgres:
             link.unlink()
         if self._owns_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def close(self) -> None:
-        """Stop; also delete everything when ``base_dir`` was a temporary directory."""
-        if self._owns_dir:
-            self.destroy()
-        else:
-            self.stop()
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- databases ----------------------------------------------------------------------------
     def create_database(self, name: str) -> str:
