@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks import compare_bench, relay_bench
+from benchmarks import compare_bench, compare_report, relay_bench
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.events <= 0 or args.rate <= 0 or args.latency_seconds <= 0:
             parser.error("--events, --rate and --latency-seconds must be positive")
         result = compare_bench.run(args)
-        compare_bench.print_table(result)
+        compare_report.print_table(result)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
-        compare_bench.write_results(result, args.results, command)
+        compare_report.write_results(result, args.results, command)
         print(f"wrote {args.json} and {args.results}")
     return 0
 

@@ -14,31 +14,27 @@ fresh outbox table filled by the same workload:
 
 Costs per event: outbox row writes (``n_tup_ins + n_tup_upd + n_tup_del`` of the outbox table)
 and WAL bytes (``pg_current_wal_lsn`` delta, the whole server: business rows included, the
-same for both modes), each split into the writers' part and the relay's part.
+same for both modes), each split into the writers' part and the relay's part. The table and
+``benchmarks/RESULTS.md`` come from :mod:`benchmarks.compare_report`.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
-import platform
 import threading
 import time
-from datetime import UTC, datetime
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from benchmarks import compare_report
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import current_wal, services, setup
 from cdc_outbox import workload
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import Headers, KafkaPublisher, count_records
 from cdc_outbox.outbox_mapping import ColumnNames
-from cdc_outbox.sandbox.kafka_jars import KAFKA_VERSION
 from cdc_outbox.service import Service
 
 SLOT, PUBLICATION, TABLE = "bench_compare", "bench_compare_pub", "bench_compare_outbox"
@@ -77,7 +73,7 @@ def _create_topic(settings: Settings, topic: str) -> None:
     """One warm-up record, so that no phase times topic creation."""
     warm = KafkaPublisher(settings.kafka_config())
     warm.produce(topic, b"warmup", b"{}", [], _Warmup())
-    if warm.flush(30):
+    if warm.close(30):
         raise RuntimeError(f"could not create topic {topic}")
 
 
@@ -116,7 +112,9 @@ class _Running:
         self.service = Service(settings)
         self.stats = self.service.stats
         self._errors: list[BaseException] = []
-        self._thread = threading.Thread(target=self._target, name=f"relay-{settings.mode}")
+        self._thread = threading.Thread(
+            target=self._target, name=f"relay-{settings.mode}", daemon=True
+        )
 
     def _target(self) -> None:
         try:
@@ -220,11 +218,14 @@ def latency_phase(settings: Settings, rate: float, seconds: float, cpu: CpuMeter
     writer = multiprocessing.get_context("spawn").Process(
         target=_write, args=(dsn, spec, columns), name="writers"
     )
-    writer.start()
-    writer.join()
-    if writer.exitcode != 0:
+    try:
+        writer.start()
+        writer.join()
+        if writer.exitcode != 0:
+            raise RuntimeError(f"writer process failed (exit code {writer.exitcode})")
+    except BaseException:
         running.stop()
-        raise RuntimeError(f"writer process failed (exit code {writer.exitcode})")
+        raise
     offered_s = time.perf_counter() - t0
     running.wait_published(warm.events + events, 300)
     elapsed = time.perf_counter() - t0
@@ -292,120 +293,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate": args.rate,
             "latency_seconds": args.latency_seconds,
         }
-        out["machine"] = machine(dsn)
+        out["machine"] = compare_report.machine(dsn)
         return out
-
-
-def machine(dsn: str) -> dict[str, str]:
-    """What the numbers were measured on."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
-        mem_kb = 0
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SHOW server_version").fetchone()
-        sync = conn.execute("SHOW synchronous_commit").fetchone()
-    return {
-        "cpu": f"{cpu}, {os.cpu_count()} cores",
-        "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
-        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
-        "python": platform.python_version(),
-        "postgresql": f"{row[0] if row else '?'} (synchronous_commit={sync[0] if sync else '?'})",
-        "kafka": f"{KAFKA_VERSION} (single KRaft node, local)",
-        "confluent_kafka": metadata.version("confluent-kafka"),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-
-
-_COST_ROWS = (
-    ("outbox row writes/event, relay", "throughput", "relay", "row_writes_per_event", ".2f"),
-    ("outbox row writes/event, writers", "throughput", "writers", "row_writes_per_event", ".2f"),
-    ("WAL bytes/event, relay", "throughput", "relay", "wal_bytes_per_event", ",.0f"),
-    ("WAL bytes/event, writers", "throughput", "writers", "wal_bytes_per_event", ",.0f"),
-    (
-        "WAL bytes/event, writers + relay at the fixed rate",
-        "latency",
-        "writers_and_relay",
-        "wal_bytes_per_event",
-        ",.0f",
-    ),
-)
-
-
-def _rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    cdc, pol = result["cdc"], result["polling"]
-    c, p = cdc["throughput"]["events_per_s"], pol["throughput"]["events_per_s"]
-    rows = [("throughput, backlog drain (events/s)", f"{c:,.0f}", f"{p:,.0f}", f"{c / p:.2f}x")]
-    for q in ("p50", "p95", "p99"):
-        c, p = cdc["latency"]["latency_ms"][q], pol["latency"]["latency_ms"][q]
-        rows.append((f"commit->ack latency {q} (ms)", f"{c:,.1f}", f"{p:,.1f}", f"{c / p:.3f}x"))
-    for label, phase, part, key, fmt in _COST_ROWS:
-        c, p = cdc[phase][part][key], pol[phase][part][key]
-        rows.append((label, format(c, fmt), format(p, fmt), ""))
-    return rows
-
-
-def print_table(result: dict[str, Any]) -> None:
-    rows = [("metric", "CDC", "polling", "CDC/polling"), *_rows(result)]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
-    t = result["targets"]
-    print(
-        f"targets: throughput >= {t['throughput_ratio_min']}x: {t['throughput_met']};"
-        f" p99 <= {t['p99_ratio_max']}x: {t['p99_met']}"
-    )
-
-
-def write_results(result: dict[str, Any], path: Path, command: str) -> None:
-    """benchmarks/RESULTS.md: machine, command, the table, targets and method."""
-    m, p, t = result["machine"], result["params"], result["targets"]
-    lines = [
-        "# CDC vs polling: benchmark results",
-        "",
-        "Generated by `benchmarks/compare_bench.py`; re-run to replace this file:",
-        "",
-        f"    {command}",
-        "",
-        "## Machine",
-        "",
-        *(f"- {k}: {v}" for k, v in m.items()),
-        "",
-        "## Results",
-        "",
-        "| metric | CDC | polling | CDC/polling |",
-        "|---|---:|---:|---:|",
-        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(result)),
-        "",
-        f"- Throughput target (CDC >= {t['throughput_ratio_min']}x polling):"
-        f" {'met' if t['throughput_met'] else 'NOT met'}"
-        f" ({result['ratios']['throughput']:.2f}x).",
-        f"- p99 latency target (CDC <= {t['p99_ratio_max']}x polling):"
-        f" {'met' if t['p99_met'] else 'NOT met'} ({result['ratios']['p99_latency']:.3f}x).",
-        "",
-        "## Method",
-        "",
-        f"- Same broker and server, default settings for both modes (polling: batch_size"
-        f" {result['polling']['settings']['batch_size']}, poll_interval_s"
-        f" {result['polling']['settings']['poll_interval_s']}; CDC housekeeping"
-        f" cdc_mark_published = {result['cdc']['settings']['cdc_mark_published']}).",
-        f"- Throughput: {p['events']:,} events from {p['writers']} writers (transactions of"
-        f" {', '.join(map(str, p['txn_sizes_throughput']))} events, 200 aggregates) written"
-        " first, then the relay runs until Kafka acknowledged all of them.",
-        f"- Latency: {p['rate']:,.0f} events/s offered for {p['latency_seconds']:.0f} s"
-        " (4 writers, transactions of 1, 5, 10 events) with the relay running; from the commit"
-        " timestamp (CDC) or created_at = clock_timestamp() at insert (polling) to the"
-        " delivery report, weighted per event.",
-        "- Row writes: n_tup_ins + n_tup_upd + n_tup_del of the outbox table per event (the"
-        " writers' insert is 1; CDC's housekeeping UPDATE and polling's claim and publish"
-        " UPDATEs count for the relay). WAL: pg_current_wal_lsn delta per event, whole server"
-        " (the business row insert is in the writers' part for both modes).",
-        "",
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))

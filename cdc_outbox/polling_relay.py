@@ -182,7 +182,7 @@ class PollingRelay:
         rows = self._claim(conn)
         if rows:
             self._publish(rows)
-            self._write_outcomes(conn, rows)
+            self._write_outcomes(self._connect(), rows)
         return len(rows)
 
     def sweep(self) -> int:
@@ -216,13 +216,8 @@ class PollingRelay:
         batch = self.settings.polling.batch_size
         max_aggs = min(batch, polling_sql.MAX_AGGREGATES_PER_CLAIM)
         with conn.transaction():
-            aggs = [
-                r[0]
-                for r in conn.execute(
-                    self._sql.lock_aggregates,
-                    {"scan": max(4 * batch, 100), "max_aggs": max_aggs, "ns": self._ns},
-                )
-            ]
+            params = {"scan": max(4 * batch, 100), "max_aggs": max_aggs, "ns": self._ns}
+            aggs = [r[0] for r in conn.execute(self._sql.lock_aggregates, params)]
             if not aggs:
                 self._more = False
                 return []
@@ -297,6 +292,7 @@ class PollingRelay:
         last_renew = time.monotonic()
         deadline: float | None = None
         while self._outstanding > 0:
+            self.stats.in_flight = self._outstanding
             publisher.poll(0.05)
             now = time.monotonic()
             if self._stop and deadline is None:
@@ -307,6 +303,7 @@ class PollingRelay:
             if now - last_renew >= lease / 3:
                 last_renew = now
                 self._renew([r for r in rows if r.outcome is None])
+        self.stats.in_flight = 0
         for row in rows:
             if row.outcome is None:
                 row.outcome = _BACK

@@ -3,15 +3,18 @@
 Claim protocol (two statements in one READ COMMITTED transaction, see :mod:`polling_relay`):
 
 1. :attr:`PollingSql.lock_aggregates` picks the aggregates of the oldest due PENDING rows
-   and takes a transaction-scoped advisory lock per aggregate with
-   ``pg_try_advisory_xact_lock`` (aggregates another worker is claiming right now are skipped).
-2. :attr:`PollingSql.claim` then runs with a snapshot taken *after* those locks were granted,
-   so it sees every claim committed by another worker for those aggregates. Per aggregate it
-   claims the longest prefix (by ``created_at``, then physical position) of unpublished rows
-   that are all PENDING and due, and nothing if any row of the aggregate is PROCESSING.
-   Rows are locked with ``FOR UPDATE SKIP LOCKED``; each returned row carries its rank in the
-   aggregate so the caller can drop rows behind a skipped one (:func:`gap_free`).
+   (``available_at`` index) and takes a transaction-scoped advisory lock per aggregate with
+   ``pg_try_advisory_xact_lock``; aggregates another worker is claiming right now are skipped.
+2. :attr:`PollingSql.claim` runs with a snapshot taken *after* those locks were granted, so it
+   sees every claim another worker committed for those aggregates. An aggregate with a
+   PROCESSING row gets nothing; otherwise its rows before its first row that cannot go now
+   (PENDING but not yet due) are candidates, in ``created_at`` then physical-position order,
+   and the ``limit`` earliest candidates overall are locked ``FOR UPDATE SKIP LOCKED`` and set
+   PROCESSING. Each returned row carries its rank in its aggregate, so the caller can give
+   back rows behind one SKIP LOCKED skipped (:func:`gap_free`).
 
+Cost: with no index on the aggregate column each claim is one sequential scan of the table;
+keep it small with ``cdc-outbox cleanup`` (or index the unpublished rows by aggregate).
 FAILED rows are dead letters: they do not block their aggregate.
 """
 
@@ -72,24 +75,29 @@ def build(settings: Settings) -> PollingSql:
         "WHERE pg_try_advisory_xact_lock(%(ns)s::int4, hashtext(w.agg))"
     ).format(**fields)
     claim = sql.SQL(
-        "WITH unpublished AS ("
-        " SELECT {id} AS id, {agg} AS agg, created_at, ctid AS pos, status,"
-        "  available_at <= now() AS due"
+        "WITH unpublished AS MATERIALIZED ("
+        " SELECT {agg} AS agg, created_at, ctid AS pos, status = 'PROCESSING' AS busy,"
+        "  status = 'PENDING' AND available_at <= now() AS open"
         " FROM {t} WHERE {agg} = ANY(%(aggs)s) AND status IN ('PENDING', 'PROCESSING')"
-        "), ranked AS ("
-        " SELECT id, created_at, pos, row_number() OVER w AS rank,"
-        "  bool_and(status = 'PENDING' AND due) OVER w AS open,"
-        "  bool_or(status = 'PROCESSING') OVER (PARTITION BY agg) AS busy"
-        " FROM unpublished"
-        " WINDOW w AS (PARTITION BY agg ORDER BY created_at, pos ROWS UNBOUNDED PRECEDING)"
+        "), busy AS (SELECT DISTINCT agg FROM unpublished WHERE busy"
+        "), barrier AS ("  # per aggregate: its first row that cannot go now
+        " SELECT DISTINCT ON (agg) agg, created_at, pos FROM unpublished WHERE NOT open"
+        " ORDER BY agg, created_at, pos"
+        "), head AS ("
+        " SELECT u.agg, u.created_at, u.pos FROM unpublished AS u"
+        " LEFT JOIN barrier AS b ON b.agg = u.agg"
+        " WHERE u.open AND (b.agg IS NULL OR (u.created_at, u.pos) < (b.created_at, b.pos))"
+        " AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.agg = u.agg)"
+        " ORDER BY u.created_at, u.pos LIMIT %(limit)s"
         "), chosen AS MATERIALIZED ("
-        " SELECT {oid} AS id, r.rank FROM {t} AS o JOIN ranked AS r ON {oid} = r.id"
-        " WHERE r.open AND NOT r.busy AND o.status = 'PENDING'"
-        " ORDER BY r.created_at, r.pos LIMIT %(limit)s"
-        " FOR UPDATE OF o SKIP LOCKED"
+        " SELECT pos, row_number() OVER (PARTITION BY agg ORDER BY created_at, pos) AS rank"
+        " FROM head"
+        "), locked AS MATERIALIZED ("  # ctid = ANY(array): TID scans, no table scan
+        " SELECT ctid AS pos FROM {t} WHERE ctid = ANY(ARRAY(SELECT pos FROM chosen))"
+        " AND status = 'PENDING' FOR UPDATE SKIP LOCKED"
         ") "
         "UPDATE {t} AS o SET status = 'PROCESSING', locked_by = %(me)s, locked_at = now() "
-        "FROM chosen AS c WHERE {oid} = c.id "
+        "FROM chosen AS c WHERE o.ctid = ANY(ARRAY(SELECT pos FROM locked)) AND c.pos = o.ctid "
         "RETURNING c.rank, {oid}, {oid}::text, o.{at}, o.{agg}, o.{et}, o.{payload}::text,"
         " {headers}, o.attempts, extract(epoch FROM o.created_at)::float8"
     ).format(

@@ -316,3 +316,73 @@ def test_commit_inversion_loses_nothing_with_three_workers(
     # Visibility order: B's event was published before A's became visible.
     assert [i for _, i in by_agg] == [b1, a1]
     assert {dict(r.headers)["id"].decode() for r in records} == {a1, a2, b1, b2}
+
+
+def test_inverted_commit_waits_while_its_aggregate_is_in_flight(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    # Worker A holds what it claims (its producer waits a minute before sending).
+    slow = _settings(pg_dsn, bootstrap, kafka_topic_prefix, kafka_config={"linger.ms": "60000"})
+    slow = slow.model_copy(update={"shutdown_grace_s": 0.5})
+    settings = _settings(pg_dsn, bootstrap, kafka_topic_prefix)
+    _create_table(settings)
+    with psycopg.connect(pg_dsn) as late, psycopg.connect(pg_dsn) as early:
+        a1 = _insert(late, "o-1", {"tx": "A"})  # earlier created_at, commits last
+        b1 = _insert(early, "o-1", {"tx": "B"})
+        early.commit()
+        worker_b = PollingRelay(settings, worker_id="b")
+        try:
+            with _workers(slow):
+                wait_until(lambda: _rows(pg_dsn)[b1]["status"] == "PROCESSING", timeout=30)
+                late.commit()
+                # a1 is earlier than b1, but b1 of the same aggregate is in flight: a1 waits.
+                assert worker_b.run_once() == 0
+                assert _rows(pg_dsn)[a1]["status"] == "PENDING"
+            # Worker A stopped without an acknowledgement and gave b1 back; both go out now.
+            assert _rows(pg_dsn)[b1]["status"] == "PENDING"
+            wait_until(lambda: worker_b.run_once() > 0, timeout=30)
+        finally:
+            worker_b.close()
+    assert _statuses(pg_dsn) == {"PUBLISHED": 2}
+    records = consume_all(bootstrap, [f"{kafka_topic_prefix}.event.order"], until_idle_s=1.0)
+    ids = [dict(r.headers)["id"].decode() for r in records]
+    # Worker B's batch, in created_at order, comes last (A may have flushed b1 when stopping).
+    assert ids[-2:] == [a1, b1] and set(ids) == {a1, b1}
+
+
+def test_survives_database_restart_and_broker_outage(
+    pg_server: Any, pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    _create_table(settings)
+
+    def insert(n: int, tag: str) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for i in range(n):
+                _insert(conn, f"o-{i % 3}", {"tag": tag, "i": i})
+
+    with _workers(settings) as (relay,):
+        insert(20, "before")
+        wait_until(lambda: _statuses(pg_dsn) == {"PUBLISHED": 20}, timeout=30)
+        pg_server.restart()
+        insert(20, "after-db-restart")
+        wait_until(lambda: _statuses(pg_dsn) == {"PUBLISHED": 40}, timeout=60)
+        assert relay.stats.restarts >= 1  # it saw the outage and reconnected
+        kafka_broker.stop()
+        try:
+            insert(20, "broker-down")
+            # Claimed and produced, but not acknowledged: held PROCESSING, never PUBLISHED.
+            wait_until(lambda: _statuses(pg_dsn).get("PROCESSING", 0) > 0, timeout=30)
+            assert _statuses(pg_dsn).get("PUBLISHED") == 40
+        finally:
+            kafka_broker.start()
+        wait_until(
+            lambda: _statuses(pg_dsn) == {"PUBLISHED": 60},
+            timeout=120,
+            message=lambda: f"{_statuses(pg_dsn)}",
+        )
+    records = consume_all(
+        kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.event.order"], expected_count=60
+    )
+    assert len({dict(r.headers)["id"] for r in records}) == 60
