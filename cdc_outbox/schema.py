@@ -81,6 +81,17 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
                 "CREATE INDEX IF NOT EXISTS {} ON {} (available_at) WHERE status = 'PENDING'"
             ).format(sql.Identifier(_index_name(settings.outbox_table, "_pending_idx")), table)
         )
+        cols = settings.column_names()
+        stmts.append(
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({}, created_at)"
+                " WHERE status IN ('PENDING', 'PROCESSING')"
+            ).format(
+                sql.Identifier(_index_name(settings.outbox_table, "_unpublished_idx")),
+                table,
+                sql.Identifier(cols.aggregate_id),
+            )
+        )
     return stmts
 
 

@@ -28,3 +28,9 @@ CREATE TABLE IF NOT EXISTS public.outbox (
 CREATE INDEX IF NOT EXISTS outbox_pending_idx
     ON public.outbox (available_at)
     WHERE status = 'PENDING';
+
+-- Polling keeps each aggregate in order by looking at its unpublished rows; this index
+-- finds them without scanning the table.
+CREATE INDEX IF NOT EXISTS outbox_unpublished_idx
+    ON public.outbox (aggregate_id, created_at)
+    WHERE status IN ('PENDING', 'PROCESSING');

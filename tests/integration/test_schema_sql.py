@@ -69,7 +69,11 @@ def test_outbox_sql_matches_generated_ddl(pg_dsn: str, second_dsn: str) -> None:
         execute(second_dsn, stmt)
     from_file, generated = shape(pg_dsn, "outbox"), shape(second_dsn, "outbox")
     assert len(from_file["columns"]) == 14
-    assert [i[0] for i in from_file["indexes"]] == ["outbox_pending_idx", "outbox_pkey"]
+    assert [i[0] for i in from_file["indexes"]] == [
+        "outbox_pending_idx",
+        "outbox_pkey",
+        "outbox_unpublished_idx",
+    ]
     assert from_file == generated
 
 
