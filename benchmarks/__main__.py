@@ -24,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     relay.add_argument("--json", type=Path, default=Path("benchmarks/out/relay.json"))
     relay.add_argument("--profile", type=Path, help="write a cProfile of the relay phase here")
     relay.add_argument(
+        "--cdc-mark-published",
+        choices=["update", "delete", "off"],
+        default="update",
+        help="CDC housekeeping of acknowledged rows (the relay's setting; default update)",
+    )
+    relay.add_argument(
         "--kafka-config",
         action="append",
         default=[],

@@ -13,8 +13,17 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def process_cpu(pid: int) -> float:
     """utime + stime of ``pid`` (all its threads) in seconds; 0.0 if it is gone."""
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu(native_id: int) -> float:
+    """utime + stime of one thread of this process (``threading.get_native_id()``)."""
+    return _stat_cpu(Path(f"/proc/{os.getpid()}/task/{native_id}/stat"))
+
+
+def _stat_cpu(path: Path) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        fields = path.read_text().rpartition(")")[2].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _TICK

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks.cpu import CpuMeter, process_cpu, tree_cpu
+from benchmarks.cpu import CpuMeter, process_cpu, thread_cpu, tree_cpu
 from cdc_outbox import workload
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import KafkaPublisher, count_records
@@ -120,12 +120,15 @@ def relay_phase(
 ) -> tuple[float, dict[str, float]]:
     """Run the relay until Kafka acknowledged ``events`` events.
 
-    Returns (seconds, cores used per process while relaying)."""
+    Returns (seconds, cores used per process while relaying, including ``relay_thread``: the
+    Python thread that decodes, maps and produces)."""
     relay = Service(settings)  # what `cdc-outbox run --mode cdc` runs
     profiler = cProfile.Profile() if profile else None
     errors: list[BaseException] = []
+    native_id: list[int] = []
 
     def target() -> None:
+        native_id.append(threading.get_native_id())
         try:
             if profiler:
                 profiler.enable()
@@ -144,6 +147,7 @@ def relay_phase(
         time.sleep(0.005)
     elapsed = time.perf_counter() - t0
     cores = cpu.cores_used(elapsed)
+    cores["relay_thread"] = round(thread_cpu(native_id[0]) / elapsed, 2)
     relay.request_stop()
     thread.join(60)
     if errors:
@@ -168,6 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "topic_template": topic_prefix + ".{aggregate_type}",
                 "mode": "cdc",
                 "metrics_port": 0,
+                "cdc_mark_published": args.cdc_mark_published,
                 "kafka": {
                     "bootstrap_servers": bootstrap,
                     "config": dict(kv.split("=", 1) for kv in args.kafka_config),
@@ -196,6 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "events": args.events,
             "txn_size": args.txn_size,
+            "cdc_mark_published": args.cdc_mark_published,
             "writers": args.writers,
             "transactions": written.transactions,
             "write_eps": round(args.events / write_s, 1),
@@ -205,6 +211,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "relay_s": round(relay_s, 3),
             "relay_eps": round(relay_eps, 1),
             "ratio": round(relay_eps / raw_eps, 3),
+            # CPU the relay's Python thread spent per event; 1e6 / this is what one free core
+            # could relay, the ceiling of the pure-Python hot path.
+            "relay_thread_us_per_event": round(
+                relay_cores["relay_thread"] * relay_s / args.events * 1e6, 2
+            ),
             "records_in_kafka": in_kafka,
             # Average cores used per process during each phase (the machine's total is
             # os.cpu_count()): shows what bounds the relay when the ratio is low.
@@ -245,6 +256,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("raw drain (receive only)", f"{result['raw_drain_eps']:,.0f} events/s"),
         ("relay into Kafka (acked)", f"{result['relay_eps']:,.0f} events/s"),
         ("ratio relay/raw", f"{result['ratio']:.2f}"),
+        ("relay thread CPU per event", f"{result['relay_thread_us_per_event']:.1f} us"),
         ("records in Kafka", f"{result['records_in_kafka']:,}"),
         ("cores used, raw phase", _cores(result["cores_raw_phase"])),
         ("cores used, relay phase", _cores(result["cores_relay_phase"])),

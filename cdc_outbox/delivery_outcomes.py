@@ -50,7 +50,7 @@ class TxnListener:
         outcomes = self.outcomes
         outcomes.stats.count_published(topic)
         if outcomes.marker is not None:
-            outcomes.marker.add(headers[0][1].decode())  # the mapper puts the event id first
+            outcomes.marker.add(headers[0][1])  # the mapper puts the event id first
         self.done()
 
     def done(self) -> None:

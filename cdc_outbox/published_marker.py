@@ -33,7 +33,7 @@ class PublishedMarker:
     def __init__(self, settings: Settings, *, flush_interval_s: float = 0.5) -> None:
         self._settings = settings
         self._flush_interval_s = flush_interval_s
-        self._ids: deque[str] = deque()
+        self._ids: deque[bytes] = deque()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -46,8 +46,9 @@ class PublishedMarker:
     def enabled(self) -> bool:
         return self._statement is not None
 
-    def add(self, event_id: str) -> None:
-        """Hand over one acknowledged event id (cheap; called per delivery report)."""
+    def add(self, event_id: bytes) -> None:
+        """Hand over one acknowledged event id, as its UTF-8 text (cheap; called per delivery
+        report)."""
         if len(self._ids) >= _MAX_BUFFERED:
             self.dropped += 1
             return
@@ -98,7 +99,8 @@ class PublishedMarker:
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
             try:
-                cur = conn.execute(self._statement, (batch,))
+                # One text parameter, split by the server: far cheaper than adapting a list.
+                cur = conn.execute(self._statement, (b",".join(batch).decode(),))
             except psycopg.Error:
                 self._ids.extendleft(reversed(batch))
                 raise
@@ -110,10 +112,13 @@ def _statement(settings: Settings) -> sql.Composed | None:
     table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
     id_col = sql.Identifier(settings.columns.id)
     if settings.cdc_mark_published == "delete":
-        return sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::uuid[])").format(table, id_col)
+        return sql.SQL(
+            "DELETE FROM {} WHERE {} = ANY(string_to_array(%s, ',')::uuid[])"
+        ).format(table, id_col)
     if settings.cdc_mark_published == "update" and settings.columns.preset == "default":
         return sql.SQL(
             "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-            " locked_at = NULL WHERE {} = ANY(%s::uuid[]) AND status <> 'PUBLISHED'"
+            " locked_at = NULL WHERE {} = ANY(string_to_array(%s, ',')::uuid[])"
+            " AND status <> 'PUBLISHED'"
         ).format(table, id_col)
     return None

@@ -50,7 +50,7 @@ class _Outcome:
         self.pending -= 1
         self._stats.count_published(topic)
         if self._marker is not None:
-            self._marker.add(headers[0][1].decode())
+            self._marker.add(headers[0][1])
 
     def failed(self, failure: DeliveryFailure) -> None:
         if failure.permanent:
