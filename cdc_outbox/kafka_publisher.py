@@ -30,7 +30,30 @@ from confluent_kafka import (
 )
 
 logger = logging.getLogger(__name__)
-_librdkafka_logger = logging.getLogger("cdc_outbox.librdkafka")
+
+
+class _QuietLibrdkafkaLog:
+    """librdkafka's log lines, each distinct line at most once per ``interval_s``.
+
+    While a broker is down librdkafka logs every reconnect attempt; the relay's own
+    rate-limited warnings (``error_cb``) already say so.
+    """
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        self._logger = logging.getLogger("cdc_outbox.librdkafka")
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        text = msg % args if args else msg
+        key = text[:80]
+        now = time.monotonic()
+        if now - self._last.get(key, -self._interval_s) < self._interval_s:
+            return
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        self._logger.log(min(level, logging.WARNING), "%s", text)
 
 Headers = list[tuple[str, bytes]]
 
@@ -131,7 +154,7 @@ class KafkaPublisher:
         self._last_error_log = 0.0
         logger.debug("kafka producer config: %s", redact_config(merged))
         try:
-            self._producer = Producer(merged, logger=_librdkafka_logger)
+            self._producer = Producer(merged, logger=_QuietLibrdkafkaLog())
         except KafkaException as exc:
             raise ValueError(f"invalid Kafka configuration: {exc.args[0]}") from exc
 

@@ -264,7 +264,7 @@ class ReplicationStream:
         permanent = False
         while (res := conn.get_result()) is not None:
             if res.status == pq.ExecStatus.FATAL_ERROR and res.error_message:
-                parts.append(res.error_message.decode(errors="replace").strip())
+                parts.append(" ".join(res.error_message.decode(errors="replace").split()))
                 permanent = permanent or _sqlstate(res) in _PERMANENT_SQLSTATES
         detail = "; ".join(parts) or _error_text(conn) or "server ended the stream"
         self.close()
@@ -277,4 +277,5 @@ def _sqlstate(result: pq.abc.PGresult) -> str:
 
 
 def _error_text(conn: pq.abc.PGconn) -> str:
-    return conn.error_message.decode(errors="replace").strip()
+    """libpq's error message on one line."""
+    return " ".join(conn.error_message.decode(errors="replace").split())
