@@ -5,6 +5,9 @@ Fixtures live in tests/conftest.py; plain functions live here (``from tests.help
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -143,3 +146,19 @@ def _assign_existing(consumer: Consumer, pending: set[str]) -> None:
             [TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(topic.partitions)]
         )
         pending.discard(name)
+
+
+def run_cli(*args: str, dsn: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m cdc_outbox`` with only the CDC_OUTBOX_* variables given here."""
+    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_OUTBOX_")}
+    if dsn is not None:
+        environ["CDC_OUTBOX_DSN"] = dsn
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_outbox", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

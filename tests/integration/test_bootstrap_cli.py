@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,24 +17,9 @@ from psycopg.conninfo import make_conninfo
 from psycopg.pq.abc import PGconn as PGconnType
 
 from cdc_outbox.sandbox.postgres import LocalPostgres
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str, dsn: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m cdc_outbox`` with only the CDC_OUTBOX_* variables given here."""
-    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_OUTBOX_")}
-    if dsn is not None:
-        environ["CDC_OUTBOX_DSN"] = dsn
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_outbox", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,23 +12,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.helpers import run_cli
+
 DSN_PASSWORD = "pg-Secret-4711"
 KAFKA_PASSWORD = "kafka-Secret-0815"
 JAAS_SECRET = "jaas-Secret-1234"
-
-
-def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m cdc_outbox`` with only the CDC_OUTBOX_* variables given here."""
-    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_OUTBOX_")}
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_outbox", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def assert_config_error(result: subprocess.CompletedProcess[str], expected: str) -> None:

@@ -36,7 +36,7 @@ from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.service import Service
 from tests.helpers import wait_until
-from tests.relay_support import init_outbox, relay_settings
+from tests.relay_support import init_outbox, relay_settings, running
 
 # -- helpers (also used by test_dashboard_browser.py) ----------------------------------------
 
@@ -59,27 +59,10 @@ def monitored_settings(dsn: str, bootstrap: str, prefix: str, **overrides: Any) 
 
 @contextmanager
 def service_thread(settings: Settings) -> Iterator[Service]:
-    """``cdc-outbox run`` wiring (relay + monitoring) in a thread; stopped on exit."""
-    service = Service(settings)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            service.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="service", daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: errors or _answers(settings), timeout=30, message="endpoint not up")
+    """``cdc-outbox run`` wiring (relay + monitoring) in a thread, once its endpoint answers."""
+    with running(Service(settings)) as service:
+        wait_until(lambda: _answers(settings), timeout=30, message="endpoint not up")
         yield service
-    finally:
-        service.request_stop()
-        thread.join(60)
-    assert not thread.is_alive(), "service did not stop within 60 s"
-    if errors:
-        raise errors[0]
 
 
 def _answers(settings: Settings) -> bool:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +14,7 @@ from cdc_outbox import outbox_admin
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.schema import outbox_table_ddl
+from tests.helpers import run_cli
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -122,16 +121,7 @@ def test_debezium_preset_is_refused(pg_dsn: str) -> None:
 
 
 def _cli(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_OUTBOX_")}
-    environ.update({"CDC_OUTBOX_DSN": dsn, **env})
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_outbox", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(*args, dsn=dsn, **env)
 
 
 def test_cli_redrive_and_cleanup(pg_dsn: str) -> None:
