@@ -3,7 +3,8 @@
 Contract: the flushed position sent is ``AckTracker.confirmed`` and never decreases (PostgreSQL
 15 would move a slot backwards if told a smaller value); written >= flushed. Updates go out on
 a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also while Kafka is down)
-and, at most once a second, when the confirmed position advanced.
+and, at most five times a second, when the confirmed position advanced (a smaller
+unconfirmed window means fewer duplicates after a crash).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from cdc_outbox.ack_tracker import AckTracker
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.replication_stream import ReplicationStream
 
-MIN_CONFIRM_INTERVAL_S = 1.0
+MIN_CONFIRM_INTERVAL_S = 0.2
 
 
 class Checkpointer:

@@ -160,8 +160,11 @@ def test_relay_killed_at_random_points_loses_nothing(
         relay.stop_quietly()
     assert kills == 5
     verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    print(f"kill -9 x{kills}: largest duplicate count seen = {verdict.duplicates}")
+    print(f"kill -9 x{kills}: {verdict.duplicates} duplicates in all")
     assert verdict.ok, verdict.summary()
+    # Only the unconfirmed window is sent again: at most the in-flight limit plus what was
+    # acknowledged since the last confirmation (<= 1 s of the 1,500 events/s offered) per kill.
+    assert verdict.duplicates <= kills * (settings.max_in_flight + 1_500)
     assert verdict.expected == 15_000
 
 
