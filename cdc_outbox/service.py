@@ -27,9 +27,9 @@ from psycopg import sql
 
 from cdc_outbox import bootstrap, schema
 from cdc_outbox.config import Settings
-from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.polling_relay import PollingRelay
-from cdc_outbox.relay import CdcUnavailable, Relay
+from cdc_outbox.relay import Relay
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.snapshot_catchup import CatchUpFailed, publish_snapshot_backlog
 
@@ -76,7 +76,11 @@ class Service:
                 try:
                     self._run_cdc(fresh_slot=fresh or slot_needs_recreating(self.settings))
                     return
-                except (CdcUnavailable, CatchUpFailed, psycopg.Error) as exc:
+                except RelayHalted:
+                    raise
+                except (CdcOutboxError, psycopg.Error) as exc:
+                    # CdcUnavailable, CatchUpFailed, a failed slot creation, the database
+                    # going away between the probe and the start: all mean "poll for now".
                     problem = str(exc)
                     fresh = True
                     if not retried and cdc_problem(self.settings) is None:
