@@ -101,6 +101,7 @@ def _relay_and_verify(
     records = read_topics(settings.kafka.bootstrap_servers, TOPIC_PREFIX)
     rolled_back = written[0].rolled_back_ids if written else []
     verdict = workload.tally(expected, records, forbidden_ids=rolled_back)
+    console.print()
     console.print(_verdict_table(verdict, len(rolled_back), relay))
     return verdict.ok and verdict.expected == events
 
