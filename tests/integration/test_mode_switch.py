@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from cdc_outbox import workload
+from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import read_topics
 from cdc_outbox.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
@@ -112,40 +113,48 @@ def test_auto_mode_publishes_backlog_written_before_the_slot_existed(
     assert verdict.ok, verdict.summary()
 
 
-def test_slot_dropped_under_load_loses_nothing(
-    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+def _fault_under_load(
+    dsn: str, kafka, prefix: str, fault: Callable[[Settings], None], what: str
 ) -> None:
-    settings = _auto_settings(pg_dsn, kafka_broker, kafka_topic_prefix)
+    """5,000 events at 1,000/s through the auto-mode service; ``fault`` strikes after 500."""
+    settings = _auto_settings(dsn, kafka, prefix)
     init_outbox(settings)
     spec = workload.WorkloadSpec(events=5_000, writers=3, aggregates=60, rate=1_000)
     with service_thread(settings) as service:
-        writers = _Writers(pg_dsn, settings, spec)
+        writers = _Writers(dsn, settings, spec)
         wait_until(lambda: service.stats.events_published > 500, timeout=60)
-        _drop_slot_under_the_relay(pg_dsn, settings.slot_name)
+        fault(settings)
         writers.join()
-        verdict = _all_delivered(pg_dsn, settings, kafka_broker, kafka_topic_prefix, 5_000)
+        verdict = _all_delivered(dsn, settings, kafka, prefix, 5_000)
         assert service.stats.mode == "cdc"
-    print(f"slot dropped: duplicates {verdict.duplicates}")
+    print(f"{what}: duplicates {verdict.duplicates}")
     assert verdict.ok, verdict.summary()
+
+
+def test_slot_dropped_under_load_loses_nothing(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    _fault_under_load(
+        pg_dsn,
+        kafka_broker,
+        kafka_topic_prefix,
+        lambda settings: _drop_slot_under_the_relay(pg_dsn, settings.slot_name),
+        "slot dropped",
+    )
 
 
 def test_publication_removed_under_load_loses_nothing(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
-    settings = _auto_settings(pg_dsn, kafka_broker, kafka_topic_prefix)
-    init_outbox(settings)
-    spec = workload.WorkloadSpec(events=5_000, writers=3, aggregates=60, rate=1_000)
-    with service_thread(settings) as service:
-        writers = _Writers(pg_dsn, settings, spec)
-        wait_until(lambda: service.stats.events_published > 500, timeout=60)
+    def drop_publication(settings: Settings) -> None:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(settings.publication_name))
             )
-        writers.join()
-        verdict = _all_delivered(pg_dsn, settings, kafka_broker, kafka_topic_prefix, 5_000)
-    print(f"publication removed: duplicates {verdict.duplicates}")
-    assert verdict.ok, verdict.summary()
+
+    _fault_under_load(
+        pg_dsn, kafka_broker, kafka_topic_prefix, drop_publication, "publication removed"
+    )
 
 
 @pytest.fixture
