@@ -68,6 +68,13 @@ class Service:
     # -- modes ---------------------------------------------------------------------------------
 
     def _run_auto(self) -> None:
+        if self.settings.columns.preset != "default":
+            logger.warning(
+                "auto mode: the %s table layout has no polling columns; relaying by CDC only",
+                self.settings.columns.preset,
+            )
+            self._run_cdc(fresh_slot=False)
+            return
         fresh = False  # the first CDC run may resume an existing healthy slot
         retried = False
         while not self._stop.is_set():
@@ -162,8 +169,6 @@ def _tune_gc() -> None:
 def cdc_problem(settings: Settings) -> str | None:
     """Why CDC cannot run now (None: it can). A missing or invalidated slot is no problem
     (a fresh one will be created); a missing publication is none if we may create it."""
-    if settings.columns.preset != "default":
-        return None  # no status column: polling is impossible, so always stay on CDC
     try:
         with bootstrap.connect(settings) as conn:
             checks = bootstrap.preflight(conn, settings)

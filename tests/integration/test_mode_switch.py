@@ -229,3 +229,24 @@ def test_wal_level_replica_falls_back_to_polling_and_returns(
             assert current_wal_lsn(dsn) > 0
         print(f"wal_level switch: duplicates {verdict.duplicates}")
         assert verdict.ok, verdict.summary()
+
+
+def test_auto_mode_with_the_debezium_layout_relays_by_cdc_only(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = _auto_settings(
+        pg_dsn, kafka_broker, kafka_topic_prefix, columns={"preset": "debezium"}
+    )
+    init_outbox(settings)  # Debezium's table: id, aggregatetype, aggregateid, type, payload
+    with service_thread(settings) as service, psycopg.connect(pg_dsn) as conn:
+        for n in range(10):
+            conn.execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)"
+                " VALUES (gen_random_uuid(), 'order', %s, 'OrderPlaced', %s)",
+                (f"order-{n % 3}", f'{{"n": {n}}}'),
+            )
+        conn.commit()
+        wait_until(lambda: service.stats.events_published >= 10, timeout=60)
+        assert service.stats.mode == "cdc"
+    records = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    assert sorted(r.value for r in records) == sorted(f'{{"n": {n}}}'.encode() for n in range(10))
