@@ -20,10 +20,17 @@ import functools
 import json
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cdc_outbox.errors import ConfigError, DecodeError
-from cdc_outbox.pgoutput import UNCHANGED_TOAST, ColumnValue, Relation, TupleData
+from cdc_outbox.pgoutput import (
+    UNCHANGED_TOAST,
+    ColumnValue,
+    Relation,
+    RelationColumn,
+    TupleData,
+)
 
 __all__ = [
     "DEBEZIUM_COLUMNS",
@@ -131,6 +138,7 @@ class OutboxMapper:
         "_cols",
         "_headers_name",
         "_positions",
+        "_row_relation",
         "_template",
         "_topics",
         "_use_at",
@@ -165,12 +173,28 @@ class OutboxMapper:
         self.schema = schema
         self.table = table
         self._cols = columns
+        self._row_relation = Relation(
+            0, schema, table, "d", tuple(RelationColumn(0, n, 0, -1) for n in self.row_columns)
+        )
         self._headers_name = columns.headers or "headers"
         self._template = topic_template
         self._use_at = "aggregate_type" in used
         self._use_et = "event_type" in used
         self._positions: dict[int, _Positions] = {}
         self._topics: dict[tuple[bytes | None, bytes | None], tuple[str, bool]] = {}
+
+    @property
+    def row_columns(self) -> list[str]:
+        """The columns :meth:`map_row` takes, in order (headers only if configured)."""
+        c = self._cols
+        names = [c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload]
+        return names + ([c.headers] if c.headers is not None else [])
+
+    def map_row(self, values: Sequence[str | None]) -> OutboxRecord | DeadLetter:
+        """Map a row read by SQL as text (``row_columns`` order, ``::text`` casts), with the
+        same rules as :meth:`map_insert`: used by polling and the snapshot catch-up."""
+        row = tuple(None if v is None else v.encode() for v in values)
+        return self.map_insert(self._row_relation, row)
 
     def is_outbox(self, rel: Relation) -> bool:
         """Whether ``rel`` is the configured outbox table (exact schema and name match)."""

@@ -45,7 +45,6 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka_publisher import DeliveryFailure, Headers, KafkaPublisher, QueueFull
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper, OutboxRecord
-from cdc_outbox.pgoutput import Relation, RelationColumn
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
@@ -120,15 +119,6 @@ class PollingRelay:
         self._ns = polling_sql.advisory_namespace(settings.outbox_schema, settings.outbox_table)
         self._mapper = OutboxMapper(
             settings.outbox_schema, settings.outbox_table, cols, settings.topic_template
-        )
-        names = [cols.id, cols.aggregate_type, cols.aggregate_id, cols.event_type, cols.payload]
-        names += [cols.headers] if cols.headers is not None else []
-        self._relation = Relation(
-            0,
-            settings.outbox_schema,
-            settings.outbox_table,
-            "d",
-            tuple(RelationColumn(0, n, 0, -1) for n in names),
         )
         self._with_headers = cols.headers is not None
         self._conn: psycopg.Connection[Any] | None = None
@@ -245,9 +235,7 @@ class PollingRelay:
             values = [row.id_text, row.agg_type, row.aggregate_id, row.event_type, row.payload]
             if self._with_headers:
                 values.append(row.headers)
-            record = self._mapper.map_insert(
-                self._relation, tuple(None if v is None else v.encode() for v in values)
-            )
+            record = self._mapper.map_row(values)
             if isinstance(record, DeadLetter):
                 row.outcome, row.error = _DEAD, f"cannot be published: {record.reason}"
                 row.topic = record.intended_topic or ""

@@ -23,7 +23,6 @@ from cdc_outbox.dead_letters import dead_letter_record
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.kafka_publisher import DeliveryFailure, Headers, KafkaPublisher, QueueFull
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper
-from cdc_outbox.pgoutput import Relation, RelationColumn, TupleData
 from cdc_outbox.published_marker import PublishedMarker
 from cdc_outbox.relay_stats import RelayStats
 
@@ -85,25 +84,20 @@ def publish_snapshot_backlog(
 ) -> int:
     """Publish every PENDING row visible in ``snapshot``; returns how many. Raises
     :class:`CatchUpFailed` unless all were acknowledged (or durably dead-lettered)."""
-    cols = settings.column_names()
-    names = [cols.id, cols.aggregate_type, cols.aggregate_id, cols.event_type, cols.payload]
-    names += [cols.headers] if cols.headers else []
-    relation = Relation(
-        0,
+    mapper = OutboxMapper(
         settings.outbox_schema,
         settings.outbox_table,
-        "d",
-        tuple(RelationColumn(0, n, 0, -1) for n in names),
-    )
-    mapper = OutboxMapper(
-        settings.outbox_schema, settings.outbox_table, cols, settings.topic_template
+        settings.column_names(),
+        settings.topic_template,
     )
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
     query = sql.SQL(
         "SELECT {} FROM {} WHERE status IN ('PENDING', 'PROCESSING') ORDER BY created_at, ctid"
     ).format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names),
+        sql.SQL(", ").join(
+            sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
+        ),
         sql.Identifier(settings.outbox_schema, settings.outbox_table),
     )
     publisher = KafkaPublisher(settings.kafka_config())
@@ -117,8 +111,7 @@ def publish_snapshot_backlog(
                 cur.itersize = _FETCH
                 cur.execute(query)
                 for values in cur:
-                    row: TupleData = tuple(None if v is None else str(v).encode() for v in values)
-                    result = mapper.map_insert(relation, row)
+                    result = mapper.map_row(values)
                     if isinstance(result, DeadLetter):
                         _dead_letter(publisher, outcome, stats, settings, result)
                     else:

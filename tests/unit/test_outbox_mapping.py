@@ -365,3 +365,19 @@ def test_any_row_maps_to_record_or_dead_letter(
 def test_column_names_presets() -> None:
     assert ColumnNames(*SIX) == DEFAULT_COLUMNS
     assert DEBEZIUM_COLUMNS.headers is None and DEBEZIUM_COLUMNS.event_type == "type"
+
+
+def test_map_row_maps_text_values_like_an_insert() -> None:
+    mapper = OutboxMapper("public", "outbox", DEFAULT_COLUMNS)
+    assert mapper.row_columns == [
+        "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers",
+    ]  # fmt: skip
+    record = mapper.map_row(
+        ["e-1", "order", "order-7", "OrderPlaced", '{"a": 1}', '{"trace": "t"}']
+    )
+    assert isinstance(record, OutboxRecord)
+    assert record.topic == "outbox.event.order"
+    assert (record.key, record.value) == (b"order-7", b'{"a": 1}')
+    assert record.headers[0] == ("id", b"e-1") and ("trace", b"t") in record.headers
+    dead = mapper.map_row(["e-2", "order", "order-7", "OrderPlaced", None, "{}"])
+    assert isinstance(dead, DeadLetter) and "null" in dead.reason
