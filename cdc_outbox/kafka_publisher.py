@@ -55,6 +55,7 @@ class _QuietLibrdkafkaLog:
         self._last[key] = now
         self._logger.log(min(level, logging.WARNING), "%s", text)
 
+
 Headers = list[tuple[str, bytes]]
 
 #: Settings we insist on: they are what makes delivery reports mean "durable, in order".
@@ -279,15 +280,11 @@ def read_topics(
     }
     consumer = Consumer(config)
     try:
-        meta = consumer.list_topics(timeout=timeout)
-        ends: dict[tuple[str, int], int] = {}
-        for name, topic in meta.topics.items():
-            if name.startswith(topic_prefix):
-                for pid in topic.partitions:
-                    tp = TopicPartition(name, pid)
-                    low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
-                    if high > low:
-                        ends[(name, pid)] = high
+        ends = {
+            tp: high
+            for tp, (low, high) in _watermarks(consumer, topic_prefix, timeout).items()
+            if high > low
+        }
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for (t, p) in ends])
         records: list[ConsumedRecord] = []
         deadline = time.monotonic() + timeout
@@ -318,14 +315,22 @@ def count_records(bootstrap_servers: str, topic_prefix: str, *, timeout: float =
     """How many records the topics starting with ``topic_prefix`` hold (from watermarks)."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "cdc-outbox-counter"})
     try:
-        total = 0
-        for name, topic in consumer.list_topics(timeout=timeout).topics.items():
-            if name.startswith(topic_prefix):
-                for pid in topic.partitions:
-                    low, high = consumer.get_watermark_offsets(
-                        TopicPartition(name, pid), timeout=timeout
-                    )
-                    total += high - low
-        return total
+        marks = _watermarks(consumer, topic_prefix, timeout)
+        return sum(high - low for low, high in marks.values())
     finally:
         consumer.close()
+
+
+def _watermarks(
+    consumer: Consumer, topic_prefix: str, timeout: float
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, high) offsets of every partition of the topics starting with ``topic_prefix``."""
+    marks: dict[tuple[str, int], tuple[int, int]] = {}
+    for name, topic in consumer.list_topics(timeout=timeout).topics.items():
+        if name.startswith(topic_prefix):
+            for pid in topic.partitions:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(name, pid), timeout=timeout
+                )
+                marks[(name, pid)] = (low, high)
+    return marks
