@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox import schema
+from cdc_outbox import relay_state, schema
 from cdc_outbox.config import Settings
 from cdc_outbox.db_inspection import Conn, PublicationStatus, SlotStatus, inspect_database
 from cdc_outbox.errors import CdcOutboxError, PreflightError
@@ -132,6 +132,8 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
             ddl += [("create_table" if i == 0 else "create_index", s) for i, s in enumerate(stmts)]
         if st.publication is None:
             ddl.append(("create_publication", schema.publication_ddl(settings)))
+        if not _state_table_exists(conn, settings):
+            ddl += [("create_state_table", s) for s in schema.relay_state_ddl(settings)]
         slot_sql = schema.create_slot_sql(settings) if st.slot is None else None
         actions = [Action(name, stmt.as_string(conn)) for name, stmt in ddl]
         if slot_sql is not None:
@@ -147,9 +149,37 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
             if slot_sql is not None:
                 row = conn.execute(slot_sql).fetchone()
                 logger.info("init: created slot %s: %s", settings.slot_name, row)
+            # A new slot never streams rows committed before it: the relay's first start
+            # publishes what is still unpublished (catch-up) before it streams.
+            relay_state.ensure_row(conn, settings, catch_up=slot_sql is not None)
+            backlog = _unpublished_rows(conn, settings)
+            if backlog:
+                logger.warning(
+                    "init: %d unpublished rows already in %s.%s; the relay publishes them"
+                    " (catch-up) before it streams",
+                    backlog,
+                    settings.outbox_schema,
+                    settings.outbox_table,
+                )
         elif not actions:
             logger.debug("init: nothing to do")
         return InitReport(checks, actions, dry_run)
+
+
+def _state_table_exists(conn: Conn, settings: Settings) -> bool:
+    ident = schema.relay_state_ident(settings).as_string(conn)
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ident,)).fetchone()
+    return bool(row and row[0])
+
+
+def _unpublished_rows(conn: Conn, settings: Settings) -> int:
+    """Rows a catch-up would publish (all rows for a layout without a status column)."""
+    where = sql.SQL(" WHERE status IN ('PENDING', 'PROCESSING')")
+    if settings.columns.preset != "default":
+        where = sql.SQL("")
+    query = sql.SQL("SELECT count(*) FROM {}{}").format(schema.outbox_ident(settings), where)
+    row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
 
 
 # -- status --------------------------------------------------------------------------------

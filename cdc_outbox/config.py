@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     #: auto mode: consecutive replication connection failures before falling back to polling.
     cdc_max_failures: int = Field(5, ge=1)
     polling: PollingSettings = Field(default_factory=PollingSettings)
+    #: Single active instance: a leader that cannot renew its lease for this long is replaced
+    #: by a standby (which ends the old leader's sessions); the leader stops itself first.
+    leader_lease_s: float = Field(default=5.0, ge=1.0, le=300.0)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)

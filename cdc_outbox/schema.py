@@ -23,6 +23,9 @@ POLLING_COLUMNS = (
 )
 STATUSES = ("PENDING", "PROCESSING", "PUBLISHED", "FAILED")
 PROCESSED_EVENTS_TABLE = "processed_events"
+#: The relay's own durable state (phase per slot, leader lease), next to the outbox.
+RELAY_STATE_TABLE = "cdc_outbox_relay_state"
+PHASES = ("POLLING", "CATCHING_UP", "STREAMING")
 
 
 def outbox_ident(settings: Settings) -> sql.Identifier:
@@ -95,6 +98,29 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
     return stmts
 
 
+def relay_state_ident(settings: Settings) -> sql.Identifier:
+    """``schema.cdc_outbox_relay_state``: one row per slot (see :mod:`cdc_outbox.relay_state`)."""
+    return sql.Identifier(settings.outbox_schema, RELAY_STATE_TABLE)
+
+
+def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
+    """The relay state table: persisted phase, consistent point and leader lease per slot."""
+    phases = sql.SQL(", ").join(sql.Literal(p) for p in PHASES)
+    return [
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (\n"
+            "    slot_name text PRIMARY KEY,\n"
+            "    phase text NOT NULL DEFAULT 'CATCHING_UP' CHECK (phase IN ({})),\n"
+            "    consistent_point pg_lsn,\n"
+            "    leader_id text,\n"
+            "    leader_pid integer,\n"
+            "    lease_until timestamptz,\n"
+            "    updated_at timestamptz NOT NULL DEFAULT now()\n"
+            ")"
+        ).format(relay_state_ident(settings), phases)
+    ]
+
+
 def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:
     """Consumer-side de-duplication table: one row per (consumer, event id) handled."""
     return [
@@ -151,4 +177,7 @@ def role_ddl(settings: Settings, role: str = "cdc_outbox") -> list[sql.Composed]
         update_cols = sql.SQL(", ").join(sql.Identifier(c) for c in POLLING_COLUMNS)
         stmts.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(update_cols, table, r))
     stmts.append(sql.SQL("GRANT DELETE ON {} TO {}").format(table, r))
+    stmts.append(
+        sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(relay_state_ident(settings), r)
+    )
     return stmts
