@@ -195,6 +195,11 @@ class StatusReport:
     slot: SlotStatus | None
     publication: PublicationStatus | None
     checks: list[Check]
+    #: The relay's durable phase and leader (None before ``init`` created the state table).
+    relay: dict[str, Any] | None = None
+    #: Dead-lettered rows (FAILED) and the aggregates they park (default preset only).
+    failed_rows: int | None = None
+    parked_aggregates: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (LSNs as text)."""
@@ -210,13 +215,19 @@ def status(settings: Settings) -> StatusReport:
     """Read-only snapshot of the slot, publication and outbox (works for the relay role)."""
     with connect(settings) as conn:
         st = inspect_database(conn, settings)
-        pending = None
+        pending = failed = parked = None
         if st.table_oid is not None and "status" in st.table_columns:
-            query = sql.SQL("SELECT count(*) FROM {} WHERE status = 'PENDING'").format(
-                schema.outbox_ident(settings)
-            )
+            query = sql.SQL(
+                "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
+                " count(*) FILTER (WHERE status = 'FAILED'),"
+                " count(DISTINCT {}) FILTER (WHERE status = 'FAILED') FROM {}"
+            ).format(sql.Identifier(settings.columns.aggregate_id), schema.outbox_ident(settings))
             row = conn.execute(query).fetchone()
-            pending = int(row[0]) if row else None
+            if row is not None:
+                pending, failed, parked = (int(v) for v in row)
+        relay = None
+        if _state_table_exists(conn, settings):
+            relay = relay_state.read_state(conn, settings).to_dict()
         return StatusReport(
             database=redact_dsn(settings.postgres_dsn()),
             server_version=st.version,
@@ -226,6 +237,9 @@ def status(settings: Settings) -> StatusReport:
             slot=st.slot,
             publication=st.publication,
             checks=evaluate_checks(st, settings, create_table=False),
+            relay=relay,
+            failed_rows=failed,
+            parked_aggregates=parked,
         )
 
 

@@ -22,7 +22,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -76,7 +83,13 @@ ENV_PREFIX = "CDC_OUTBOX_"
 #: Variables with our prefix that are not settings but are read elsewhere (config file path;
 #: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries).
 ENV_ALLOWED = frozenset(
-    {"CDC_OUTBOX_CONFIG", "CDC_OUTBOX_CACHE_DIR", "CDC_OUTBOX_KAFKA_CDS", "CDC_OUTBOX_PG_BINDIR"}
+    {
+        "CDC_OUTBOX_CONFIG",
+        "CDC_OUTBOX_CACHE_DIR",
+        "CDC_OUTBOX_KAFKA_CDS",
+        "CDC_OUTBOX_PG_BINDIR",
+        "CDC_OUTBOX_CRASH_AT",
+    }
 )
 ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
 #: ``wal_sender_timeout`` default; the relay must report status well within it.
@@ -125,6 +138,9 @@ class Settings(BaseSettings):
     #: Single active instance: a leader that cannot renew its lease for this long is replaced
     #: by a standby (which ends the old leader's sessions); the leader stops itself first.
     leader_lease_s: float = Field(default=5.0, ge=1.0, le=300.0)
+    #: Records larger than this (key + value + headers) are dead-lettered before they reach
+    #: Kafka; keep it at or below the topics' max.message.bytes.
+    max_record_bytes: int = Field(default=1_000_000, ge=1024)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
@@ -200,6 +216,34 @@ class Settings(BaseSettings):
                 f"log_level {v!r} must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
             )
         return level
+
+    @model_validator(mode="after")
+    def _safe_combination(self) -> Settings:
+        """Refuse combinations the relay cannot honour (one line each, exit 2)."""
+        explicit = self.model_fields_set
+        if self.columns.preset != "default":
+            preset = self.columns.preset
+            if self.on_permanent_error == "dead_letter":
+                if "on_permanent_error" in explicit:
+                    raise ValueError(
+                        f'on_permanent_error = "dead_letter" needs the status columns of the'
+                        f" default column preset to park and redrive events; the {preset}"
+                        ' preset has none: use on_permanent_error = "halt"'
+                    )
+                self.on_permanent_error = "halt"
+            if self.cdc_mark_published == "update":
+                if "cdc_mark_published" in explicit:
+                    raise ValueError(
+                        f'cdc_mark_published = "update" needs a status column; the {preset}'
+                        ' preset has none: use "delete" or "off"'
+                    )
+                self.cdc_mark_published = "off"
+        elif self.mode == "auto" and self.cdc_mark_published == "off":
+            raise ValueError(
+                'mode = "auto" with cdc_mark_published = "off" would publish every row again'
+                ' at each fallback to polling: use "update" or "delete", or mode = "cdc"'
+            )
+        return self
 
     # -- helpers used by the rest of the package ---------------------------------------
 

@@ -2,11 +2,20 @@
 
 Contract:
 - The producer is idempotent with ``acks=all``; per partition, records are written in
-  ``produce`` order and retried without reordering.
+  ``produce`` order and retried without reordering. With ``gapless=True`` (the ``halt``
+  policy) librdkafka's ``enable.gapless.guarantee`` turns any failure that would leave a gap
+  into a fatal error, so nothing produced after a failed record is written.
 - A record counts as delivered only when its delivery report arrives without error; the
   listener bound to it is then told ``delivered()``. Every failure reaches ``failed()`` with a
-  :class:`DeliveryFailure` saying whether it is permanent (this record can never be written:
-  too large, topic not authorised or invalid) or transient (broker down, timeouts).
+  :class:`DeliveryFailure` whose ``kind`` is the one classification of Kafka errors:
+  ``"record"`` (this record can never be written: too large, invalid; the only kind that may
+  be dead-lettered), ``"retry"`` (topic missing, not authorised, broker trouble: retry with
+  backoff, never a dead letter; ``alert`` names the problem) or ``"fatal"`` (the producer is
+  unusable: make a new one and re-send).
+- :meth:`KafkaPublisher.produce` is the one produce loop: it waits while the local queue is
+  full (serving delivery reports and calling ``idle``), and stops waiting with
+  :class:`ProduceInterrupted` as soon as ``interrupted()`` gives a reason. An error raised by
+  librdkafka's ``produce`` (other than a full queue) is reported to the listener, never raised.
 - Delivery reports are only served from :meth:`KafkaPublisher.poll` / :meth:`flush`, on the
   caller's thread.
 """
@@ -15,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -75,24 +84,34 @@ DEFAULT_CONFIG: Mapping[str, str] = {
     "queue.buffering.max.kbytes": "262144",
 }
 
-_PERMANENT_CODES = frozenset(
+#: Record-level rejections: this record can never be written (the only dead-letter cases).
+_RECORD_CODES = frozenset(
     {
         KafkaError.MSG_SIZE_TOO_LARGE,
         KafkaError.INVALID_MSG_SIZE,
         KafkaError.RECORD_LIST_TOO_LARGE,
         KafkaError.INVALID_RECORD,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError.POLICY_VIOLATION,
-        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.TOPIC_EXCEPTION,  # invalid topic name (derived from the row)
         KafkaError._INVALID_ARG,
     }
 )
+#: Topic-level problems someone must fix; retried (never dead-lettered) and alerted.
+_ALERTS = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART: "topic_missing",
+    KafkaError._UNKNOWN_TOPIC: "topic_missing",
+    KafkaError._UNKNOWN_PARTITION: "topic_missing",
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "not_authorized",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "not_authorized",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "not_authorized",
+    KafkaError.POLICY_VIOLATION: "policy_violation",
+}
+FailureKind = Literal["record", "retry", "fatal"]
 _SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "token")
 
 
-class QueueFull(Exception):
-    """The producer's local queue is full; poll and try again (backpressure)."""
+class ProduceInterrupted(Exception):
+    """:meth:`KafkaPublisher.produce` stopped waiting for queue space; the record was not
+    queued. ``args[0]`` is the reason ``interrupted()`` gave (stop, halt, restart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +121,8 @@ class DeliveryFailure:
     code: int
     name: str
     reason: str
-    permanent: bool
-    fatal: bool
+    kind: FailureKind
+    alert: str | None
     topic: str
     key: bytes | None
     value: bytes | None
@@ -145,9 +164,10 @@ def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
 class KafkaPublisher:
     """An idempotent Kafka producer with per-record delivery listeners."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        merged: dict[str, Any] = {**DEFAULT_CONFIG, **config, **REQUIRED_CONFIG}
-        for key, value in REQUIRED_CONFIG.items():
+    def __init__(self, config: Mapping[str, Any], *, gapless: bool = False) -> None:
+        required = {**REQUIRED_CONFIG, **({"enable.gapless.guarantee": "true"} if gapless else {})}
+        merged: dict[str, Any] = {**DEFAULT_CONFIG, **config, **required}
+        for key, value in required.items():
             if str(config.get(key, value)).lower() != value:
                 logger.warning("kafka setting %s=%s overridden to %s", key, config[key], value)
         merged["error_cb"] = self._on_error
@@ -166,26 +186,30 @@ class KafkaPublisher:
         value: bytes | None,
         headers: Headers,
         listener: DeliveryListener,
+        *,
+        interrupted: Callable[[], str | None] = lambda: None,
+        idle: Callable[[], None] = lambda: None,
     ) -> None:
-        """Queue one record; its outcome goes to ``listener``. Raises :class:`QueueFull`; an
-        immediate rejection of the record (e.g. larger than the producer's
-        ``message.max.bytes``) is reported to ``listener`` as a permanent failure, not raised."""
-        try:
-            self._producer.produce(
-                topic,
-                value,
-                key,
-                headers=headers,  # type: ignore[arg-type]  # list is invariant; bytes values are fine
-                on_delivery=_DeliveryReport(listener, headers),
-            )
-        except BufferError as exc:
-            raise QueueFull from exc
-        except KafkaException as exc:
-            err: KafkaError = exc.args[0]
-            failure = _failure(err, topic, key, value, headers)
-            if not failure.permanent:
-                raise
-            listener.failed(failure)
+        """Queue one record; its outcome goes to ``listener`` (see the module contract).
+
+        While the local queue is full: serve delivery reports, call ``idle()`` (e.g. keep a
+        replication connection alive) and raise :class:`ProduceInterrupted` once
+        ``interrupted()`` returns a reason."""
+        report = _DeliveryReport(listener, headers)
+        produce = self._producer.produce
+        while True:
+            try:
+                produce(topic, value, key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+                idle()
+                reason = interrupted()
+                if reason is not None:
+                    raise ProduceInterrupted(reason) from None
+            except KafkaException as exc:
+                listener.failed(_failure(exc.args[0], topic, key, value, headers))
+                return
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports; returns how many were served."""
@@ -230,16 +254,26 @@ class KafkaPublisher:
             logger.warning("kafka: %s", err.str())
 
 
+def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:
+    """(kind, alert) of a Kafka error code: the one classification (see the module contract)."""
+    if fatal or code in (KafkaError._FATAL, KafkaError._FENCED):
+        return "fatal", "producer_fatal"
+    if code in _RECORD_CODES:
+        return "record", None
+    return "retry", _ALERTS.get(code, "kafka_unavailable")
+
+
 def _failure(
     err: Any, topic: str | None, key: bytes | None, value: bytes | None, headers: Any
 ) -> DeliveryFailure:
     code = err.code()
+    kind, alert = classify(code, bool(err.fatal()))
     return DeliveryFailure(
         code=code,
         name=err.name(),
         reason=err.str(),
-        permanent=code in _PERMANENT_CODES,
-        fatal=bool(err.fatal()),
+        kind=kind,
+        alert=alert,
         topic=topic or "",
         key=key,
         value=value,

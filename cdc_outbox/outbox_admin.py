@@ -1,10 +1,9 @@
 """Operator actions on the outbox table: re-drive dead letters, delete old published rows.
 
 Contract:
-- :func:`redrive` moves FAILED rows (the polling relay's dead letters) matching a filter back to
-  PENDING with ``attempts = 0`` and ``available_at = now()``; ``last_error`` is kept for the
-  record. Rows locked by someone else are skipped (counted next time). A redriven row is
-  published after any later events of its aggregate that went out meanwhile.
+- :func:`redrive` releases the aggregates of the FAILED rows (dead letters, in any mode)
+  matching a filter: every FAILED row of those aggregates is published again in its original
+  order (:mod:`cdc_outbox.redrive`); ``last_error`` is kept for the record.
 - :func:`cleanup` deletes PUBLISHED rows whose ``published_at`` is older than a cutoff fixed
   at the start, in batches of ``batch_size`` rows, each its own short transaction (locks and
   WAL stay bounded; it can run next to the relay). Other statuses are never deleted.
@@ -24,6 +23,7 @@ from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.redrive import redrive_aggregates
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -147,31 +147,29 @@ def failed_rows(settings: Settings, flt: RedriveFilter, sample: int = 20) -> lis
 
 
 def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) -> int:
-    """Re-queue the FAILED rows ``flt`` matches; returns how many (would have) moved."""
+    """Redrive the aggregates of the FAILED rows ``flt`` matches: every FAILED row of each is
+    published again, in order (:mod:`cdc_outbox.redrive`); returns rows (that would be) moved."""
     _require_polling_columns(settings, "redrive")
     matching, params = _matching(settings, flt)
-    with psycopg.connect(settings.postgres_dsn()) as conn:
+    cols = settings.column_names()
+    aggregates_of = sql.SQL("SELECT DISTINCT {agg} FROM {t} WHERE {id} IN ({matching})").format(
+        agg=sql.Identifier(cols.aggregate_id),
+        t=sql.Identifier(settings.outbox_schema, settings.outbox_table),
+        id=sql.Identifier(cols.id),
+        matching=matching,
+    )
+    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+        aggregates = [str(r[0]) for r in conn.execute(aggregates_of, params).fetchall()]
         if dry_run:
             row = conn.execute(
-                sql.SQL("SELECT count(*) FROM ({}) AS m").format(matching), params
+                sql.SQL("SELECT count(*) FROM {} WHERE status = 'FAILED' AND {} = ANY(%s)").format(
+                    sql.Identifier(settings.outbox_schema, settings.outbox_table),
+                    sql.Identifier(cols.aggregate_id),
+                ),
+                (aggregates,),
             ).fetchone()
             return int(row[0]) if row else 0
-        # A materialized CTE runs once: LIMIT and SKIP LOCKED hold (an IN (subquery) may be
-        # re-run per row).
-        cur = conn.execute(
-            sql.SQL(
-                "WITH m AS MATERIALIZED ({matching} FOR UPDATE SKIP LOCKED)"
-                " UPDATE {t} AS o SET status = 'PENDING', attempts = 0, available_at = now(),"
-                " locked_by = NULL, locked_at = NULL"
-                " FROM m WHERE o.{id} = m.{id} AND o.status = 'FAILED'"
-            ).format(
-                t=sql.Identifier(settings.outbox_schema, settings.outbox_table),
-                id=sql.Identifier(settings.columns.id),
-                matching=matching,
-            ),
-            params,
-        )
-        return max(cur.rowcount, 0)
+        return redrive_aggregates(conn, settings, aggregates)
 
 
 def cleanup(

@@ -1,6 +1,6 @@
 """The polling relay: claims outbox rows by their status columns and publishes them to Kafka.
 
-Contract (at-least-once, per-aggregate order; any number of workers on any hosts):
+Contract (at-least-once, per-aggregate order):
 
 - Claim (:mod:`cdc_outbox.polling_sql`): rows go PENDING -> PROCESSING (``locked_by``,
   ``locked_at``). Per aggregate only the leading run of unpublished rows (by ``created_at``,
@@ -8,24 +8,25 @@ Contract (at-least-once, per-aggregate order; any number of workers on any hosts
   is PROCESSING anywhere; a per-aggregate advisory lock held while claiming makes that check
   exact across workers. So an aggregate's next event is never produced while an earlier
   visible one is unpublished or in flight.
-- Publish: records go out in that order (key = aggregate id, idempotent producer); rows are
-  marked PUBLISHED (one UPDATE per batch) only after Kafka acknowledged them.
-- Failure: a permanent per-record failure adds an attempt and sets ``available_at`` =
-  now + :func:`backoff_delay`; at ``max_attempts`` the row is FAILED with ``last_error`` (the
-  dead letter: it stops blocking its aggregate; ``cdc-outbox redrive`` re-queues it). A row the
-  mapping rejects (bad topic, null payload, headers not an object) is FAILED at once. Later
-  rows of a failing aggregate are given back unproduced. A transient failure re-queues the row
-  without using an attempt. While the broker is down rows stay PROCESSING (lease renewed).
+- Publish through the one :class:`~cdc_outbox.delivery.Delivery` policy, in that order; rows
+  are marked PUBLISHED (one UPDATE per batch) only after Kafka acknowledged them.
+- Failure, as in every mode: a record-level rejection (or a row the mapping rejects) is
+  dead-lettered on ``dead_letter_topic`` and its row marked FAILED with the reason; the later
+  rows of that aggregate are parked (dead-lettered ``blocked_by <id>``, FAILED) until
+  ``cdc-outbox redrive``. Aggregates with a FAILED row are parked from the table at each
+  claim. With ``on_permanent_error = "halt"`` the relay stops instead. A retried failure
+  (topic missing, not authorised, broker trouble) re-queues the row after a backoff
+  (:func:`backoff_delay`) without using an attempt. While the broker is down rows stay
+  PROCESSING (lease renewed).
 - Crash: a dead worker's rows stay PROCESSING until the lease (``lease_s`` after the last
   renewal) expires; every worker sweeps such rows back to PENDING about every ``lease_s / 2``
-  (one attempt counted, so a row that keeps killing workers ends FAILED). They are sent again:
-  duplicates possible, nothing lost (consumers de-duplicate by the ``id`` header).
+  (one attempt counted, so a row that keeps killing workers ends FAILED at ``max_attempts``).
+  The elected leader sweeps every PROCESSING row of other workers when it starts. They are
+  sent again: duplicates possible, nothing lost (consumers de-duplicate by the ``id`` header).
 - Order between transactions is visibility order: no cursor is kept, every PENDING row is
   found, so a transaction committing after a later-started one (commit inversion) is published
   too, after what was already visible. Equal ``created_at`` values fall back to physical
   position (insertion order unless a retry moved the row).
-- Residual: a permanent rejection the broker reports asynchronously does not stop later records
-  of the same aggregate already produced in that batch.
 """
 
 from __future__ import annotations
@@ -36,21 +37,25 @@ import random
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from cdc_outbox import polling_sql
 from cdc_outbox.config import Settings
-from cdc_outbox.errors import ConfigError
-from cdc_outbox.kafka_publisher import DeliveryFailure, Headers, KafkaPublisher, QueueFull
-from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.delivery import Delivery
+from cdc_outbox.errors import ConfigError, RelayHalted
+from cdc_outbox.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.kafka_publisher import ProduceInterrupted
+from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.relay_state import NotLeader
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
 # Row outcomes.
-_OK, _FAIL, _DEAD, _RETRY, _BACK = "ok", "fail", "dead", "retry", "back"
+_OK, _DEAD, _RETRY, _BACK = "ok", "dead", "retry", "back"
 
 
 def backoff_delay(failures: int, base: float, cap: float, rand: float) -> float:
@@ -66,7 +71,7 @@ def default_worker_id() -> str:
 
 
 class _Row:
-    """One claimed row, and the delivery listener of its record."""
+    """One claimed row, and the :class:`~cdc_outbox.delivery.EventHandle` of its event."""
 
     def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
         (
@@ -84,25 +89,35 @@ class _Row:
         self.relay = relay
         self.outcome: str | None = None
         self.error: str | None = None
-        self.topic = ""
 
-    def delivered(self, topic: str, headers: Headers) -> None:
-        if self.outcome is None:
-            self.outcome = _OK
-            self.relay._settled(self, topic)
+    def published(self, topic: str) -> None:
+        self._settle(_OK)
+        if self.relay.stats.latency_observers:
+            self.relay.stats.observe_latency(time.time() - self.created_unix, 1)
 
-    def failed(self, failure: DeliveryFailure) -> None:
+    def dead_lettered(self) -> None:
+        self._settle(_DEAD)
+
+    def retry(self, reason: str) -> None:
+        self.error = reason
+        self._settle(_RETRY)
+
+    def _settle(self, outcome: str) -> None:
         if self.outcome is None:
-            self.outcome = _FAIL if failure.permanent and not failure.fatal else _RETRY
-            self.error = f"{failure.name}: {failure.reason}"
-            self.relay._settled(self, "")
+            self.outcome = outcome
+            self.relay._outstanding -= 1
 
 
 class PollingRelay:
     """A polling worker over the outbox table; see the module contract."""
 
     def __init__(
-        self, settings: Settings, stats: RelayStats | None = None, worker_id: str | None = None
+        self,
+        settings: Settings,
+        stats: RelayStats | None = None,
+        worker_id: str | None = None,
+        *,
+        is_leader: Callable[[], bool] | None = None,
     ) -> None:
         if settings.columns.preset != "default":
             raise ConfigError(
@@ -114,19 +129,22 @@ class PollingRelay:
         self.stats = stats if stats is not None else RelayStats(mode="polling")
         self.stats.mode = "polling"
         self.worker_id = worker_id or default_worker_id()
-        cols = settings.column_names()
+        self._is_leader = is_leader
         self._sql = polling_sql.build(settings)
         self._ns = polling_sql.advisory_namespace(settings.outbox_schema, settings.outbox_table)
         self._mapper = OutboxMapper(
-            settings.outbox_schema, settings.outbox_table, cols, settings.topic_template
+            settings.outbox_schema,
+            settings.outbox_table,
+            settings.column_names(),
+            settings.topic_template,
         )
-        self._with_headers = cols.headers is not None
+        self._with_headers = settings.column_names().headers is not None
         self._conn: psycopg.Connection[Any] | None = None
-        self._publisher: KafkaPublisher | None = None
+        self._delivery: Delivery | None = None
         self._stop = False
+        self._deadline: float | None = None
         self._more = False
         self._outstanding = 0
-        self._failed_aggs: set[str] = set()
         self._unmarked: list[_Row] = []
         self._next_sweep = 0.0
         self._rng = random.Random()
@@ -139,12 +157,17 @@ class PollingRelay:
 
     def run(self) -> None:
         """Claim and publish until :meth:`request_stop`; database and Kafka trouble is waited
-        out with backoff (0.5 s doubling to 30 s), never raised."""
+        out with backoff (0.5 s doubling to 30 s), never raised. Raises ``RelayHalted`` (halt
+        policy) and ``NotLeader`` (an elected relay that lost its lease)."""
         polling = self.settings.polling
         backoff = 0.5
+        swept_all = self._is_leader is None  # a leader first takes over every lease
         try:
             while not self._stop:
                 try:
+                    if not swept_all:
+                        self.sweep(everything=True)
+                        swept_all = True
                     self.run_once()
                     backoff = 0.5
                 except (psycopg.Error, OSError) as exc:
@@ -154,7 +177,16 @@ class PollingRelay:
                     self._sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue
-                if not self._more:
+                delivery = self._require_delivery()
+                if delivery.halt_reason is not None:
+                    raise RelayHalted(delivery.halt_reason)
+                if self._lost_lead():
+                    raise NotLeader("leadership lost; stopped polling")
+                if delivery.restart_reason is not None:
+                    delivery.abandon()
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                elif not self._more:
                     self._sleep(polling.poll_interval_s)
         finally:
             self.close()
@@ -171,16 +203,25 @@ class PollingRelay:
             self.sweep()
         rows = self._claim(conn)
         if rows:
+            delivery = self._require_delivery()
+            aggregates = sorted({r.aggregate_id for r in rows})
+            delivery.parking.load(parked_aggregates(conn, self.settings, aggregates))
             self._publish(rows)
             self._write_outcomes(self._connect(), rows)
         return len(rows)
 
-    def sweep(self) -> int:
-        """Return PROCESSING rows whose lease expired to PENDING (FAILED at max attempts)."""
+    def sweep(self, *, everything: bool = False) -> int:
+        """Return PROCESSING rows whose lease expired (``everything``: all rows of other
+        workers) to PENDING, FAILED at max attempts."""
         polling = self.settings.polling
         self._next_sweep = time.monotonic() + polling.lease_s / 2
         cur = self._connect().execute(
-            self._sql.sweep, {"max": polling.max_attempts, "lease": polling.lease_s}
+            self._sql.sweep,
+            {
+                "max": polling.max_attempts,
+                "lease": -1.0 if everything else polling.lease_s,
+                "me": self.worker_id,
+            },
         )
         statuses = [r[0] for r in cur.fetchall()]
         if statuses:
@@ -193,11 +234,11 @@ class PollingRelay:
 
     def close(self) -> None:
         """Drop the producer (unacknowledged records are purged) and the connection."""
-        if self._publisher is not None:
-            left = self._publisher.close(timeout=0.5)
+        if self._delivery is not None:
+            left = self._delivery.close(timeout=0.0 if self._lost_lead() else 0.5)
             if left:
                 logger.warning("%d records were not acknowledged; they will be re-sent", left)
-            self._publisher = None
+            self._delivery = None
         self._close_connection()
 
     # -- claim -------------------------------------------------------------------------------
@@ -224,77 +265,54 @@ class PollingRelay:
     # -- publish -----------------------------------------------------------------------------
 
     def _publish(self, rows: list[_Row]) -> None:
-        """Produce the rows in order and wait for every outcome (or the shutdown grace)."""
-        publisher = self._require_publisher()
-        self._failed_aggs = set()
-        self._outstanding = 0
-        for row in rows:
-            if row.aggregate_id in self._failed_aggs:
-                row.outcome = _BACK  # an earlier row of its aggregate failed: keep the order
-                continue
-            values = [row.id_text, row.agg_type, row.aggregate_id, row.event_type, row.payload]
-            if self._with_headers:
-                values.append(row.headers)
-            record = self._mapper.map_row(values)
-            if isinstance(record, DeadLetter):
-                row.outcome, row.error = _DEAD, f"cannot be published: {record.reason}"
-                row.topic = record.intended_topic or ""
-                self._failed_aggs.add(row.aggregate_id)
-                logger.warning("event %s: %s", row.id_text, row.error)
-                continue
-            row.topic = record.topic
-            self._outstanding += 1
-            self._produce(publisher, record, row)
-        self._await(rows, publisher)
-        if publisher.fatal_error:
-            logger.warning("new Kafka producer after a fatal error: %s", publisher.fatal_error)
-            publisher.close(timeout=0)
-            self._publisher = None
-
-    def _produce(self, publisher: KafkaPublisher, record: OutboxRecord, row: _Row) -> None:
-        while True:
-            try:
-                publisher.produce(record.topic, record.key, record.value, record.headers, row)
-                return
-            except QueueFull:
-                publisher.poll(0.05)
-            except Exception as exc:  # a transient error raised by produce (KafkaException)
-                row.outcome, row.error = _RETRY, f"produce failed: {exc}"
-                self._settled(row, "")
-                return
-
-    def _settled(self, row: _Row, topic: str) -> None:
-        """A row's outcome is known (called from delivery reports, on this thread)."""
-        self._outstanding -= 1
-        if row.outcome == _OK:
-            self.stats.count_published(topic)
-            if self.stats.latency_observers:
-                self.stats.observe_latency(time.time() - row.created_unix, 1)
-            return
-        self.stats.delivery_errors += 1
-        self._failed_aggs.add(row.aggregate_id)
-        logger.warning("event %s not delivered: %s", row.id_text, row.error)
-
-    def _await(self, rows: list[_Row], publisher: KafkaPublisher) -> None:
-        lease = self.settings.polling.lease_s
-        last_renew = time.monotonic()
-        deadline: float | None = None
-        while self._outstanding > 0:
-            self.stats.in_flight = self._outstanding
-            publisher.poll(0.05)
-            now = time.monotonic()
-            if self._stop and deadline is None:
-                deadline = now + self.settings.shutdown_grace_s
-            if deadline is not None and now >= deadline:
-                logger.warning("stopping with %d records unacknowledged", self._outstanding)
-                break
-            if now - last_renew >= lease / 3:
-                last_renew = now
-                self._renew([r for r in rows if r.outcome is None])
+        """Submit the rows in order and wait for every outcome (or the shutdown grace)."""
+        delivery = self._require_delivery()
+        self._outstanding = len(rows)
+        try:
+            for row in rows:
+                values = [row.id_text, row.agg_type, row.aggregate_id, row.event_type, row.payload]
+                if self._with_headers:
+                    values.append(row.headers)
+                delivery.submit(self._mapper.map_row(values), row)
+            self._await(rows, delivery)
+        except ProduceInterrupted as exc:
+            logger.warning("polling batch interrupted: %s", exc.args[0])
+            delivery.abandon()
         self.stats.in_flight = 0
         for row in rows:
             if row.outcome is None:
                 row.outcome = _BACK
+
+    def _interrupted(self) -> str | None:
+        delivery = self._delivery
+        if delivery is not None and delivery.halt_reason is not None:
+            return "halt"
+        if self._lost_lead():
+            return "leadership lost"
+        if self._stop:
+            now = time.monotonic()
+            if self._deadline is None:
+                self._deadline = now + self.settings.shutdown_grace_s
+            if now >= self._deadline:
+                return "stop requested: grace period over"
+        return None
+
+    def _await(self, rows: list[_Row], delivery: Delivery) -> None:
+        lease = self.settings.polling.lease_s
+        last_renew = time.monotonic()
+        while self._outstanding > 0:
+            self.stats.in_flight = self._outstanding
+            delivery.publisher.poll(0.05)
+            delivery.service()
+            reason = self._interrupted()
+            if reason is not None:
+                logger.warning("%s with %d records unacknowledged", reason, self._outstanding)
+                delivery.abandon()
+                return
+            now = time.monotonic()
+            if now - last_renew >= lease / 3:
+                last_renew = now
+                self._renew([r for r in rows if r.outcome is None])
 
     def _renew(self, rows: list[_Row]) -> None:
         """Extend the lease of rows still waiting for Kafka (best effort)."""
@@ -312,12 +330,14 @@ class PollingRelay:
     # -- outcomes ----------------------------------------------------------------------------
 
     def _write_outcomes(self, conn: psycopg.Connection[Any], rows: list[_Row]) -> None:
-        """Mark acknowledged rows PUBLISHED, the others by outcome, in one transaction."""
+        """Mark acknowledged rows PUBLISHED and give the others back, in one transaction.
+
+        Dead-lettered rows were already marked FAILED by the delivery (before they counted
+        as settled), so they no longer match and are left alone."""
         self._unmarked = rows
         published = [r.id for r in rows if r.outcome == _OK]
-        others = [r for r in rows if r.outcome != _OK]
+        others = [r for r in rows if r.outcome not in (_OK, _DEAD)]
         marked = 0
-        failed_ids: set[Any] = set()
         with conn.transaction():
             if published:
                 cur = conn.execute(
@@ -325,40 +345,36 @@ class PollingRelay:
                 )
                 marked = cur.rowcount
             if others:
-                cur = conn.execute(self._sql.mark_outcomes, self._outcome_params(others))
-                failed_ids = {row_id for row_id, status in cur if status == "FAILED"}
+                conn.execute(self._sql.mark_outcomes, self._outcome_params(others))
         self._unmarked = []
         if marked < len(published):
             logger.warning("lease lost for %d published rows", len(published) - marked)
-        for row in others:
-            if row.id in failed_ids:
-                self.stats.count_dead_lettered(row.topic)
-                logger.error("event %s FAILED (dead letter): %s", row.id_text, row.error)
 
     def _outcome_params(self, rows: list[_Row]) -> dict[str, Any]:
-        """Parameters of ``mark_outcomes``: attempts, backoff and error per row."""
+        """Parameters of ``mark_outcomes``: backoff and error per row given back."""
         polling = self.settings.polling
-        bumps, delays = [], []
+        delays: list[float | None] = []
         for r in rows:
-            bumps.append(1 if r.outcome in (_FAIL, _DEAD) else 0)
             delay = None
-            if r.outcome in (_FAIL, _RETRY):
-                failures = r.attempts + 1 if r.outcome == _FAIL else 1
+            if r.outcome == _RETRY:
                 delay = backoff_delay(
-                    failures, polling.backoff_base_s, polling.backoff_max_s, self._rng.random()
+                    1, polling.backoff_base_s, polling.backoff_max_s, self._rng.random()
                 )
             delays.append(delay)
         return {
             "ids": [r.id for r in rows],
-            "bumps": bumps,
+            "bumps": [0] * len(rows),
             "delays": delays,
             "errors": [r.error for r in rows],
-            "finals": [r.outcome == _DEAD for r in rows],
+            "finals": [False] * len(rows),
             "max": polling.max_attempts,
             "me": self.worker_id,
         }
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _lost_lead(self) -> bool:
+        return self._is_leader is not None and not self._is_leader()
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
@@ -372,10 +388,13 @@ class PollingRelay:
             finally:
                 self._conn = None
 
-    def _require_publisher(self) -> KafkaPublisher:
-        if self._publisher is None:
-            self._publisher = KafkaPublisher(self.settings.kafka_config())
-        return self._publisher
+    def _require_delivery(self) -> Delivery:
+        if self._delivery is None:
+            self._delivery = Delivery(
+                self.settings, self.stats, failed_rows=FailedRows(self.settings)
+            )
+            self._delivery.interrupted = self._interrupted
+        return self._delivery
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

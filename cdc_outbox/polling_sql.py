@@ -137,7 +137,8 @@ def build(settings: Settings) -> PollingSql:
         " status = CASE WHEN attempts + 1 >= %(max)s THEN 'FAILED' ELSE 'PENDING' END,"
         " last_error = 'lease of ' || coalesce(locked_by, '?') || ' expired (worker gone?)',"
         " locked_by = NULL "
-        "WHERE status = 'PROCESSING' AND locked_at < now() - %(lease)s * interval '1 second' "
+        "WHERE status = 'PROCESSING' AND locked_at < now() - %(lease)s * interval '1 second'"
+        " AND locked_by IS DISTINCT FROM %(me)s "
         "RETURNING status"
     ).format(**fields)
     return PollingSql(lock_aggregates, claim, unclaim, renew, mark_published, mark_outcomes, sweep)

@@ -112,9 +112,9 @@ def _statement(settings: Settings) -> sql.Composed | None:
     table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
     id_col = sql.Identifier(settings.columns.id)
     if settings.cdc_mark_published == "delete":
-        return sql.SQL(
-            "DELETE FROM {} WHERE {} = ANY(string_to_array(%s, ',')::uuid[])"
-        ).format(table, id_col)
+        return sql.SQL("DELETE FROM {} WHERE {} = ANY(string_to_array(%s, ',')::uuid[])").format(
+            table, id_col
+        )
     if settings.cdc_mark_published == "update" and settings.columns.preset == "default":
         return sql.SQL(
             "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"

@@ -1,49 +1,58 @@
 """The CDC relay: the one place where the pipeline is wired.
 
-    replication stream -> pgoutput decoder -> outbox mapping -> Kafka publisher -> ack tracker
-                                                                                    |
-    standby status update (confirmed_flush_lsn)  <----------------------------------+
+    replication stream -> pgoutput decoder -> outbox mapping -> delivery -> ack tracker
+      (libpq COPY BOTH)       (pure)             (pure)      (policy + Kafka)     |
+    standby status update (confirmed_flush_lsn)  <--------------------------------+
 
 Delivery contract (at-least-once, per-aggregate order):
-- Transactions arrive in commit order; their events are produced in that order, so events of
+- Transactions arrive in commit order; their events are submitted in that order, so events of
   one ``aggregate_id`` (one key, one partition) reach Kafka in commit order.
 - The slot is confirmed only up to the end LSN of the newest commit whose events, and those
-  of every earlier transaction, Kafka has acknowledged (or durably dead-lettered). A crash at
-  any point re-sends the unconfirmed window; nothing is skipped.
-- A transient Kafka failure never advances the slot: the relay drops the stream and the
+  of every earlier transaction, Kafka has acknowledged or were durably dead-lettered (record
+  on the dead-letter topic *and* row marked FAILED). A crash anywhere re-sends the unconfirmed
+  window; nothing is skipped.
+- Every failure follows :mod:`cdc_outbox.delivery_policy`: record-level rejections are
+  dead-lettered and park their aggregate (or halt); anything else drops the stream and the
   producer queue and re-streams from the confirmed position (duplicates, no gaps, no reorder).
-- A permanent per-record failure goes to the dead-letter topic (or halts, by setting).
+- A ``cdc_outbox.redrive`` logical message (written by ``cdc-outbox redrive`` in the same
+  transaction as the re-inserted rows) releases the named aggregates at that point of the
+  stream, so re-driven events and later ones keep their order.
 - Memory is bounded by ``max_in_flight`` unacknowledged events whatever the transaction size:
   past it the relay stops reading the slot and keeps the connection alive with status updates.
+- The relay runs only while ``is_leader()`` holds; otherwise it drops everything unconfirmed
+  and raises :class:`~cdc_outbox.relay_state.NotLeader`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
+
+import psycopg
 
 from cdc_outbox import pgoutput
 from cdc_outbox.ack_tracker import AckTracker
 from cdc_outbox.checkpoint import Checkpointer
 from cdc_outbox.config import Settings
-from cdc_outbox.delivery_outcomes import DeadLetterListener, DeliveryOutcomes, TxnListener
+from cdc_outbox.delivery import Delivery
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
-from cdc_outbox.kafka_publisher import (
-    Headers,
-    KafkaPublisher,
-    QueueFull,
-)
+from cdc_outbox.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.kafka_publisher import ProduceInterrupted
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.published_marker import PublishedMarker
+from cdc_outbox.redrive import REDRIVE_MESSAGE_PREFIX
+from cdc_outbox.relay_state import NotLeader
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.replication_stream import ReplicationError, ReplicationStream
+from cdc_outbox.snapshot_catchup import publish_backlog
 from cdc_outbox.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 
 logger = logging.getLogger(__name__)
 
-_BEGIN, _COMMIT, _INSERT, _RELATION = ord("B"), ord("C"), ord("I"), ord("R")
+_BEGIN, _COMMIT, _INSERT, _RELATION, _MESSAGE = ord("B"), ord("C"), ord("I"), ord("R"), ord("M")
 _XLOGDATA = ord("w")
 _PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
 _FRAMES_PER_TURN = 2000
@@ -58,12 +67,51 @@ class _Restart(Exception):
     """Tear the stream down and re-stream from the confirmed position."""
 
 
+class TxnHandle:
+    """Outcomes of one transaction's events, reported to the tracker of its session; also
+    times the transaction (commit timestamp to its last outcome)."""
+
+    __slots__ = ("commit_unix", "events", "pending", "stats", "tracker", "txn_id")
+
+    def __init__(self, tracker: AckTracker, stats: RelayStats, txn_id: int) -> None:
+        self.tracker = tracker
+        self.stats = stats
+        self.txn_id = txn_id
+        self.pending = 0
+        self.events = 0
+        self.commit_unix = 0.0  # set at Commit
+
+    def add_event(self) -> None:
+        self.tracker.add_event(self.txn_id)
+        self.pending += 1
+        self.events += 1
+
+    def published(self, topic: str) -> None:
+        self.tracker.ack(self.txn_id)
+        self.pending -= 1
+        if self.pending == 0 and self.commit_unix and self.stats.latency_observers:
+            self.stats.observe_latency(time.time() - self.commit_unix, self.events)
+
+    def dead_lettered(self) -> None:
+        self.published("")
+
+    def retry(self, reason: str) -> None:
+        """Nothing to do: the session restarts and the transaction is streamed again."""
+
+
 class Relay:
     """Streams one slot into Kafka until :meth:`request_stop`; see the module contract."""
 
-    def __init__(self, settings: Settings, stats: RelayStats | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        stats: RelayStats | None = None,
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.settings = settings
         self.stats = stats or RelayStats()
+        self._is_leader = is_leader
         self._stream = ReplicationStream(
             settings.postgres_dsn(), settings.slot_name, settings.publication_name
         )
@@ -73,48 +121,65 @@ class Relay:
             settings.column_names(),
             settings.topic_template,
         )
-        self._publisher: KafkaPublisher | None = None
         marker = PublishedMarker(settings)
         self.marker = marker if marker.enabled else None
+        self._bookkept = settings.columns.preset == "default"
+        self.delivery = Delivery(
+            settings,
+            self.stats,
+            marker=self.marker,
+            failed_rows=FailedRows(settings) if self._bookkept else None,
+        )
+        self.delivery.interrupted = self._interrupted
         self._relations = pgoutput.RelationCache()
         self._outbox_relations: dict[int, pgoutput.Relation] = {}
         self._tracker = AckTracker(0)
+        self._txn = TxnHandle(self._tracker, self.stats, -1)
         self._stop_requested = False
+        self._grace_deadline: float | None = None
         self._session_opened = False
-        self._outcomes = DeliveryOutcomes(settings, self.stats, self.marker)
         self._checkpoint: Checkpointer | None = None
-        self._txn_listener = TxnListener(self._outcomes, self._tracker, -1)
+        self._started = False
+        self._catching_up = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start_from_fresh_slot(self, catch_up: Callable[[str], object]) -> None:
-        """Create the slot, exporting a snapshot, and run ``catch_up(snapshot_name)`` (publish
-        what is unpublished in it) before :meth:`run` streams from the consistent point.
-        On failure the slot is left for the caller to drop."""
-        _, snapshot = self._stream.create_slot()
-        if self.marker is not None:
-            self.marker.start()
-        try:
-            catch_up(snapshot)
-        except BaseException:
-            self._stream.close()
-            raise
-
     def request_stop(self) -> None:
-        """Ask the relay to finish the current transaction, flush, confirm and return."""
+        """Finish the current transaction, flush, confirm and return (within the grace)."""
         self._stop_requested = True
 
-    def run(self) -> None:
-        """Run until stopped.
+    def catch_up(self) -> tuple[int, int]:
+        """Create the slot (exporting a snapshot) and publish every row still unpublished in
+        that snapshot, all acknowledged or durably dead-lettered, before :meth:`run` streams
+        from the consistent point. Returns ``(consistent_point, rows)``. Raises
+        :class:`~cdc_outbox.snapshot_catchup.CatchUpFailed`, ``RelayHalted`` or ``NotLeader``;
+        the slot is then left for the caller (its phase stays CATCHING_UP)."""
+        from cdc_outbox.crash_points import crash_point
 
-        Raises RelayHalted on a permanent delivery failure with the halt policy. With
-        ``mode="auto"`` raises :class:`CdcUnavailable` when streaming cannot work (a permanent
-        replication error, or ``cdc_max_failures`` failed connections in a row); otherwise a
-        permanent replication error is raised as is and transient ones are retried forever.
+        self._start()
+        self._catching_up = True
+        try:
+            point, snapshot = self._stream.create_slot()
+            crash_point("catch_up.slot_created")
+            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper)
+        except BaseException:
+            self.delivery.abandon()
+            self.close()
+            raise
+        finally:
+            self._catching_up = False
+        return point, rows
+
+    def run(self) -> None:
+        """Stream until stopped (see the module contract).
+
+        Raises RelayHalted on a permanent delivery failure with the halt policy, NotLeader when
+        leadership is lost. With ``mode="auto"`` raises :class:`CdcUnavailable` when streaming
+        cannot work (a permanent replication error, or ``cdc_max_failures`` failed connections
+        in a row); otherwise a permanent replication error is raised as is and transient ones
+        are retried forever.
         """
-        self._publisher = KafkaPublisher(self.settings.kafka_config())
-        if self.marker is not None:
-            self.marker.start()
+        self._start()
         backoff = 0.5
         failures = 0
         try:
@@ -123,7 +188,7 @@ class Relay:
                 try:
                     self._stream_session()
                     backoff = 0.5
-                except (_Restart, ReplicationError) as exc:
+                except (_Restart, ReplicationError, psycopg.Error) as exc:
                     failures = 0 if self._session_opened else failures + 1
                     if isinstance(exc, ReplicationError):
                         self._give_up_if_unusable(exc, failures)
@@ -140,15 +205,25 @@ class Relay:
                     self._sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
         finally:
-            self._teardown()
-            if self._publisher is not None:
-                left = self._publisher.close(timeout=0.5)
-                if left:
-                    logger.warning("%d records were not acknowledged; they will be re-sent", left)
-            if self.marker is not None:
-                self.marker.stop()
-        if self._outcomes.halt_reason is not None:
-            raise RelayHalted(self._outcomes.halt_reason)
+            self.close()
+        if self.delivery.halt_reason is not None:
+            raise RelayHalted(self.delivery.halt_reason)
+        if not self._is_leader():
+            raise NotLeader("leadership lost; stopped relaying")
+
+    def close(self) -> None:
+        """Drop the stream and the producer (unacknowledged records are re-sent later)."""
+        self._stream.close()
+        left = self.delivery.close(timeout=0.5 if self._is_leader() else 0.0)
+        if left:
+            logger.warning("%d records were not acknowledged; they will be re-sent", left)
+        if self.marker is not None:
+            self.marker.stop()
+
+    def _start(self) -> None:
+        if not self._started and self.marker is not None:
+            self.marker.start()
+        self._started = True
 
     def _give_up_if_unusable(self, exc: ReplicationError, failures: int) -> None:
         if self.settings.mode == "auto" and (
@@ -158,12 +233,35 @@ class Relay:
         if exc.permanent:
             raise exc
 
+    def _interrupted(self) -> str | None:
+        """Why a wait (full producer queue, catch-up) must end now, if it must."""
+        delivery = self.delivery
+        if delivery.halt_reason is not None:
+            return "halt"
+        if delivery.restart_reason is not None:
+            return delivery.restart_reason
+        if not self._is_leader():
+            return "leadership lost"
+        if self._stop_requested and self._catching_up:
+            return "stop requested"  # the phase stays CATCHING_UP: redone on the next start
+        if self._stop_requested:
+            now = time.monotonic()
+            if self._grace_deadline is None:
+                self._grace_deadline = now + self.settings.shutdown_grace_s
+            if now >= self._grace_deadline - 1.0:
+                return "stop requested: grace period over"
+        return None
+
     # -- one streaming session -------------------------------------------------------------
 
     def _stream_session(self) -> None:
-        publisher = self._require_publisher()
+        delivery = self.delivery
+        delivery.new_session()
         start = self._stream.open(self._tracker.confirmed)
         self._session_opened = True
+        if self._bookkept:
+            with psycopg.connect(self.settings.postgres_dsn()) as conn:
+                delivery.parking.load(parked_aggregates(conn, self.settings))
         self._tracker = AckTracker(start)
         self._checkpoint = checkpoint = Checkpointer(
             self._stream,
@@ -172,33 +270,35 @@ class Relay:
             start=start,
             interval_s=self.settings.status_interval_s,
         )
+        delivery.idle = checkpoint.maybe_send
         self._relations.clear()
         self._outbox_relations.clear()
-        self._outcomes.new_session(self._tracker)
-        outcomes = self._outcomes
         self.stats.confirmed_lsn = start
-        grace_deadline: float | None = None
         last_log, last_count = time.monotonic(), self.stats.events_published
         while True:
-            if outcomes.halt_reason is not None:
-                self._finish(grace_deadline or time.monotonic() + self.settings.shutdown_grace_s)
+            if delivery.halt_reason is not None:
+                self._finish()
                 self._stop_requested = True
                 return
-            if outcomes.restart_reason is not None:
-                raise _Restart(outcomes.restart_reason)
+            if delivery.restart_reason is not None:
+                raise _Restart(delivery.restart_reason)
+            if not self._is_leader():
+                logger.error("leadership lost: dropping the stream without confirming more")
+                self._stop_requested = True
+                return
             if self._stop_requested:
-                if grace_deadline is None:
-                    grace_deadline = time.monotonic() + self.settings.shutdown_grace_s
-                    logger.info("stop requested: finishing the current transaction")
-                if self._tracker.open_txn is None or time.monotonic() > grace_deadline:
-                    self._finish(grace_deadline)
+                reason = self._interrupted()
+                if self._tracker.open_txn is None or reason is not None:
+                    self._finish()
                     return
-            if self._tracker.in_flight < self.settings.max_in_flight:
-                self._read_turn(publisher)
-            else:
-                publisher.poll(0.01)
-            publisher.poll(0)
-            self._drain_dead_letters(publisher)
+            try:
+                if self._tracker.in_flight < self.settings.max_in_flight:
+                    self._read_turn()
+                else:
+                    delivery.publisher.poll(0.01)
+            except ProduceInterrupted:
+                continue  # the checks above say why
+            delivery.service()
             checkpoint.maybe_send()
             self.stats.in_flight = self._tracker.in_flight
             now = time.monotonic()
@@ -214,8 +314,9 @@ class Relay:
                 )
                 last_log, last_count = now, self.stats.events_published
 
-    def _read_turn(self, publisher: KafkaPublisher) -> None:
+    def _read_turn(self) -> None:
         """Handle the frames available now (waiting briefly if there are none)."""
+        publisher = self.delivery.publisher
         wait = 0.0 if self._tracker.in_flight or len(publisher) else 0.1
         read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
@@ -227,7 +328,7 @@ class Relay:
                 return
             wait = 0.0
             if data[0] == _XLOGDATA:
-                self._handle(bytes(data[XLOG_HEADER_SIZE:]), publisher)
+                self._handle(bytes(data[XLOG_HEADER_SIZE:]))
                 if tracker.in_flight >= limit or self._stop_requested:
                     return
                 continue
@@ -238,7 +339,7 @@ class Relay:
             if frame.reply_requested:
                 self._require_checkpoint().send()
 
-    def _handle(self, payload: bytes, publisher: KafkaPublisher) -> None:
+    def _handle(self, payload: bytes) -> None:
         kind = payload[0]
         tracker = self._tracker
         if kind == _INSERT:
@@ -248,20 +349,16 @@ class Relay:
                 self._relations.get(oid)  # raises for a relation never described
                 self._count_ignored("insert_other_table")
                 return
-            self._txn_listener.add_event()
-            result = self._mapper.map_insert(rel, row)
-            if type(result) is OutboxRecord:
-                self._produce(publisher, result.topic, result.key, result.value, result.headers)
-                return
-            assert isinstance(result, DeadLetter)
-            self._outcomes.dead_letter(self._txn_listener, result)
+            txn = self._txn
+            txn.add_event()
+            self.delivery.submit(self._mapper.map_insert(rel, row), txn)
         elif kind == _BEGIN:
-            self._txn_listener = TxnListener(self._outcomes, tracker, tracker.begin())
+            self._txn = TxnHandle(tracker, self.stats, tracker.begin())
         elif kind == _COMMIT:
             msg = pgoutput.decode(payload)
             assert isinstance(msg, pgoutput.Commit)
-            tracker.commit(self._txn_listener.txn_id, msg.end_lsn)
-            self._txn_listener.committed(msg.commit_time / 1e6 + _PG_EPOCH_UNIX)
+            tracker.commit(self._txn.txn_id, msg.end_lsn)
+            self._txn.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
             self._require_checkpoint().note_written(msg.end_lsn)
             self.stats.transactions += 1
         elif kind == _RELATION:
@@ -272,77 +369,73 @@ class Relay:
                 self._outbox_relations[rel_msg.oid] = rel_msg
             else:
                 self._outbox_relations.pop(rel_msg.oid, None)
+        elif kind == _MESSAGE:
+            message = pgoutput.decode(payload)
+            assert isinstance(message, pgoutput.Message)
+            self._on_message(message)
         else:
             other = pgoutput.decode(payload)
             self._count_ignored(type(other).__name__.lower())
 
-    def _produce(
-        self,
-        publisher: KafkaPublisher,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers,
-        listener: TxnListener | DeadLetterListener | None = None,
-    ) -> None:
-        """Produce, waiting (with the connection kept alive) while the queue is full."""
-        listener = listener or self._txn_listener
-        while True:
-            try:
-                publisher.produce(topic, key, value, headers, listener)
-                return
-            except QueueFull:
-                publisher.poll(0.05)
-                self._require_checkpoint().maybe_send()
-                if self._outcomes.restart_reason is not None:
-                    raise _Restart(self._outcomes.restart_reason) from None
-
-    def _drain_dead_letters(self, publisher: KafkaPublisher) -> None:
-        while (dead := self._outcomes.next_dead_letter()) is not None:
-            topic = self.settings.dead_letter_topic
-            self._produce(publisher, topic, dead.key, dead.value, dead.headers, dead.listener)
+    def _on_message(self, message: pgoutput.Message) -> None:
+        """A redrive message for this outbox releases its aggregates here, in stream order
+        (see :meth:`~cdc_outbox.delivery_policy.Parking.release`)."""
+        if message.prefix != REDRIVE_MESSAGE_PREFIX or not message.transactional:
+            self._count_ignored("message")
+            return
+        body = json.loads(message.content)
+        if body.get("table") != f"{self.settings.outbox_schema}.{self.settings.outbox_table}":
+            return
+        ids = {str(i) for i in body.get("ids", [])}
+        parking = self.delivery.parking
+        for aggregate in body.get("aggregates", []):
+            if not parking.release(str(aggregate).encode(), ids):
+                logger.warning(
+                    "redrive of aggregate %s left out events parked meanwhile; it stays parked:"
+                    " run `cdc-outbox redrive` again",
+                    aggregate,
+                )
 
     # -- confirmation ------------------------------------------------------------------------
 
-    def _finish(self, deadline: float) -> None:
-        """Flush Kafka until ``deadline``, confirm what is acknowledged, wait for the server."""
-        publisher = self._require_publisher()
-        flush_deadline = deadline - 1.0
-        while time.monotonic() < flush_deadline and (
-            len(publisher) or self._outcomes.has_dead_letters
-        ):
-            publisher.poll(0.05)
-            self._drain_dead_letters(publisher)
-            self._require_checkpoint().maybe_send()
-        self._require_checkpoint().send(reply_requested=True)
+    def _finish(self) -> None:
+        """Flush Kafka until the grace deadline, confirm what is acknowledged, wait for the
+        server's reply."""
+        if self._grace_deadline is None:
+            self._grace_deadline = time.monotonic() + self.settings.shutdown_grace_s
+        deadline = self._grace_deadline
+        delivery = self.delivery
+        checkpoint = self._require_checkpoint()
+        while time.monotonic() < deadline - 1.0 and delivery.busy and self._is_leader():
+            delivery.publisher.poll(0.05)
+            try:
+                delivery.service()
+            except ProduceInterrupted:
+                break
+            checkpoint.maybe_send()
+        if not self._is_leader():
+            return
+        checkpoint.send(reply_requested=True)
         reply_deadline = time.monotonic() + max(0.2, min(1.0, deadline - time.monotonic()))
         while time.monotonic() < reply_deadline:
             frame = self._stream.read(reply_deadline - time.monotonic())
             if isinstance(frame, Keepalive) or frame is None:
                 break
-        confirmed = str(Lsn(self._require_checkpoint().sent_flush))
+        confirmed = str(Lsn(checkpoint.sent_flush))
         logger.info("stopped; confirmed %s", confirmed, extra={"mode": "cdc", "lsn": confirmed})
 
     # -- helpers -----------------------------------------------------------------------------
 
     def _teardown(self, flush_s: float = 0.0) -> None:
         self._stream.close()
-        if self._publisher is not None and flush_s > 0:
-            self._publisher.flush(flush_s)
-        if self._publisher is not None and len(self._publisher):
-            self._publisher.purge()
-            self._publisher.poll(0)
-        if self._publisher is not None and self._publisher.fatal_error:
-            self._publisher = KafkaPublisher(self.settings.kafka_config())
+        if flush_s > 0:
+            self.delivery.publisher.flush(flush_s)
+        self.delivery.abandon()
         self.stats.in_flight = 0
 
     def _require_checkpoint(self) -> Checkpointer:
         assert self._checkpoint is not None, "a streaming session creates the checkpointer"
         return self._checkpoint
-
-    def _require_publisher(self) -> KafkaPublisher:
-        assert self._publisher is not None, "run() creates the publisher"
-        return self._publisher
 
     def _count_ignored(self, what: str) -> None:
         self.stats.ignored[what] = self.stats.ignored.get(what, 0) + 1

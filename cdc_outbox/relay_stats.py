@@ -6,6 +6,7 @@ reading may be a moment stale but is never torn.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,15 @@ class RelayStats:
     confirmed_lsn: int = 0
     last_confirm_unix: float = 0.0
     in_flight: int = 0
+    #: Leader election: "leader" or "standby"; durable phase (POLLING, CATCHING_UP, STREAMING).
+    role: str = "standby"
+    phase: str = ""
+    #: Dead letters whose later same-key records had already been sent (order broken).
+    order_broken: int = 0
+    #: Retried delivery problems by alert (topic_missing, not_authorized, ...): count and when
+    #: last seen (unix time).
+    retries_by_alert: dict[str, int] = field(default_factory=dict)
+    alert_last_seen: dict[str, float] = field(default_factory=dict)
     #: Called with (seconds from commit to the last acknowledgement, events) per transaction.
     latency_observers: list[Callable[[float, int], None]] = field(default_factory=list)
 
@@ -38,6 +48,10 @@ class RelayStats:
         self.events_dead_lettered += 1
         by_topic = self.dead_lettered_by_topic
         by_topic[intended_topic] = by_topic.get(intended_topic, 0) + 1
+
+    def count_retry(self, alert: str) -> None:
+        self.retries_by_alert[alert] = self.retries_by_alert.get(alert, 0) + 1
+        self.alert_last_seen[alert] = time.time()
 
     def observe_latency(self, seconds: float, events: int) -> None:
         for observer in self.latency_observers:

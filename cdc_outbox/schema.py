@@ -95,6 +95,15 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
                 sql.Identifier(cols.aggregate_id),
             )
         )
+        stmts.append(
+            sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ({}, created_at) WHERE status = 'FAILED'"
+            ).format(
+                sql.Identifier(_index_name(settings.outbox_table, "_failed_idx")),
+                table,
+                sql.Identifier(cols.aggregate_id),
+            )
+        )
     return stmts
 
 

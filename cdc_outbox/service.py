@@ -1,15 +1,23 @@
-"""The long-running service behind ``cdc-outbox run``: the one place that wires the relays
-(CDC, polling, and the automatic switch between them) with monitoring.
+"""The long-running service behind ``cdc-outbox run``: the one place that wires leadership,
+the persisted phase machine, the relays (CDC, catch-up, polling) and monitoring.
 
-Modes:
-- ``cdc``: stream the slot (it must exist: ``cdc-outbox init``).
-- ``polling``: the polling relay only.
-- ``auto`` (default): CDC while logical replication is usable; otherwise polling, with a clear
-  log line and ``relay_mode`` in the metrics. While polling, CDC is probed every
-  ``cdc_probe_interval_s``; to return, polling is stopped, a fresh slot is created with an
-  exported snapshot, the rows still unpublished in that snapshot are published, and streaming
-  starts at the slot's consistent point. Nothing is lost across a switch; rows published by one
-  side and not yet marked are published again by the other (a bounded duplicate window).
+Any number of instances may run against one table and slot: exactly one is the leader
+(:mod:`cdc_outbox.leadership`); the others stand by (``role = standby`` in the metrics) and
+take over when the leader dies, loses its connection or stops renewing its lease. Only the
+leader relays, writes the phase and creates or drops the slot.
+
+The leader follows the durable phase (:mod:`cdc_outbox.relay_state`), writing each
+transition before it takes effect:
+
+- ``polling`` mode: ``POLLING``, the polling relay.
+- ``cdc`` mode: ``STREAMING`` with a healthy slot streams it; anything else (``CATCHING_UP``
+  left by ``init`` or by a crash, ``POLLING``, a missing or invalidated slot) writes
+  ``CATCHING_UP``, recreates the slot with an exported snapshot, publishes every row still
+  unpublished in it, writes ``STREAMING`` at the slot's consistent point, then streams.
+- ``auto`` mode (default): like ``cdc`` while logical replication is usable; otherwise
+  ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
+  ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
+  status columns) relays by CDC only.
 
 Contract: :meth:`Service.run` returns after :meth:`Service.request_stop` once the current relay
 has flushed and confirmed; it raises what the relays raise (e.g. RelayHalted).
@@ -20,18 +28,21 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import time
 from contextlib import ExitStack
 
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import bootstrap, schema
+from cdc_outbox import bootstrap, relay_state, schema
 from cdc_outbox.config import Settings
+from cdc_outbox.crash_points import crash_point
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
+from cdc_outbox.leadership import Leadership
 from cdc_outbox.polling_relay import PollingRelay
-from cdc_outbox.relay import Relay
+from cdc_outbox.relay import CdcUnavailable, Relay
+from cdc_outbox.relay_state import NotLeader, Phase
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.snapshot_catchup import CatchUpFailed, publish_snapshot_backlog
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +55,7 @@ class Service:
         self.stats = RelayStats()
         self._stop = threading.Event()
         self._current: Relay | PollingRelay | None = None
+        self._leadership: Leadership | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -58,74 +70,119 @@ class Service:
                 from cdc_outbox.monitoring import start_monitoring
 
                 stack.enter_context(start_monitoring(self.settings, lambda: self.stats))
-            if self.settings.mode == "cdc":
-                self._run_cdc(fresh_slot=False)
-            elif self.settings.mode == "polling":
-                self._run_polling(probe=False)
-            else:
-                self._run_auto()
+            leadership = self._leadership = Leadership(self.settings)
+            stack.callback(leadership.release)
+            while not self._stop.is_set():
+                self.stats.role = "standby"
+                logger.info("instance %s standing by", leadership.instance_id)
+                if not leadership.acquire(self._stop):
+                    return
+                self.stats.role = "leader"
+                try:
+                    self._lead(leadership)
+                    return
+                except NotLeader as exc:
+                    logger.error("no longer the leader (%s); standing by", exc)
+                    leadership.release()
 
-    # -- modes ---------------------------------------------------------------------------------
+    # -- the leader's phase machine ----------------------------------------------------------
 
-    def _run_auto(self) -> None:
-        if self.settings.columns.preset != "default":
+    def _lead(self, lead: Leadership) -> None:
+        settings = self.settings
+        mode = settings.mode
+        if mode == "auto" and settings.columns.preset != "default":
             logger.warning(
                 "auto mode: the %s table layout has no polling columns; relaying by CDC only",
-                self.settings.columns.preset,
+                settings.columns.preset,
             )
-            self._run_cdc(fresh_slot=False)
-            return
-        fresh = False  # the first CDC run may resume an existing healthy slot
-        retried = False
+            mode = "cdc"
+        failures = 0
         while not self._stop.is_set():
-            problem = cdc_problem(self.settings)
-            if problem is None:
-                try:
-                    self._run_cdc(fresh_slot=fresh or slot_needs_recreating(self.settings))
-                    return
-                except RelayHalted:
-                    raise
-                except (CdcOutboxError, psycopg.Error) as exc:
-                    # CdcUnavailable, CatchUpFailed, a failed slot creation, the database
-                    # going away between the probe and the start: all mean "poll for now".
-                    problem = str(exc)
-                    fresh = True
-                    if not retried and cdc_problem(self.settings) is None:
-                        # e.g. the slot was dropped: a fresh slot fixes it, no need to poll
-                        logger.warning("CDC failed (%s); retrying with a fresh slot", problem)
-                        retried = True
-                        continue
-            logger.warning(
-                "CDC is not usable (%s); relaying by polling", problem, extra={"mode": "polling"}
-            )
-            drop_slot_quietly(self.settings)  # an unused slot would only retain WAL
-            fresh, retried = True, False
-            self._run_polling(probe=True)
+            if not lead.is_leader():
+                raise NotLeader("lease not renewed")
+            state = self._read_phase()
+            if mode == "polling":
+                self._write_phase(lead, Phase.POLLING)
+                self._run_polling(lead, probe=False)
+                return
+            problem = cdc_problem(settings) if mode == "auto" else None
+            if problem is not None:
+                self._fall_back(lead, problem)
+                failures = 0
+                continue
+            try:
+                if state is not Phase.STREAMING or slot_needs_recreating(settings):
+                    relay = self._catch_up(lead)
+                else:
+                    relay = self._relay(lead)
+                logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
+                relay.run()
+                return
+            except (RelayHalted, NotLeader):
+                raise
+            except (CdcOutboxError, psycopg.Error) as exc:
+                # CdcUnavailable, CatchUpFailed, a failed slot creation, the database going
+                # away: auto mode polls after a second failure in a row, cdc mode retries.
+                failures += 1
+                logger.warning("CDC failed (%s)", exc, extra={"mode": "cdc"})
+                if mode == "auto" and (isinstance(exc, CdcUnavailable) or failures >= 2):
+                    self._fall_back(lead, str(exc))
+                    failures = 0
+                else:
+                    self._stop.wait(min(30.0, 0.5 * 2**failures))
 
-    def _run_cdc(self, *, fresh_slot: bool) -> None:
-        relay = Relay(self.settings, self.stats)
+    def _relay(self, lead: Leadership) -> Relay:
+        relay = Relay(self.settings, self.stats, is_leader=lead.is_leader)
         self._current = relay
         self.stats.mode = "cdc"
         if self._stop.is_set():
-            return
-        if fresh_slot:
-            logger.info("creating slot %s with a snapshot for catch-up", self.settings.slot_name)
-            drop_slot_quietly(self.settings)
-            ensure_publication(self.settings)
-            try:
-                relay.start_from_fresh_slot(
-                    lambda snap: publish_snapshot_backlog(
-                        self.settings, snap, self.stats, relay.marker
-                    )
-                )
-            except CatchUpFailed:
-                drop_slot_quietly(self.settings)
-                raise
-        logger.info("relay mode: cdc (slot %s)", self.settings.slot_name, extra={"mode": "cdc"})
-        relay.run()
+            relay.request_stop()
+        return relay
 
-    def _run_polling(self, *, probe: bool) -> None:
-        polling = PollingRelay(self.settings, self.stats)
+    def _catch_up(self, lead: Leadership) -> Relay:
+        """CATCHING_UP: a fresh slot, the backlog of its snapshot, then STREAMING."""
+        settings = self.settings
+        self._write_phase(lead, Phase.CATCHING_UP)
+        logger.info("creating slot %s with a snapshot for catch-up", settings.slot_name)
+        drop_slot_quietly(settings)
+        ensure_publication(settings)
+        relay = self._relay(lead)
+        point, rows = relay.catch_up()
+        self._write_phase(lead, Phase.STREAMING, consistent_point=point)
+        logger.info("catch-up done (%d rows); streaming", rows)
+        crash_point("catch_up.before_streaming")
+        return relay
+
+    def _fall_back(self, lead: Leadership, problem: str) -> None:
+        logger.warning(
+            "CDC is not usable (%s); relaying by polling", problem, extra={"mode": "polling"}
+        )
+        self._write_phase(lead, Phase.POLLING)
+        drop_slot_quietly(self.settings)  # an unused slot would only retain WAL
+        self._run_polling(lead, probe=True)
+
+    def _read_phase(self) -> Phase:
+        with bootstrap.connect(self.settings) as conn:
+            phase = relay_state.read_state(conn, self.settings).phase
+        self.stats.phase = str(phase)
+        return phase
+
+    def _write_phase(
+        self, lead: Leadership, phase: Phase, *, consistent_point: int | None = None
+    ) -> None:
+        with bootstrap.connect(self.settings) as conn:
+            relay_state.write_phase(
+                conn,
+                self.settings,
+                phase,
+                leader_id=lead.instance_id,
+                consistent_point=consistent_point,
+            )
+        self.stats.phase = str(phase)
+        logger.info("phase %s", phase, extra={"mode": self.stats.mode})
+
+    def _run_polling(self, lead: Leadership, *, probe: bool) -> None:
+        polling = PollingRelay(self.settings, self.stats, is_leader=lead.is_leader)
         self._current = polling
         self.stats.mode = "polling"
         if self._stop.is_set():
@@ -144,14 +201,21 @@ class Service:
 
         thread = threading.Thread(target=target, name="polling-relay")
         thread.start()
-        while thread.is_alive() and not self._stop.wait(self.settings.cdc_probe_interval_s):
-            if cdc_problem(self.settings) is None:
-                logger.info("CDC is usable again; stopping the polling relay")
+        next_probe = time.monotonic() + self.settings.cdc_probe_interval_s
+        while thread.is_alive() and not self._stop.wait(0.2):
+            if not lead.is_leader():
                 break
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self.settings.cdc_probe_interval_s
+                if cdc_problem(self.settings) is None:
+                    logger.info("CDC is usable again; stopping the polling relay")
+                    break
         polling.request_stop()
         thread.join()
         if errors:
             raise errors[0]
+        if not lead.is_leader():
+            raise NotLeader("lease not renewed while polling")
 
 
 def _tune_gc() -> None:

@@ -34,3 +34,20 @@ CREATE INDEX IF NOT EXISTS outbox_pending_idx
 CREATE INDEX IF NOT EXISTS outbox_unpublished_idx
     ON public.outbox (aggregate_id, created_at)
     WHERE status IN ('PENDING', 'PROCESSING');
+
+-- Dead letters park their aggregate: every mode looks up the FAILED rows per aggregate.
+CREATE INDEX IF NOT EXISTS outbox_failed_idx
+    ON public.outbox (aggregate_id, created_at)
+    WHERE status = 'FAILED';
+
+-- The relay's durable phase and leader lease (one row per slot; `cdc-outbox init` creates it).
+CREATE TABLE IF NOT EXISTS public.cdc_outbox_relay_state (
+    slot_name        text        PRIMARY KEY,
+    phase            text        NOT NULL DEFAULT 'CATCHING_UP'
+                                 CHECK (phase IN ('POLLING', 'CATCHING_UP', 'STREAMING')),
+    consistent_point pg_lsn,                                            -- of the slot being caught up / streamed
+    leader_id        text,                                              -- instance holding the lease
+    leader_pid       integer,                                           -- its lock connection's backend
+    lease_until      timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);

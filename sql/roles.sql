@@ -28,5 +28,9 @@ GRANT UPDATE (status, attempts, available_at, locked_at, locked_by, published_at
 -- Cleanup of published rows (retention).
 GRANT DELETE ON public.outbox TO cdc_outbox;
 
--- Deliberately NOT granted: INSERT (only the application writes events), TRUNCATE,
+-- The relay's durable phase and the leader lease of the single active instance.
+GRANT SELECT, INSERT, UPDATE ON public.cdc_outbox_relay_state TO cdc_outbox;
+
+-- Deliberately NOT granted: INSERT on the outbox (only the application writes events;
+-- `cdc-outbox redrive` re-inserts dead letters and is run by the table owner), TRUNCATE,
 -- ownership, CREATE on the database or schema.

@@ -66,8 +66,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class RelayProcess:
     """``python -m cdc_outbox run`` as a real child process (for kill -9 and SIGTERM)."""
 
-    def __init__(self, settings: Settings, name: str) -> None:
+    def __init__(self, settings: Settings, name: str, **extra_env: str) -> None:
         self.settings = settings
+        self.extra_env = extra_env
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -76,7 +77,7 @@ class RelayProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cdc_outbox", "run"],
-            env=settings_env(self.settings),
+            env={**settings_env(self.settings), **self.extra_env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -94,6 +95,10 @@ class RelayProcess:
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def stop_quietly(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -171,3 +176,32 @@ def outbox_statuses(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall()
     return {status: int(n) for status, n in rows}
+
+
+def relay_phase(dsn: str, slot: str) -> tuple[str | None, str | None]:
+    """(phase, leader_id) from the relay state table (None, None when there is no row)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT phase, leader_id FROM cdc_outbox_relay_state WHERE slot_name = %s", (slot,)
+        ).fetchone()
+    return (None, None) if row is None else (row[0], row[1])
+
+
+def wait_streamed_past_now(
+    dsn: str, slot: str, timeout: float, message: Any = "", *, phase: bool = True
+) -> None:
+    """Wait until the phase is STREAMING (unless ``phase`` is false: a bare Relay) and the
+    slot is confirmed past the WAL end as of now (every transaction committed before this
+    call was relayed)."""
+    from tests.helpers import wait_until
+
+    target = current_wal_lsn(dsn)
+
+    def done() -> bool:
+        streaming = not phase or relay_phase(dsn, slot)[0] == "STREAMING"
+        try:
+            return streaming and slot_position(dsn, slot)[0] >= target
+        except AssertionError:  # the slot is being recreated
+            return False
+
+    wait_until(done, timeout=timeout, interval=0.2, message=message)

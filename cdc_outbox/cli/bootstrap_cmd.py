@@ -118,6 +118,21 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     table.add_row("outbox table", report.outbox_table + exists)
     pending = "n/a" if report.pending_rows is None else str(report.pending_rows)
     table.add_row("pending rows (polling)", pending)
+    if report.failed_rows is not None:
+        table.add_row(
+            "dead letters",
+            f"{report.failed_rows} FAILED rows parking {report.parked_aggregates} aggregates"
+            " (`cdc-outbox redrive`)",
+        )
+    relay = report.relay
+    if relay is None:
+        table.add_row("relay", "no state table (run `cdc-outbox init`)")
+    else:
+        leader = relay["leader_id"] or "none"
+        if relay["leader_id"] and relay["lease_expired"]:
+            leader += " (lease expired)"
+        table.add_row("relay phase", str(relay["phase"]))
+        table.add_row("leader", leader)
     stdout.print(table)
     stdout.print(_checks_table(report.checks))
 

@@ -49,10 +49,13 @@ def redrive(
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Move FAILED (dead-letter) outbox rows back to PENDING so the polling relay retries them.
+    """Publish dead-lettered (FAILED) events again, in order, whichever mode dead-lettered them.
 
-    Filters combine with AND. Prints how many rows moved (with --dry-run: how many would, and
-    a sample). Attempts restart at 0; last_error is kept.
+    Filters (combined with AND) pick FAILED rows; their whole aggregates are redriven: every
+    FAILED row of each is deleted and inserted again as PENDING, oldest first, so every mode
+    (CDC included) publishes them in their original order, ahead of the aggregate's later
+    events. Prints how many rows moved (with --dry-run: how many would, and a sample).
+    Run it as the outbox table's owner (it needs INSERT and DELETE).
     """
     settings = settings_from(ctx)
     now = datetime.now(UTC)
@@ -100,9 +103,9 @@ def redrive(
             )
         stdout.print(table)
     if dry_run:
-        stdout.print(f"dry run: {count} FAILED rows would be moved back to PENDING")
+        stdout.print(f"dry run: {count} FAILED rows would be redriven")
     else:
-        stdout.print(f"moved {count} FAILED rows back to PENDING")
+        stdout.print(f"redrove {count} FAILED rows (now PENDING, in their original order)")
 
 
 def cleanup(

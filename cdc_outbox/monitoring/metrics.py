@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -171,6 +172,7 @@ class RelayCollector(Collector):
         if stats.last_confirm_unix > 0:
             confirm.add_metric([], stats.last_confirm_unix)
         yield confirm
+        yield from _ha_families(stats)
 
     def _latency_family(self) -> Metric:
         counts, total, _ = self._histogram.snapshot()
@@ -186,6 +188,52 @@ class RelayCollector(Collector):
             buckets=cumulative,
             sum_value=total,
         )
+
+
+#: Seconds an alert stays raised after the problem was last seen.
+ALERT_HOLD_S = 60.0
+ROLES = ("leader", "standby")
+PHASES = ("POLLING", "CATCHING_UP", "STREAMING")
+
+
+def _ha_families(stats: RelayStats) -> Iterable[Metric]:
+    """Leader election, the durable phase, retried-delivery alerts and broken order."""
+    role = GaugeMetricFamily(
+        PREFIX + "role", "1 for this instance's role (leader or standby).", labels=["role"]
+    )
+    for name in ROLES:
+        role.add_metric([name], 1.0 if stats.role == name else 0.0)
+    yield role
+    phase = GaugeMetricFamily(
+        PREFIX + "phase",
+        "1 for the durable relay phase (POLLING, CATCHING_UP, STREAMING) the leader is in.",
+        labels=["phase"],
+    )
+    for name in PHASES:
+        phase.add_metric([name], 1.0 if stats.phase == name else 0.0)
+    yield phase
+    yield _by_label(
+        PREFIX + "delivery_retries_total",
+        "Deliveries retried (never dead-lettered) by cause: topic_missing, not_authorized,"
+        " producer_fatal, kafka_unavailable, ...",
+        "alert",
+        stats.retries_by_alert.copy(),
+    )
+    alert = GaugeMetricFamily(
+        PREFIX + "delivery_alert",
+        f"1 while a retried delivery problem was seen in the last {ALERT_HOLD_S:g} s.",
+        labels=["alert"],
+    )
+    now = time.time()
+    for name, seen in sorted(stats.alert_last_seen.copy().items()):
+        alert.add_metric([name], 1.0 if now - seen <= ALERT_HOLD_S else 0.0)
+    yield alert
+    yield CounterMetricFamily(
+        PREFIX + "order_broken_total",
+        "Dead letters whose later events of the same aggregate were already sent (Kafka"
+        " rejected a record after later ones of its key were produced).",
+        value=stats.order_broken,
+    )
 
 
 def _by_label(name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
@@ -352,6 +400,7 @@ METRIC_NAMES = frozenset(
         "slot_decoded_transactions_total", "slot_decoded_bytes_total",
         "oldest_unpublished_age_seconds", "polling_rows", "polling_retrying_rows",
         "polling_retry_attempts", "heartbeats_total", "heartbeat_errors_total",
-        "heartbeat_last_success_timestamp_seconds",
+        "heartbeat_last_success_timestamp_seconds", "role", "phase", "delivery_retries_total",
+        "delivery_alert", "order_broken_total",
     )
 )  # fmt: skip

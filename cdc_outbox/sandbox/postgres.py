@@ -194,6 +194,15 @@ class LocalPostgres(LocalServer):
         _proc.kill_group(pid, self._own(pid))
         logger.info("PostgreSQL on port %d killed (SIGKILL)", self.port)
 
+    def crash(self, timeout: float = 60.0) -> None:
+        """Immediate shutdown (``pg_ctl stop -m immediate``: SIGQUIT, no checkpoint); the next
+        ``start()`` does crash recovery."""
+        pid = self.pid
+        if pid is None:
+            return
+        _proc.terminate(pid, signal.SIGQUIT, timeout, self._own(pid))
+        logger.info("PostgreSQL on port %d shut down immediately (crash)", self.port)
+
     def restart(self, **overrides: SettingValue) -> None:
         """Stop and start again on the same port and data; ``overrides`` update ``settings``
         persistently (pass the old value, e.g. ``wal_level="logical"``, to revert)."""

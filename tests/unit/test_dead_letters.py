@@ -32,8 +32,8 @@ def test_too_large_value_is_omitted_and_flagged() -> None:
         code=10,
         name="MSG_SIZE_TOO_LARGE",
         reason="Broker: Message size too large",
-        permanent=True,
-        fatal=False,
+        kind="record",
+        alert=None,
         topic="outbox.event.order",
         key=b"agg-2",
         value=b"x" * 2_000_000,
@@ -48,11 +48,11 @@ def test_too_large_value_is_omitted_and_flagged() -> None:
 
 def test_other_permanent_failure_keeps_the_value() -> None:
     failure = DeliveryFailure(
-        code=29,
-        name="TOPIC_AUTHORIZATION_FAILED",
-        reason="Broker: Topic authorization failed",
-        permanent=True,
-        fatal=False,
+        code=87,
+        name="INVALID_RECORD",
+        reason="Broker: Invalid record",
+        kind="record",
+        alert=None,
         topic="secret.topic",
         key=b"k",
         value=b'{"a": 1}',

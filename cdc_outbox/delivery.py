@@ -1,0 +1,331 @@
+"""Delivery: the one place where events meet the delivery policy, in every mode.
+
+CDC streaming, the snapshot catch-up and the polling relay all hand their mapped events to
+:meth:`Delivery.submit` with an :class:`EventHandle`, and call :meth:`Delivery.service` from
+their loop. Contract:
+
+- ``handle.published(topic)`` once Kafka acknowledged the event's record.
+- ``handle.dead_lettered()`` once the event was dead-lettered *durably*: its dead-letter record
+  acknowledged on ``dead_letter_topic`` and its outbox row marked ``FAILED`` with the reason
+  (:class:`~cdc_outbox.failed_rows.FailedRows`), so ``redrive`` finds it in every mode.
+- ``handle.retry(reason)`` when the record failed in a way that is retried (topic missing, not
+  authorised, producer fatal, ...): never a dead letter. ``restart_reason`` is set (and the
+  alert in the stats): the caller drops the session and re-sends from its durable position.
+- ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``; the
+  handle then never completes, so nothing after it is confirmed.
+- Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
+  :mod:`cdc_outbox.delivery_policy`); the mode loads the parked set from the table.
+- Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
+- The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
+  the queue is full and calls ``idle`` (e.g. replication status updates) meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import psycopg
+
+from cdc_outbox.config import Settings
+from cdc_outbox.dead_letters import dead_letter_record
+from cdc_outbox.delivery_policy import (
+    FailureAction,
+    KeysInFlight,
+    Parking,
+    blocked_reason,
+    on_failure,
+    precheck,
+)
+from cdc_outbox.failed_rows import FailedRows
+from cdc_outbox.kafka_publisher import DeliveryFailure, Headers, KafkaPublisher
+from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
+from cdc_outbox.published_marker import PublishedMarker
+from cdc_outbox.relay_stats import RelayStats
+
+logger = logging.getLogger(__name__)
+
+_MARK_RETRY_S = 1.0
+
+
+class EventHandle(Protocol):
+    """How a mode learns the outcome of one submitted event."""
+
+    def published(self, topic: str) -> None: ...
+
+    def dead_lettered(self) -> None: ...
+
+    def retry(self, reason: str) -> None: ...
+
+
+class _Sent:
+    """Delivery listener of an event's record on its topic."""
+
+    __slots__ = ("delivery", "epoch", "event_id", "handle", "key")
+
+    def __init__(self, delivery: Delivery, handle: EventHandle, key: bytes, event_id: str) -> None:
+        self.delivery = delivery
+        self.handle = handle
+        self.key = key
+        self.event_id = event_id
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        d = self.delivery
+        if self.epoch != d.epoch:
+            return
+        d.keys.done(self.key)
+        d.stats.count_published(topic)
+        if d.marker is not None:
+            d.marker.add(headers[0][1])  # the mapper puts the event id first
+        self.handle.published(topic)
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        d = self.delivery
+        if self.epoch == d.epoch:
+            d.record_failed(self, failure)
+
+
+class _DeadSent:
+    """Delivery listener of a dead-letter record."""
+
+    __slots__ = ("delivery", "epoch", "event_id", "handle", "intended_topic", "reason")
+
+    def __init__(
+        self, delivery: Delivery, handle: EventHandle, event_id: str | None, reason: str, topic: str
+    ) -> None:
+        self.delivery = delivery
+        self.handle = handle
+        self.event_id = event_id
+        self.reason = reason
+        self.intended_topic = topic
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        d = self.delivery
+        if self.epoch == d.epoch:
+            d.stats.count_dead_lettered(self.intended_topic)
+            d.to_mark.append(self)
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        d = self.delivery
+        if self.epoch != d.epoch:
+            return
+        if failure.kind == "record":
+            d.halt(f"the dead-letter topic rejected a record: {failure.reason}")
+        else:
+            d.restart(f"dead-letter record failed ({failure.name}): {failure.reason}", failure)
+            self.handle.retry(failure.reason)
+
+
+class Delivery:
+    """The producer plus the delivery policy for one relay (see the module contract)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        stats: RelayStats,
+        *,
+        marker: PublishedMarker | None = None,
+        failed_rows: FailedRows | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stats = stats
+        self.marker = marker
+        self.failed_rows = failed_rows
+        self.parking = Parking()
+        self.keys = KeysInFlight()
+        self.epoch = 0
+        self.restart_reason: str | None = None
+        self.halt_reason: str | None = None
+        self.to_mark: list[_DeadSent] = []
+        self.interrupted: Callable[[], str | None] = lambda: None
+        self.idle: Callable[[], None] = lambda: None
+        self._halt_policy = settings.on_permanent_error == "halt"
+        self._max_bytes = settings.max_record_bytes
+        self._fast_bytes = settings.max_record_bytes // 2
+        self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str]] = deque()
+        self._mark_after = 0.0
+        self._replace_producer = False
+        self.publisher = self._new_publisher()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def new_session(self) -> None:
+        """Forget everything in flight (it will be sent again); a fatal producer is replaced."""
+        self.epoch += 1
+        self.restart_reason = None
+        self._dead.clear()
+        self.to_mark.clear()
+        self.keys.clear()
+        if self.publisher.fatal_error or self._replace_producer:
+            reason = self.publisher.fatal_error or "produce raised a fatal error"
+            logger.warning("new Kafka producer after a fatal error: %s", reason)
+            self.publisher.close(timeout=0)
+            self.publisher = self._new_publisher()
+            self._replace_producer = False
+
+    def abandon(self) -> None:
+        """Drop what is queued in the producer (its reports are ignored) and start over."""
+        self.epoch += 1
+        if len(self.publisher):
+            self.publisher.purge()
+        self.publisher.poll(0)
+        self.new_session()
+
+    def close(self, timeout: float = 0.5) -> int:
+        """Flush up to ``timeout`` s, then drop the producer; returns records left unsent."""
+        left = self.publisher.close(timeout)
+        if self.failed_rows is not None:
+            self.failed_rows.close()
+        return left
+
+    @property
+    def busy(self) -> bool:
+        """Records queued or in flight, or dead letters not yet settled."""
+        return bool(len(self.publisher) or self._dead or self.to_mark)
+
+    # -- events --------------------------------------------------------------------------
+
+    def submit(self, result: OutboxRecord | DeadLetter, handle: EventHandle) -> None:
+        """Publish one mapped event (or dead-letter/park it); outcome via ``handle``."""
+        if type(result) is OutboxRecord:
+            key = result.key
+            blocker = self.parking.blocked_by(key) if len(self.parking) else None
+            if blocker is None:
+                value = result.value
+                problem = None
+                if value is None or len(value) >= self._fast_bytes:
+                    problem = precheck(key, value, result.headers, self._max_bytes)
+                if problem is None:
+                    self.keys.add(key)
+                    self.publisher.produce(
+                        result.topic,
+                        key,
+                        value,
+                        result.headers,
+                        _Sent(self, handle, key, result.event_id),
+                        interrupted=self.interrupted,
+                        idle=self.idle,
+                    )
+                    return
+                reason = problem
+            else:
+                reason = blocked_reason(blocker)
+            result = DeadLetter(
+                reason, result.event_id, key, result.value, result.headers, result.topic
+            )
+        assert isinstance(result, DeadLetter)
+        self.reject(handle, result)
+
+    def reject(self, handle: EventHandle, problem: DeadLetter) -> None:
+        """An event that cannot be published: halt, or dead-letter it and park its aggregate."""
+        blocked = problem.reason.startswith("blocked_by ")
+        if self._halt_policy and not blocked:
+            self.halt(f"event {problem.event_id} cannot be published: {problem.reason}")
+            return
+        if problem.event_id is not None:
+            self.parking.park(problem.key, problem.event_id)
+        self._log_dead(problem.event_id, problem.key, problem.intended_topic, problem.reason)
+        self._dead.append((handle, problem, problem.reason))
+
+    def record_failed(self, sent: _Sent, failure: DeliveryFailure) -> None:
+        """Kafka refused ``sent``'s record: apply the policy (called from delivery reports)."""
+        later = self.keys.done(sent.key)
+        self.stats.delivery_errors += 1
+        action = on_failure(failure, self._halt_policy)
+        if action is FailureAction.DEAD_LETTER:
+            if later:
+                self.stats.order_broken += 1
+                logger.error(
+                    "order broken for aggregate %s: %d later records were already sent when"
+                    " Kafka rejected event %s (%s)",
+                    sent.key.decode(errors="replace"),
+                    later,
+                    sent.event_id,
+                    failure.name,
+                )
+            self.parking.park(sent.key, sent.event_id)
+            reason = f"{failure.name}: {failure.reason}"
+            self._log_dead(sent.event_id, sent.key, failure.topic, reason)
+            self._dead.append((sent.handle, failure, reason))
+        elif action is FailureAction.HALT:
+            self.halt(f"Kafka rejected event {sent.event_id} on {failure.topic}: {failure.reason}")
+        else:
+            self.restart(f"delivery failed ({failure.name}): {failure.reason}", failure)
+            sent.handle.retry(f"{failure.name}: {failure.reason}")
+
+    # -- the loop's turn ---------------------------------------------------------------------
+
+    def service(self) -> None:
+        """Serve reports, produce pending dead letters, mark acknowledged ones FAILED."""
+        self.publisher.poll(0)
+        while self._dead and self.halt_reason is None:
+            handle, problem, reason = self._dead.popleft()
+            record = dead_letter_record(problem)
+            event_id = _event_id(record.headers)
+            self.publisher.produce(
+                self.settings.dead_letter_topic,
+                record.key,
+                record.value,
+                record.headers,
+                _DeadSent(self, handle, event_id, reason, record.intended_topic),
+                interrupted=self.interrupted,
+                idle=self.idle,
+            )
+        if self.to_mark and time.monotonic() >= self._mark_after:
+            self._mark_failed()
+
+    def _mark_failed(self) -> None:
+        batch = self.to_mark
+        rows = [(d.event_id, d.reason) for d in batch if d.event_id is not None]
+        if self.failed_rows is not None:
+            try:
+                self.failed_rows.mark(rows)
+            except psycopg.Error as exc:
+                self._mark_after = time.monotonic() + _MARK_RETRY_S
+                logger.warning("marking %d dead-lettered rows FAILED failed: %s", len(rows), exc)
+                return
+        self.to_mark = []
+        for dead in batch:
+            dead.handle.dead_lettered()
+
+    def halt(self, reason: str) -> None:
+        if self.halt_reason is None:
+            logger.error("halting: %s", reason, extra={"mode": self.stats.mode})
+            self.halt_reason = reason
+
+    def restart(self, reason: str, failure: DeliveryFailure | None = None) -> None:
+        if failure is not None and failure.alert is not None:
+            self.stats.count_retry(failure.alert)
+        if failure is not None and failure.kind == "fatal":
+            self._replace_producer = True
+        if self.restart_reason is None:
+            self.restart_reason = reason
+
+    def _new_publisher(self) -> KafkaPublisher:
+        return KafkaPublisher(self.settings.kafka_config(), gapless=self._halt_policy)
+
+    def _log_dead(
+        self, event_id: str | None, key: bytes | None, topic: str | None, reason: str
+    ) -> None:
+        logger.warning(
+            "event %s dead-lettered: %s",
+            event_id,
+            reason,
+            extra={
+                "event_id": event_id,
+                "aggregate_id": (key or b"").decode(errors="replace"),
+                "topic": topic,
+            },
+        )
+
+
+def _event_id(headers: Headers) -> str | None:
+    for name, value in headers:
+        if name == "id":
+            return value.decode(errors="replace")
+    return None

@@ -1,0 +1,138 @@
+"""The delivery policy, pure (no I/O): what may be sent, what is parked, what halts.
+
+One rule for every mode (CDC streaming, snapshot catch-up, polling):
+
+- **Order survives a failure.** Once an event of an aggregate is dead-lettered, every later
+  event of that aggregate is *parked*: dead-lettered too, with reason ``blocked_by <event
+  id>``, until ``cdc-outbox redrive`` releases the aggregate and re-publishes its events in
+  their original order. :class:`Parking` is that per-aggregate memory; the durable truth is
+  the outbox rows marked ``FAILED`` (loaded with :meth:`Parking.load`).
+- **Poison is caught before the broker.** :func:`precheck` rejects what can be judged
+  locally (a record larger than ``max_record_bytes``), so the common poison cases never
+  reach Kafka and never race with later events of the same key.
+- **Only record-level rejections are permanent.** A :class:`~cdc_outbox.kafka_publisher.
+  DeliveryFailure` of kind ``record`` is dead-lettered (or halts, with the ``halt``
+  policy); ``retry`` and ``fatal`` failures are retried from the last confirmed position,
+  never dead-lettered (see :func:`on_failure`).
+- **Order broken is never silent.** A broker-side rejection that arrives after later records
+  of the same key were already produced cannot be undone: :class:`KeysInFlight` notices it
+  and the caller counts ``cdc_outbox_order_broken_total``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from cdc_outbox.kafka_publisher import DeliveryFailure, Headers
+
+__all__ = ["FailureAction", "KeysInFlight", "Parking", "blocked_reason", "on_failure", "precheck"]
+
+#: Record overhead counted on top of key, value and headers (Kafka record framing).
+RECORD_OVERHEAD_BYTES = 64
+
+
+def blocked_reason(event_id: str) -> str:
+    """The dead-letter reason of an event parked behind ``event_id``."""
+    return f"blocked_by {event_id}"
+
+
+def precheck(
+    key: bytes | None, value: bytes | None, headers: Headers, max_record_bytes: int
+) -> str | None:
+    """Why this record must not be produced (None: it may)."""
+    if key is None:
+        return "record has a null key (aggregate id)"
+    size = len(key) + (len(value) if value is not None else 0) + RECORD_OVERHEAD_BYTES
+    size += sum(len(name) + len(data) for name, data in headers)
+    if size > max_record_bytes:
+        return f"record too large: {size} bytes > max_record_bytes {max_record_bytes}"
+    return None
+
+
+class FailureAction(enum.Enum):
+    DEAD_LETTER = "dead_letter"
+    HALT = "halt"
+    RETRY = "retry"
+    NEW_PRODUCER = "new_producer"
+
+
+def on_failure(failure: DeliveryFailure, halt_policy: bool) -> FailureAction:
+    """What to do after Kafka refused a record."""
+    if failure.kind == "record":
+        return FailureAction.HALT if halt_policy else FailureAction.DEAD_LETTER
+    if failure.kind == "fatal":
+        return FailureAction.NEW_PRODUCER
+    return FailureAction.RETRY
+
+
+class Parking:
+    """Aggregates (Kafka keys) parked behind a dead-lettered event, and the events parked
+    since the last :meth:`load` (to check that a redrive covered all of them)."""
+
+    __slots__ = ("_blocked", "_parked")
+
+    def __init__(self) -> None:
+        self._blocked: dict[bytes, str] = {}
+        self._parked: dict[bytes, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocked)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blocked
+
+    def blocked_by(self, key: bytes | None) -> str | None:
+        """The event id ``key`` is parked behind, if any."""
+        return None if key is None else self._blocked.get(key)
+
+    def park(self, key: bytes | None, event_id: str) -> None:
+        """Park ``key`` behind ``event_id`` (an already parked key keeps its first blocker)."""
+        if key is not None:
+            self._blocked.setdefault(key, event_id)
+            self._parked.setdefault(key, set()).add(event_id)
+
+    def release(self, key: bytes, redriven_ids: set[str]) -> bool:
+        """Release ``key`` if every event parked for it since the last load is among
+        ``redriven_ids``; returns whether it was released (False: run redrive again)."""
+        if not self._parked.get(key, set()) <= redriven_ids:
+            return False
+        self._blocked.pop(key, None)
+        self._parked.pop(key, None)
+        return True
+
+    def load(self, rows: Iterable[tuple[str, str]]) -> None:
+        """Replace the parked set by ``(aggregate_id, first FAILED event id)`` rows."""
+        self._blocked = {agg.encode(): event_id for agg, event_id in rows}
+        self._parked = {}
+
+
+class KeysInFlight:
+    """Records produced and not yet reported, per key (to detect a broken order)."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def add(self, key: bytes) -> None:
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def done(self, key: bytes | None) -> int:
+        """One record of ``key`` was reported; returns how many later ones are still out."""
+        if key is None:
+            return 0
+        left = self._counts.get(key, 0) - 1
+        if left > 0:
+            self._counts[key] = left
+        else:
+            self._counts.pop(key, None)
+            left = 0
+        return left
+
+    def clear(self) -> None:
+        self._counts.clear()

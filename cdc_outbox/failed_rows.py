@@ -1,0 +1,112 @@
+"""Dead-lettered rows in the outbox table: mark them ``FAILED``, and read which aggregates are
+parked behind one (the durable side of :class:`cdc_outbox.delivery_policy.Parking`).
+
+Contract:
+- :meth:`FailedRows.mark` sets ``status = 'FAILED'`` and ``last_error`` for a batch of event
+  ids and returns only once that is committed; a dead letter counts as handled (the slot may
+  pass it, the polling row is settled) only after that. ``psycopg.Error`` is raised to the
+  caller, who keeps the batch and tries again.
+- :func:`parked_aggregates` lists ``(aggregate_id, first FAILED event id)``, oldest first per
+  aggregate, optionally only for some aggregates.
+- Ids are compared in the id column's own type (uuid, text, bigint, ...), never via ``::text``.
+- Needs the status columns of the default column preset.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_outbox import schema
+from cdc_outbox.config import Settings
+
+logger = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[Any]
+
+
+def id_array_type(conn: Conn, settings: Settings) -> sql.Composable:
+    """``<id column type>[]`` as SQL, read from the catalog (e.g. ``uuid[]``, ``text[]``)."""
+    row = conn.execute(
+        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+        " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped",
+        (schema.outbox_ident(settings).as_string(conn), settings.columns.id),
+    ).fetchone()
+    type_name = row[0] if row else "text"
+    return sql.SQL(type_name + "[]")
+
+
+def parked_aggregates(
+    conn: Conn, settings: Settings, aggregates: Sequence[str] | None = None
+) -> list[tuple[str, str]]:
+    """``(aggregate_id, id of its oldest FAILED row)`` for every parked aggregate (or those of
+    ``aggregates``)."""
+    cols = settings.column_names()
+    where: sql.Composable = sql.SQL("")
+    params: tuple[Any, ...] = ()
+    if aggregates is not None:
+        where = sql.SQL(" AND {} = ANY(%s)").format(sql.Identifier(cols.aggregate_id))
+        params = (list(aggregates),)
+    query = sql.SQL(
+        "SELECT DISTINCT ON ({agg}) {agg}, {id}::text FROM {t} WHERE status = 'FAILED'{where}"
+        " ORDER BY {agg}, created_at, ctid"
+    ).format(
+        agg=sql.Identifier(cols.aggregate_id),
+        id=sql.Identifier(cols.id),
+        t=schema.outbox_ident(settings),
+        where=where,
+    )
+    return [(str(a), str(i)) for a, i in conn.execute(query, params).fetchall()]
+
+
+class FailedRows:
+    """Marks dead-lettered rows FAILED on its own connection (opened on first use)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: Conn | None = None
+        self._statement: sql.Composed | None = None
+        self.marked = 0
+
+    def mark(self, items: Sequence[tuple[str, str]]) -> None:
+        """Mark ``(event_id, reason)`` rows FAILED; committed when this returns."""
+        if not items:
+            return
+        conn = self._connect()
+        try:
+            cur = conn.execute(
+                self._require_statement(conn),
+                ([i for i, _ in items], [r for _, r in items]),
+            )
+        except psycopg.Error:
+            self.close()
+            raise
+        self.marked += max(cur.rowcount, 0)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connect(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
+        return self._conn
+
+    def _require_statement(self, conn: Conn) -> sql.Composed:
+        if self._statement is None:
+            settings = self._settings
+            self._statement = sql.SQL(
+                "UPDATE {t} AS o SET status = 'FAILED', last_error = f.reason, locked_by = NULL,"
+                " locked_at = NULL FROM unnest(%s::text[]::{ids}, %s::text[]) AS f(id, reason)"
+                " WHERE o.{id} = f.id"
+            ).format(
+                t=schema.outbox_ident(settings),
+                ids=id_array_type(conn, settings),
+                id=sql.Identifier(settings.columns.id),
+            )
+        return self._statement

@@ -1,0 +1,168 @@
+"""Durable phases: a crash anywhere in the catch-up never strands the backlog.
+
+A big backlog (>= 50,000 rows) waits in the outbox when the relay first starts (the phase
+``init`` leaves is CATCHING_UP); writers keep committing meanwhile. The relay is killed with
+SIGKILL during the catch-up, right after creating its slot, and right before streaming; after
+a restart every committed event is in Kafka, in per-aggregate order.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from cdc_outbox import workload
+from cdc_outbox.config import Settings
+from cdc_outbox.kafka_publisher import count_records, read_topics
+from cdc_outbox.schema import outbox_table_ddl
+from tests.helpers import wait_until
+from tests.relay_support import (
+    RelayProcess,
+    init_outbox,
+    relay_phase,
+    relay_settings,
+    wait_streamed_past_now,
+)
+
+BACKLOG = 50_000
+
+
+def _write_backlog(dsn: str, rows: int) -> None:
+    """``rows`` PENDING events over 100 aggregates ('bulk-N'), seq increasing per aggregate."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT gen_random_uuid(), 'order', 'bulk-' || (g % 100), 'Bulk',"
+            " jsonb_build_object('seq', g / 100 + 1, 'pad', repeat('x', 100))"
+            " FROM generate_series(0, %s - 1) g",
+            (rows,),
+        )
+
+
+class _Writers:
+    def __init__(self, dsn: str, settings: Settings, events: int) -> None:
+        spec = workload.WorkloadSpec(
+            events=events, writers=2, aggregates=40, txn_sizes=(1, 10, 30), rate=1_000
+        )
+        self.thread = threading.Thread(
+            target=workload.write_orders,
+            args=(dsn, spec),
+            kwargs={"columns": settings.column_names()},
+        )
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join(300)
+        assert not self.thread.is_alive()
+
+
+def _verdict(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> workload.Tally:
+    expected = workload.stored_events(dsn, columns=settings.column_names())
+    verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
+    print(verdict.summary())
+    return verdict
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    ["during_catch_up", "catch_up.slot_created", "catch_up.before_streaming"],
+)
+def test_kill_9_in_catch_up_strands_nothing(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str, crash_at: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
+    )
+    init_outbox(settings)
+    _write_backlog(pg_dsn, BACKLOG)
+    assert relay_phase(pg_dsn, settings.slot_name)[0] == "CATCHING_UP"
+    writers = _Writers(pg_dsn, settings, 3_000)
+    env = {} if crash_at == "during_catch_up" else {"CDC_OUTBOX_CRASH_AT": crash_at}
+    relay = RelayProcess(settings, f"catch-up-{crash_at}-1", **env)
+    relay.start()
+    try:
+        if crash_at == "during_catch_up":
+            prefix = f"{kafka_topic_prefix}.event."
+            wait_until(
+                lambda: count_records(kafka_broker.bootstrap_servers, prefix) >= 5_000,
+                timeout=120,
+                interval=0.02,
+                message=relay.log_tail,
+            )
+            assert relay_phase(pg_dsn, settings.slot_name)[0] == "CATCHING_UP"
+            relay.kill()
+        else:
+            assert relay.wait(120) == -9, relay.log_tail()
+            assert f"crash point {crash_at}" in relay.log_tail()
+        phase_after_crash = relay_phase(pg_dsn, settings.slot_name)[0]
+        expected_phase = "STREAMING" if crash_at == "catch_up.before_streaming" else "CATCHING_UP"
+        assert phase_after_crash == expected_phase
+        relay = RelayProcess(settings, f"catch-up-{crash_at}-2")
+        relay.start()
+        writers.join()
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 240, relay.log_tail)
+    finally:
+        relay.stop_quietly()
+        writers.join()
+    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == BACKLOG + 3_000
+
+
+def test_init_on_a_table_with_pending_rows_relays_them_in_cdc_mode(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for stmt in outbox_table_ddl(settings):
+            conn.execute(stmt)
+    _write_backlog(pg_dsn, 10_000)
+    init_outbox(settings)  # creates the slot after the rows were committed
+    relay = RelayProcess(settings, "init-backlog")
+    relay.start()
+    try:
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 120, relay.log_tail)
+    finally:
+        relay.stop_quietly()
+    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == 10_000
+    assert verdict.received == 10_000
+
+
+def test_postgres_immediate_shutdown_three_times_mid_load_loses_nothing(
+    pg_dsn: str, pg_server, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
+    )
+    init_outbox(settings)
+    writers = _Writers(pg_dsn, settings, 9_000)
+    relay = RelayProcess(settings, "pg-crash")
+    relay.start()
+    try:
+        for n in range(3):
+            published = count_records(kafka_broker.bootstrap_servers, kafka_topic_prefix)
+            wait_until(
+                lambda p=published: (
+                    count_records(kafka_broker.bootstrap_servers, kafka_topic_prefix) > p + 300
+                ),
+                timeout=120,
+                message=relay.log_tail,
+            )
+            pg_server.crash()
+            pg_server.start()
+            print(f"crash {n + 1}: PostgreSQL restarted")
+        writers.join()
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 240, relay.log_tail)
+        assert relay.alive, relay.log_tail()
+    finally:
+        relay.stop_quietly()
+        writers.join()
+    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == 9_000

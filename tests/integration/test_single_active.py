@@ -1,0 +1,179 @@
+"""Exactly one active instance: any number of ``cdc-outbox run`` processes on one slot.
+
+The standby publishes nothing while the leader runs (0 duplicates without faults); when the
+leader is killed the standby takes over within 10 s, nothing is lost, order is kept, and no
+instance ever drops the slot the other streams from.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+
+from cdc_outbox import workload
+from cdc_outbox.config import Settings
+from cdc_outbox.kafka_publisher import read_topics
+from tests.helpers import wait_until
+from tests.relay_support import (
+    RelayProcess,
+    init_outbox,
+    relay_phase,
+    relay_settings,
+    wait_streamed_past_now,
+)
+
+TAKEOVER_BOUND_S = 10.0
+
+
+def _slot_holder(dsn: str, slot: str) -> int | None:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active",
+            (slot,),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+class _SlotWatch:
+    """Samples the slot every 20 ms: records whether it ever went missing once streaming."""
+
+    def __init__(self, dsn: str, slot: str) -> None:
+        self.dsn, self.slot = dsn, slot
+        self.missing_while_streaming = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        streaming_seen = False
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(0.02):
+                phase = conn.execute(
+                    "SELECT phase FROM cdc_outbox_relay_state WHERE slot_name = %s", (self.slot,)
+                ).fetchone()
+                exists = conn.execute(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)
+                ).fetchone()
+                streaming_seen = streaming_seen or (phase is not None and phase[0] == "STREAMING")
+                if streaming_seen and exists is None:
+                    self.missing_while_streaming += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _writers(dsn: str, settings: Settings, spec: workload.WorkloadSpec) -> threading.Thread:
+    thread = threading.Thread(
+        target=workload.write_orders, args=(dsn, spec), kwargs={"columns": settings.column_names()}
+    )
+    thread.start()
+    return thread
+
+
+def _tally(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> workload.Tally:
+    expected = workload.stored_events(dsn, columns=settings.column_names())
+    verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
+    print(verdict.summary())
+    return verdict
+
+
+def test_two_instances_without_faults_publish_every_event_once(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto"
+    )
+    init_outbox(settings)
+    relays = [RelayProcess(settings, f"two-instances-{i}") for i in range(2)]
+    for relay in relays:
+        relay.start()
+    try:
+        wait_until(
+            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
+            timeout=60,
+            message=lambda: relays[0].log_tail() + relays[1].log_tail(),
+        )
+        spec = workload.WorkloadSpec(
+            events=50_000, writers=4, aggregates=200, txn_sizes=(1, 10, 100)
+        )
+        writers = _writers(pg_dsn, settings, spec)
+        writers.join(600)
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 240)
+        assert all(r.alive for r in relays)
+        leader = relay_phase(pg_dsn, settings.slot_name)[1]
+        standby_logs = [r.log_tail(100_000) for r in relays]
+    finally:
+        for relay in relays:
+            relay.stop_quietly()
+    verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == 50_000
+    assert verdict.duplicates == 0
+    assert leader is not None
+    # Exactly one of them ever led; the other only stood by.
+    led = [log for log in standby_logs if "became the leader" in log]
+    assert len(led) == 1, [log[-2000:] for log in standby_logs]
+
+
+def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto"
+    )
+    init_outbox(settings)
+    relays = {i: RelayProcess(settings, f"failover-{i}-0") for i in (0, 1)}
+    for relay in relays.values():
+        relay.start()
+    watch = _SlotWatch(pg_dsn, settings.slot_name)
+    spec = workload.WorkloadSpec(
+        events=20_000, writers=3, aggregates=120, txn_sizes=(1, 5, 20), rate=800
+    )
+    takeovers: list[float] = []
+    writers = None
+    try:
+        wait_until(
+            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            timeout=60,
+            message=lambda: relays[0].log_tail() + relays[1].log_tail(),
+        )
+        writers = _writers(pg_dsn, settings, spec)
+        for kill in range(1, 6):
+            time.sleep(1.5)  # under load
+            holder = _slot_holder(pg_dsn, settings.slot_name)
+            leader_id = relay_phase(pg_dsn, settings.slot_name)[1]
+            assert holder is not None and leader_id is not None
+            victim = next(i for i, r in relays.items() if f":{r.proc.pid}:" in leader_id)
+            relays[victim].kill()
+            killed_at = time.monotonic()
+            wait_until(
+                lambda h=holder: (
+                    (p := _slot_holder(pg_dsn, settings.slot_name)) is not None and p != h
+                ),
+                timeout=30,
+                interval=0.05,
+                message=lambda v=victim: relays[1 - v].log_tail(),
+            )
+            took = time.monotonic() - killed_at
+            takeovers.append(took)
+            print(f"kill {kill}: standby streaming again after {took:.2f} s")
+            relays[victim] = RelayProcess(settings, f"failover-{victim}-{kill}")
+            relays[victim].start()  # comes back as the standby
+        writers.join(300)
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 240)
+    finally:
+        watch.stop()
+        for relay in relays.values():
+            relay.stop_quietly()
+        if writers is not None:
+            writers.join(300)
+    print("takeover times (s): " + ", ".join(f"{t:.2f}" for t in takeovers))
+    assert len(takeovers) == 5
+    assert max(takeovers) <= TAKEOVER_BOUND_S, takeovers
+    assert watch.missing_while_streaming == 0
+    verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == 20_000

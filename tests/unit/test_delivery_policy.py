@@ -1,0 +1,113 @@
+"""The pure delivery policy: classification, prechecks, parking, broken-order detection."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc_outbox.delivery_policy import (
+    RECORD_OVERHEAD_BYTES,
+    FailureAction,
+    KeysInFlight,
+    Parking,
+    blocked_reason,
+    on_failure,
+    precheck,
+)
+from cdc_outbox.kafka_publisher import DeliveryFailure, classify
+
+
+def _failure(code: int, fatal: bool = False) -> DeliveryFailure:
+    kind, alert = classify(code, fatal)
+    return DeliveryFailure(code, "X", "x", kind, alert, "t", b"k", b"v", [])
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "alert"),
+    [
+        (KafkaError.MSG_SIZE_TOO_LARGE, "record", None),
+        (KafkaError.INVALID_RECORD, "record", None),
+        (KafkaError.RECORD_LIST_TOO_LARGE, "record", None),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, "retry", "topic_missing"),
+        (KafkaError._UNKNOWN_TOPIC, "retry", "topic_missing"),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "retry", "not_authorized"),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, "retry", "not_authorized"),
+        (KafkaError._TRANSPORT, "retry", "kafka_unavailable"),
+        (KafkaError._MSG_TIMED_OUT, "retry", "kafka_unavailable"),
+        (KafkaError._FENCED, "fatal", "producer_fatal"),
+        (KafkaError._FATAL, "fatal", "producer_fatal"),
+    ],
+)
+def test_only_record_level_rejections_are_permanent(code: int, kind: str, alert: str) -> None:
+    assert classify(code, False) == (kind, alert)
+
+
+def test_a_fatal_flag_wins_over_the_code() -> None:
+    assert classify(KafkaError.MSG_SIZE_TOO_LARGE, True) == ("fatal", "producer_fatal")
+
+
+def test_actions_per_kind_and_policy() -> None:
+    record = _failure(KafkaError.MSG_SIZE_TOO_LARGE)
+    assert on_failure(record, halt_policy=False) is FailureAction.DEAD_LETTER
+    assert on_failure(record, halt_policy=True) is FailureAction.HALT
+    missing = _failure(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    assert on_failure(missing, halt_policy=False) is FailureAction.RETRY
+    assert on_failure(missing, halt_policy=True) is FailureAction.RETRY
+    fatal = _failure(KafkaError._FATAL, fatal=True)
+    assert on_failure(fatal, halt_policy=False) is FailureAction.NEW_PRODUCER
+
+
+def test_precheck_counts_key_value_headers_and_overhead() -> None:
+    headers = [("id", b"0123456789")]
+    exact = 1000 - RECORD_OVERHEAD_BYTES - len("id") - 10 - len(b"key")
+    assert precheck(b"key", b"v" * exact, headers, 1000) is None
+    problem = precheck(b"key", b"v" * (exact + 1), headers, 1000)
+    assert problem is not None and "1001 bytes > max_record_bytes 1000" in problem
+    assert precheck(None, b"{}", [], 1000) == "record has a null key (aggregate id)"
+    assert precheck(b"k", None, [], 1000) is None  # a tombstone is fine
+
+
+def test_parking_keeps_the_first_blocker_and_releases_only_complete_redrives() -> None:
+    parking = Parking()
+    assert parking.blocked_by(b"a") is None
+    parking.park(b"a", "e1")
+    parking.park(b"a", "e2")
+    parking.park(None, "e3")  # no aggregate: nothing to park
+    assert parking.blocked_by(b"a") == "e1"
+    assert len(parking) == 1
+    assert not parking.release(b"a", {"e1"})  # e2 was parked too: it would be overtaken
+    assert parking.blocked_by(b"a") == "e1"
+    assert parking.release(b"a", {"e1", "e2", "other"})
+    assert parking.blocked_by(b"a") is None
+    assert blocked_reason("e1") == "blocked_by e1"
+
+
+def test_parking_load_replaces_the_set() -> None:
+    parking = Parking()
+    parking.park(b"x", "old")
+    parking.load([("a", "e1"), ("b", "e2")])
+    assert parking.blocked_by(b"x") is None
+    assert parking.blocked_by(b"a") == "e1"
+    assert parking.release(b"a", set())  # nothing parked since the load
+
+
+@given(st.lists(st.sampled_from([b"a", b"b", b"c"]), max_size=50), st.randoms())
+def test_keys_in_flight_reports_later_records_of_the_same_key(
+    keys: list[bytes], rnd: object
+) -> None:
+    """Model: per key, records are reported in produce order (one partition per key)."""
+    tracker = KeysInFlight()
+    queues: dict[bytes, int] = {}
+    for key in keys:
+        tracker.add(key)
+        queues[key] = queues.get(key, 0) + 1
+    pending = [k for k in keys]
+    rnd.shuffle(pending)  # type: ignore[attr-defined]
+    for key in pending:
+        queues[key] -= 1
+        assert tracker.done(key) == queues[key]
+    assert len(tracker) == 0
+    assert tracker.done(b"never") == 0
+    assert tracker.done(None) == 0
