@@ -3,11 +3,14 @@
 - ``pg_server`` (session): running ``LocalPostgres`` (wal_level=logical, trust on 127.0.0.1).
 - ``pg_dsn``: a fresh empty database per test, dropped afterwards (slots and sessions first).
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
+- ``kafka_strict_broker`` (session): a second ``LocalKafka`` with topic auto-creation off and
+  an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
 - ``kafka_topic_prefix``: a unique ``[a-z0-9-]`` string per test to build topic names from.
 
 Fault tests may stop, kill or reconfigure the session servers: after each test that used them,
 stopped servers are started again and PostgreSQL settings (including ALTER SYSTEM) are restored,
-so one test cannot poison the next. Helper functions are in tests/helpers.py.
+and ACLs left on the strict broker are deleted, so one test cannot poison the next. Helper
+functions are in tests/helpers.py.
 """
 
 from __future__ import annotations
@@ -22,10 +25,24 @@ import pytest
 
 from cdc_outbox.sandbox.kafka import LocalKafka
 from cdc_outbox.sandbox.postgres import LocalPostgres
+from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")
 
 _pg_baseline: dict[int, dict[str, str]] = {}
+
+#: Broker settings of ``kafka_strict_broker`` (measured on Kafka 4.1.1, docs/kafka-faults.md).
+#: Every PLAINTEXT client is User:ANONYMOUS, and so is the broker itself on its CONTROLLER
+#: listener, where registration and heartbeats need CLUSTER_ACTION on the cluster. With
+#: ``allow.everyone.if.no.acl.found=false`` the broker never registers
+#: (CLUSTER_AUTHORIZATION_FAILED), and ``super.users=User:ANONYMOUS`` would let the test clients
+#: bypass every DENY; so neither is set, and tests put ACLs on topics only, never on the cluster.
+#: Even a DENY WRITE on every topic (``*``) leaves the broker working, across restarts too.
+STRICT_BROKER_SETTINGS = {
+    "auto.create.topics.enable": "false",
+    "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "allow.everyone.if.no.acl.found": "true",
+}
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +59,21 @@ def pg_server() -> Iterator[LocalPostgres]:
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[LocalKafka]:
     kafka = LocalKafka()
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_strict_broker() -> Iterator[LocalKafka]:
+    """A broker where missing topics stay missing and ACLs are enforced (STRICT_BROKER_SETTINGS).
+
+    Create topics with ``tests.helpers.create_topic``; cause authorization failures with
+    ``deny_topic_writes`` / ``allow_topic_writes``.
+    """
+    kafka = LocalKafka(broker_settings=STRICT_BROKER_SETTINGS)
     kafka.start()
     try:
         yield kafka
@@ -70,19 +102,27 @@ def _heal_session_servers(request: pytest.FixtureRequest) -> Iterator[None]:
     kafka = (
         request.getfixturevalue("kafka_broker") if "kafka_broker" in request.fixturenames else None
     )
-    _heal(pg, kafka)
+    strict = (
+        request.getfixturevalue("kafka_strict_broker")
+        if "kafka_strict_broker" in request.fixturenames
+        else None
+    )
+    _heal(pg, kafka, strict)
     yield
-    _heal(pg, kafka)
+    _heal(pg, kafka, strict)
 
 
-def _heal(pg: LocalPostgres | None, kafka: LocalKafka | None) -> None:
+def _heal(pg: LocalPostgres | None, kafka: LocalKafka | None, strict: LocalKafka | None) -> None:
     if pg is not None:
         _heal_postgres(pg)
-    if kafka is not None and not kafka.is_running():
-        logger.warning("session Kafka was left stopped; starting it again")
-        kafka.start()
-    elif kafka is not None:
-        kafka.wait_ready(60)
+    for broker in (kafka, strict):
+        if broker is not None and not broker.is_running():
+            logger.warning("session Kafka on %s was left stopped; starting it again", broker.port)
+            broker.start()
+        elif broker is not None:
+            broker.wait_ready(60)
+    if strict is not None and (left := delete_all_acls(strict.bootstrap_servers)):
+        logger.warning("deleted %d ACLs left on the strict session Kafka: %s", len(left), left)
 
 
 def _heal_postgres(pg: LocalPostgres) -> None:

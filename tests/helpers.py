@@ -1,4 +1,5 @@
-"""Test helpers shared by all tests: condition waits and reading Kafka topics back.
+"""Test helpers shared by all tests: condition waits, reading Kafka topics back, and the topic /
+ACL changes that cause Kafka faults on the ``kafka_strict_broker`` (docs/kafka-faults.md).
 
 Fixtures live in tests/conftest.py; plain functions live here (``from tests.helpers import ...``).
 """
@@ -15,6 +16,16 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 T = TypeVar("T")
 
@@ -146,6 +157,123 @@ def _assign_existing(consumer: Consumer, pending: set[str]) -> None:
             [TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(topic.partitions)]
         )
         pending.discard(name)
+
+
+#: The principal of every PLAINTEXT client, the broker's own controller connections included.
+ANONYMOUS = "User:ANONYMOUS"
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 3, timeout: float = 30.0) -> None:
+    """Create topic ``name`` (replication factor 1); return once every partition has a leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=timeout)[name]
+    future.result(timeout)
+
+    def led() -> bool:
+        topic = admin.list_topics(name, timeout=5).topics.get(name)
+        return (
+            topic is not None
+            and topic.error is None
+            and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+        )
+
+    wait_until(led, timeout, message=f"topic {name} has no leader for every partition")
+
+
+def deny_topic_writes(
+    bootstrap: str,
+    topic_or_prefix: str,
+    *,
+    prefixed: bool = False,
+    readable: bool = True,
+    timeout: float = 30.0,
+) -> None:
+    """Deny WRITE on a topic (or, with ``prefixed``, every topic starting with the prefix) to
+    User:ANONYMOUS; return once the broker's authorizer holds the ACLs.
+
+    Producers then get TOPIC_AUTHORIZATION_FAILED (29). With ``readable`` (default) an ALLOW ALL
+    binding on the same pattern is added too (DENY wins): the topic stays visible and readable,
+    only writes fail. Without it the pattern's only ACL is the DENY, so
+    ``allow.everyone.if.no.acl.found`` no longer applies to it: metadata, reads and writes all
+    fail with 29. Needs a broker with an authorizer (``kafka_strict_broker``).
+    """
+    pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+    wanted = [
+        AclBinding(ResourceType.TOPIC, topic_or_prefix, pattern, ANONYMOUS, "*", op, permission)
+        for op, permission in [(AclOperation.WRITE, AclPermissionType.DENY)]
+        + ([(AclOperation.ALL, AclPermissionType.ALLOW)] if readable else [])
+    ]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_acls(wanted, request_timeout=timeout).values():
+        future.result(timeout)
+    wait_until(
+        lambda: set(wanted) <= set(_acls(admin, topic_or_prefix, pattern)),
+        timeout,
+        message=f"the broker never showed the ACLs denying writes to {topic_or_prefix}",
+    )
+
+
+def allow_topic_writes(
+    bootstrap: str, topic_or_prefix: str, *, prefixed: bool = False, timeout: float = 30.0
+) -> None:
+    """Undo :func:`deny_topic_writes`: delete every User:ANONYMOUS ACL on exactly that literal or
+    prefixed pattern; return once the broker's authorizer no longer holds any of them.
+
+    Clients notice on their next metadata refresh: a producer that just got
+    TOPIC_AUTHORIZATION_FAILED may reject ``produce()`` for up to ~0.5 s more.
+    """
+    pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    match = AclBindingFilter(
+        ResourceType.TOPIC,
+        topic_or_prefix,
+        pattern,
+        ANONYMOUS,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    for future in admin.delete_acls([match], request_timeout=timeout).values():
+        future.result(timeout)
+    wait_until(
+        lambda: not _acls(admin, topic_or_prefix, pattern),
+        timeout,
+        message=lambda: f"ACLs still there: {_acls(admin, topic_or_prefix, pattern)}",
+    )
+
+
+def delete_all_acls(bootstrap: str, timeout: float = 30.0) -> list[AclBinding]:
+    """Delete every ACL on the broker; return the ones that were there (once they are gone)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    every = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        None,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    found: list[AclBinding] = admin.describe_acls(every, request_timeout=timeout).result(timeout)
+    if found:
+        for future in admin.delete_acls([every], request_timeout=timeout).values():
+            future.result(timeout)
+        wait_until(
+            lambda: not admin.describe_acls(every).result(timeout),
+            timeout,
+            message="ACLs still present after deleting all of them",
+        )
+    return found
+
+
+def _acls(admin: AdminClient, name: str, pattern: ResourcePatternType) -> list[AclBinding]:
+    """The User:ANONYMOUS topic ACLs on exactly this pattern, as the broker reports them."""
+    match = AclBindingFilter(
+        ResourceType.TOPIC, name, pattern, ANONYMOUS, None, AclOperation.ANY, AclPermissionType.ANY
+    )
+    found: list[AclBinding] = admin.describe_acls(match).result(10)
+    return found
 
 
 def run_cli(*args: str, dsn: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
