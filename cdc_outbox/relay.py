@@ -203,7 +203,8 @@ class Relay:
                     # so what it acknowledges moves the restart position forward.
                     self._teardown(flush_s=0.0 if isinstance(exc, _Restart) else 10.0)
                     self._sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    # Kafka-side problems are retried at least every 10 s (an alert is up).
+                    backoff = min(backoff * 2, 10.0 if isinstance(exc, _Restart) else 30.0)
         finally:
             self.close()
         if self.delivery.halt_reason is not None:

@@ -57,6 +57,8 @@ class LagSample:
     polling_retry_attempts: int | None = None
     # relay (from RelayStats and the latency histogram, over the last sampling interval)
     mode: str | None = None
+    role: str | None = None  # leader or standby (single active instance)
+    phase: str | None = None  # durable phase: POLLING, CATCHING_UP, STREAMING
     events_published_total: int | None = None
     events_dead_lettered_total: int | None = None
     delivery_errors_total: int | None = None

@@ -193,6 +193,8 @@ class SlotMonitor:
 
     def _relay_figures(self, sample: LagSample, stats: RelayStats, now: float) -> None:
         sample.mode = stats.mode
+        sample.role = stats.role
+        sample.phase = stats.phase or None
         sample.events_published_total = stats.events_published
         sample.events_dead_lettered_total = stats.events_dead_lettered
         sample.delivery_errors_total = stats.delivery_errors

@@ -78,6 +78,8 @@
     setFigure("sampled_at", c.sampled_at, clock(c.sampled_at));
     const badge = document.querySelector(".badge");
     setFigure("mode", c.mode, c.mode || "?");
+    setFigure("role", c.role, (c.role || "?") + (c.phase ? " · " + c.phase : ""),
+              c.role === "standby" ? "warn" : null);
     badge.className = "badge " + (c.mode || "");
     document.getElementById("slot-name").textContent = c.slot_name;
     const err = document.getElementById("db-error");

@@ -1,0 +1,125 @@
+"""Topic-level Kafka faults are retried and alerted, never dead-lettered.
+
+Against the strict broker (auto-creation off, ACLs enforced): a missing topic, then a topic
+whose writes are denied. In both cases no event is dead-lettered, the slot does not pass the
+stuck events, ``cdc_outbox_delivery_alert`` is raised, and everything flows once fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import psycopg
+from prometheus_client import CollectorRegistry, generate_latest
+
+from cdc_outbox.kafka_publisher import count_records, read_topics
+from cdc_outbox.monitoring.metrics import LatencyHistogram, RelayCollector
+from cdc_outbox.relay_stats import RelayStats
+from tests.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
+from tests.relay_support import (
+    current_wal_lsn,
+    init_outbox,
+    relay_settings,
+    relay_thread,
+    slot_position,
+)
+
+EVENTS = 20
+
+
+def _metrics(stats: RelayStats) -> str:
+    registry = CollectorRegistry()
+    registry.register(RelayCollector(lambda: stats, LatencyHistogram(), None, None))
+    return generate_latest(registry).decode()
+
+
+def _write(dsn: str) -> list[str]:
+    ids = []
+    with psycopg.connect(dsn) as conn:
+        for n in range(EVENTS):
+            ids.append(str(uuid.uuid4()))
+            conn.execute(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+                " VALUES (%s, 'order', %s, 'OrderPlaced', %s)",
+                (ids[-1], f"agg-{n % 4}", json.dumps({"n": n})),
+            )
+        conn.commit()
+    return ids
+
+
+def _stuck_then_fixed(dsn: str, bootstrap: str, prefix: str, alert: str, fault, fix) -> None:
+    settings = relay_settings(
+        dsn,
+        bootstrap,
+        prefix,
+        mode="cdc",
+        kafka={
+            "bootstrap_servers": bootstrap,
+            "config": {"topic.metadata.propagation.max.ms": "1000"},
+        },
+    )
+    init_outbox(settings)
+    topic = f"{prefix}.event.order"
+    create_topic(bootstrap, f"{prefix}.dlq")
+    fault(topic)
+    with relay_thread(settings) as relay:
+        wait_until(lambda: slot_position(dsn, settings.slot_name)[1], timeout=60)
+        start, _ = slot_position(dsn, settings.slot_name)
+        ids = _write(dsn)
+        committed = current_wal_lsn(dsn)
+        wait_until(
+            lambda: relay.stats.retries_by_alert.get(alert, 0) >= 2,
+            timeout=90,
+            message=lambda: f"{relay.stats}",
+        )
+        text = _metrics(relay.stats)
+        assert f'cdc_outbox_delivery_alert{{alert="{alert}"}} 1.0' in text, text
+        assert relay.stats.events_dead_lettered == 0
+        assert relay.stats.events_published == 0
+        confirmed, _ = slot_position(dsn, settings.slot_name)
+        assert confirmed < committed, (start, confirmed, committed)
+        fix(topic)
+        wait_until(
+            lambda: relay.stats.events_published >= EVENTS,
+            timeout=90,
+            message=lambda: f"{relay.stats}",
+        )
+        wait_until(lambda: slot_position(dsn, settings.slot_name)[0] >= committed, timeout=30)
+        assert relay.stats.events_dead_lettered == 0
+    records = read_topics(bootstrap, topic)
+    assert {dict(r.headers)["id"].decode() for r in records} == set(ids)
+    assert count_records(bootstrap, f"{prefix}.dlq") == 0
+
+
+def test_missing_topic_is_retried_and_alerted_never_dead_lettered(
+    pg_dsn: str, kafka_strict_broker, kafka_topic_prefix: str
+) -> None:
+    bootstrap = kafka_strict_broker.bootstrap_servers
+    _stuck_then_fixed(
+        pg_dsn,
+        bootstrap,
+        kafka_topic_prefix,
+        "topic_missing",
+        fault=lambda topic: None,
+        fix=lambda topic: create_topic(bootstrap, topic),
+    )
+
+
+def test_denied_writes_are_retried_and_alerted_never_dead_lettered(
+    pg_dsn: str, kafka_strict_broker, kafka_topic_prefix: str
+) -> None:
+    bootstrap = kafka_strict_broker.bootstrap_servers
+
+    def deny(topic: str) -> None:
+        create_topic(bootstrap, topic)
+        deny_topic_writes(bootstrap, topic)
+
+    _stuck_then_fixed(
+        pg_dsn,
+        bootstrap,
+        kafka_topic_prefix,
+        "not_authorized",
+        fault=deny,
+        fix=lambda topic: allow_topic_writes(bootstrap, topic),
+    )
