@@ -29,6 +29,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from cdc_outbox.redaction import MASK, is_secret_kafka_key
+
 logger = logging.getLogger(__name__)
 
 
@@ -88,7 +90,6 @@ _PERMANENT_CODES = frozenset(
         KafkaError._INVALID_ARG,
     }
 )
-_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "token")
 
 
 class QueueFull(Exception):
@@ -136,10 +137,9 @@ class _DeliveryReport:
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a librdkafka config safe to log."""
-    return {
-        k: ("***" if any(m in k.lower() for m in _SECRET_MARKERS) else v) for k, v in config.items()
-    }
+    """A copy of a librdkafka config safe to log: secret keys (:func:`is_secret_kafka_key`)
+    have their value replaced by ``***``."""
+    return {k: (MASK if is_secret_kafka_key(k) else v) for k, v in config.items()}
 
 
 class KafkaPublisher:
