@@ -9,9 +9,11 @@ Contract of :meth:`OutboxMapper.map_insert`:
 * headers = ``id``, ``event_type``, ``aggregate_type``, then every entry of the row's headers
   JSON object in order (string values as UTF-8, other values as compact JSON text);
 * a NULL or unchanged-TOAST placeholder in id, aggregate_type, aggregate_id, event_type or
-  payload, an illegal topic, invalid UTF-8 where text is needed, or a headers value that is not
-  a JSON object gives a :class:`DeadLetter` (never a record carrying null) that keeps whatever
-  key/value/headers are known. A NULL headers column means "no extra headers".
+  payload, an illegal topic, invalid UTF-8 where text is needed, a headers value that is not
+  a JSON object, or one using a reserved header name (``id``, ``event_type``,
+  ``aggregate_type``, ``cdc_outbox.*``) gives a :class:`DeadLetter` (never a record carrying
+  null) that keeps whatever key/value/headers are known. A NULL headers column means "no
+  extra headers".
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class DeadLetter:
 _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _TOPIC_CACHE_MAX = 4096
+#: Header names the relay sets itself (dead letters add ``cdc_outbox.*`` ones): a row may not.
+_RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
+_RESERVED_PREFIX = "cdc_outbox."
 _from_json = json.JSONDecoder().decode
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -332,6 +337,8 @@ def _parse_headers_text(name: str, hv: bytes) -> tuple[tuple[str, bytes], ...] |
     out: list[tuple[str, bytes]] = []
     try:
         for k, v in obj.items():
+            if k in _RESERVED_HEADERS or k.startswith(_RESERVED_PREFIX):
+                return f"column {name!r}: header {k!r} is reserved"
             t = type(v)
             if t is str:
                 text = v

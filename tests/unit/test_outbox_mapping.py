@@ -269,6 +269,49 @@ def test_bad_headers_are_dead_lettered(headers: bytes, reason: str) -> None:
     assert out.headers == [("id", b"e-1"), ("event_type", b"Placed"), ("aggregate_type", b"order")]
 
 
+RESERVED_HEADERS = ("id", "event_type", "aggregate_type")
+
+
+@pytest.mark.parametrize("name", [*RESERVED_HEADERS, "cdc_outbox.error", "cdc_outbox.anything"])
+def test_reserved_header_names_are_dead_lettered(name: str) -> None:
+    hv = json.dumps({"trace_id": "t", name: "forged"}).encode()
+    for out in (
+        mapper().map_insert(R6, row(headers=hv)),
+        mapper().map_row(["e-1", "order", "o-1", "Placed", '{"a": 1}', hv.decode()]),
+    ):
+        assert isinstance(out, DeadLetter)
+        assert out.reason == f"column 'headers': header {name!r} is reserved"
+        assert (out.key, out.value, out.event_id) == (b"o-1", b'{"a": 1}', "e-1")
+        assert out.intended_topic == "outbox.event.order"
+        # only the relay's own headers: neither the forged one nor the rest of the object
+        assert out.headers == [
+            ("id", b"e-1"), ("event_type", b"Placed"), ("aggregate_type", b"order"),
+        ]  # fmt: skip
+
+
+def test_header_names_close_to_reserved_ones_are_allowed() -> None:
+    names = ["ID", "Event_Type", "aggregate_type_v2", "event_id", "cdc_outbox", "x.cdc_outbox.y"]
+    out = mapper().map_insert(R6, row(headers=json.dumps(dict.fromkeys(names, "v")).encode()))
+    assert isinstance(out, OutboxRecord)
+    assert out.headers[3:] == [(n, b"v") for n in names]
+
+
+plain_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=4)
+header_names = plain_text | st.sampled_from([*RESERVED_HEADERS, "cdc_outbox.error", "cdc_outbox.x"])
+
+
+@given(st.dictionaries(header_names, plain_text, max_size=4))
+def test_a_headers_object_maps_unless_it_uses_a_reserved_name(obj: dict[str, str]) -> None:
+    out = mapper().map_insert(R6, row(headers=json.dumps(obj).encode()))
+    reserved = [k for k in obj if k in RESERVED_HEADERS or k.startswith("cdc_outbox.")]
+    if reserved:
+        assert isinstance(out, DeadLetter)
+        assert out.reason == f"column 'headers': header {reserved[0]!r} is reserved"
+    else:
+        assert isinstance(out, OutboxRecord)
+        assert out.headers[3:] == [(k, v.encode()) for k, v in obj.items()]
+
+
 def test_header_value_forms() -> None:
     hv = json.dumps(
         {"s": "ä b", "i": -3, "f": 1.5, "t": True, "n": None, "l": [1, "x"], "o": {"k": "v"}}
