@@ -251,6 +251,44 @@ def test_null_and_toast_are_dead_lettered(
         assert out.event_id == "e-1"
 
 
+def test_null_payload_is_a_tombstone_when_enabled() -> None:
+    m = OutboxMapper("public", "outbox", DEFAULT_COLUMNS, tombstones=True)
+    out = m.map_insert(R6, row(payload=None, headers=b'{"trace": "t"}'))
+    assert out == OutboxRecord(
+        "outbox.event.order",
+        b"o-1",
+        None,
+        [("id", b"e-1"), ("event_type", b"Placed"), ("aggregate_type", b"order"), ("trace", b"t")],
+        "e-1",
+    )
+    row_out = m.map_row(["e-1", "order", "o-1", "Placed", None, "{}"])  # polling, catch-up
+    assert isinstance(row_out, OutboxRecord) and row_out.value is None
+    # a payload that is present is still published as stored
+    present = m.map_insert(R6, row())
+    assert isinstance(present, OutboxRecord) and present.value == b'{"a": 1}'
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({"payload": UNCHANGED_TOAST}, "column 'payload' is an unchanged TOAST placeholder"),
+        # a tombstone needs its key
+        ({"payload": None, "aid": None}, "column 'aggregate_id' is null"),
+        ({"payload": None, "aid": UNCHANGED_TOAST}, "column 'aggregate_id' is an unchanged TOAST"),
+        ({"payload": None, "headers": b"[1]"}, "column 'headers' is not a JSON object"),
+        ({"payload": None, "headers": b'{"id": "x"}'}, "column 'headers': header 'id' is reserved"),
+    ],
+)
+def test_tombstones_still_dead_letter_everything_else(
+    values: dict[str, ColumnValue], reason: str
+) -> None:
+    m = OutboxMapper("public", "outbox", DEFAULT_COLUMNS, tombstones=True)
+    out = m.map_insert(R6, row(**values))
+    assert isinstance(out, DeadLetter) and out.reason.startswith(reason), out.reason
+    assert out.value is None and out.event_id == "e-1"
+    assert out.intended_topic == "outbox.event.order"
+
+
 @pytest.mark.parametrize(
     ("headers", "reason"),
     [
@@ -374,7 +412,10 @@ headers_value: st.SearchStrategy[ColumnValue] = st.one_of(
 )
 
 
-@given(column_value, column_value, column_value, column_value, column_value, headers_value)
+@given(
+    column_value, column_value, column_value, column_value, column_value, headers_value,
+    st.booleans(),
+)  # fmt: skip
 def test_any_row_maps_to_record_or_dead_letter(
     id: ColumnValue,
     at: ColumnValue,
@@ -382,12 +423,17 @@ def test_any_row_maps_to_record_or_dead_letter(
     et: ColumnValue,
     payload: ColumnValue,
     headers: ColumnValue,
+    tombstones: bool,
 ) -> None:
     r = (id, at, aid, et, payload, headers)
-    out = mapper("{aggregate_type}.{event_type}").map_insert(R6, r)
+    m = OutboxMapper(
+        "public", "outbox", DEFAULT_COLUMNS, "{aggregate_type}.{event_type}", tombstones=tombstones
+    )
+    out = m.map_insert(R6, r)
     assert all(type(v) is bytes for _, v in out.headers)
     if isinstance(out, OutboxRecord):
         assert out.key == aid and out.value == payload  # exactly as stored
+        assert isinstance(payload, bytes) or (payload is None and tombstones)
         assert isinstance(id, bytes) and out.event_id == id.decode()
         assert is_legal_topic(out.topic)
         assert out.headers[:3] == [("id", id), ("event_type", et), ("aggregate_type", at)]
@@ -400,7 +446,8 @@ def test_any_row_maps_to_record_or_dead_letter(
             assert "UTF-8" in out.reason or "invalid topic name" in out.reason
         for v, name in ((id, "id"), (aid, "aggregate_id"), (payload, "payload")):
             if v is None:
-                assert f"column {name!r} is null" in out.reason
+                null_ok = name == "payload" and tombstones
+                assert (f"column {name!r} is null" in out.reason) is not null_ok
             if v is UNCHANGED_TOAST:
                 assert f"column {name!r} is an unchanged TOAST placeholder" in out.reason
 
