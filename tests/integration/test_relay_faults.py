@@ -19,6 +19,7 @@ from tests.relay_support import (
     init_outbox,
     relay_settings,
     relay_thread,
+    settings_env,
     slot_position,
 )
 
@@ -225,6 +226,7 @@ def test_memory_stays_bounded_on_a_huge_transaction(
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, max_in_flight=5_000
     )
+    assert settings_env(settings)["CDC_OUTBOX_MAX_IN_FLIGHT"] == "5000"  # the child's window
     init_outbox(settings)
     relay = RelayProcess(settings, "huge-txn")
     relay.start()
