@@ -163,9 +163,10 @@ def test_relay_killed_at_random_points_loses_nothing(
     verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     print(f"kill -9 x{kills}: {verdict.duplicates} duplicates in all")
     assert verdict.ok, verdict.summary()
-    # Only the unconfirmed window is sent again: at most the in-flight limit plus what was
-    # acknowledged since the last confirmation (<= 1 s of the 1,500 events/s offered) per kill.
-    assert verdict.duplicates <= kills * (settings.max_in_flight + 1_500)
+    # Only the unconfirmed window is sent again: what was in flight or acknowledged since the
+    # last confirmation (confirmed every 0.2-1 s). One second of the offered 1,500 events/s per
+    # kill is a generous bound; a relay re-sending from an older position would exceed it.
+    assert verdict.duplicates <= kills * 1_500
     assert verdict.expected == 15_000
 
 
