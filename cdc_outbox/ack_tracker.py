@@ -12,8 +12,8 @@ Contract of :class:`AckTracker`:
 
 Transactions are numbered by :meth:`begin` with consecutive ints. Misuse (begin while one is
 open, events or commit for a transaction that is not the open one, more acks than events, an
-unknown transaction id) raises ``ValueError``. After :meth:`reset` (reconnect) acks for
-transactions begun before it are ignored: those events will be sent again by the server.
+unknown transaction id) raises ``ValueError``. A tracker serves one streaming session: after a
+reconnect the relay starts a new one from the slot's position.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ class AckTracker:
 
     __slots__ = (
         "_confirmed",
-        "_epoch",
         "_head",
         "_in_flight",
         "_next",
@@ -43,7 +42,6 @@ class AckTracker:
         self._txns: dict[int, list[int]] = {}
         self._head = 0  # oldest unconfirmed txn id
         self._next = 0  # id the next begin() returns
-        self._epoch = 0  # ids below this were discarded by reset()
         self._open: int | None = None
         self._open_rec: list[int] = [0, _OPEN]
         self._in_flight = 0
@@ -117,19 +115,6 @@ class AckTracker:
         if not self._txns and wal_end > self._confirmed:
             self._confirmed = wal_end
 
-    def reset(self, confirmed: int | None = None) -> None:
-        """Forget every unconfirmed transaction (reconnect); later acks for them are ignored.
-
-        ``confirmed`` (e.g. the slot's ``confirmed_flush_lsn``) only raises the position.
-        """
-        self._txns.clear()
-        self._epoch = self._head = self._next
-        self._open = None
-        self._open_rec = [0, _OPEN]
-        self._in_flight = 0
-        if confirmed is not None and confirmed > self._confirmed:
-            self._confirmed = confirmed
-
     def _advance(self) -> None:
         """Pop fully acked, committed transactions from the head; confirm the last end LSN."""
         txns = self._txns
@@ -147,9 +132,7 @@ class AckTracker:
         self._confirmed = end
 
     def _ack_unknown(self, txn_id: int) -> None:
-        if 0 <= txn_id < self._epoch:
-            return  # discarded by reset(): the server will send the event again
-        if self._epoch <= txn_id < self._head:
+        if 0 <= txn_id < self._head:
             raise ValueError(f"more acks than events for transaction {txn_id} (confirmed)")
         raise ValueError(f"ack for unknown transaction {txn_id}")
 

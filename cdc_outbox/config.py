@@ -122,6 +122,8 @@ class Settings(BaseSettings):
     topic_template: str = "outbox.event.{aggregate_type}"
     dead_letter_topic: str = "cdc_outbox.dead_letter"
     on_permanent_error: Literal["dead_letter", "halt"] = "dead_letter"
+    #: a NULL payload: dead-letter the event, or publish a tombstone (its key, value null).
+    null_payload: Literal["dead_letter", "tombstone"] = "dead_letter"
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     status_interval_s: float = Field(default=10.0, gt=0, lt=WAL_SENDER_TIMEOUT_DEFAULT_S)
     shutdown_grace_s: float = Field(default=30.0, ge=0)

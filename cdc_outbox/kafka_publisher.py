@@ -38,6 +38,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from cdc_outbox.redaction import MASK, is_secret_kafka_key
+
 logger = logging.getLogger(__name__)
 
 
@@ -106,7 +108,6 @@ _ALERTS = {
     KafkaError.POLICY_VIOLATION: "policy_violation",
 }
 FailureKind = Literal["record", "retry", "fatal"]
-_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "token")
 
 
 class ProduceInterrupted(Exception):
@@ -155,10 +156,9 @@ class _DeliveryReport:
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a librdkafka config safe to log."""
-    return {
-        k: ("***" if any(m in k.lower() for m in _SECRET_MARKERS) else v) for k, v in config.items()
-    }
+    """A copy of a librdkafka config safe to log: secret keys (:func:`is_secret_kafka_key`)
+    have their value replaced by ``***``."""
+    return {k: (MASK if is_secret_kafka_key(k) else v) for k, v in config.items()}
 
 
 class KafkaPublisher:

@@ -5,13 +5,17 @@ Contract of :meth:`OutboxMapper.map_insert`:
 * topic = ``topic_template`` with ``{aggregate_type}`` / ``{event_type}`` filled in; it must be
   a legal Kafka topic name (``[A-Za-z0-9._-]``, 1..249 chars, not ``.`` or ``..``);
 * key = the aggregate id bytes as stored; value = the payload bytes exactly as PostgreSQL sent
-  them (for jsonb: its normalised text form);
+  them (for jsonb: its normalised text form), or ``None`` for a NULL payload when the mapper
+  was built with ``tombstones=True`` (a Kafka tombstone: the key must still be present);
 * headers = ``id``, ``event_type``, ``aggregate_type``, then every entry of the row's headers
   JSON object in order (string values as UTF-8, other values as compact JSON text);
 * a NULL or unchanged-TOAST placeholder in id, aggregate_type, aggregate_id, event_type or
-  payload, an illegal topic, invalid UTF-8 where text is needed, or a headers value that is not
-  a JSON object gives a :class:`DeadLetter` (never a record carrying null) that keeps whatever
-  key/value/headers are known. A NULL headers column means "no extra headers".
+  payload (except a NULL payload with ``tombstones``), an illegal topic, invalid UTF-8 where
+  text is needed, a headers value that is not a JSON object, or one using a reserved header
+  name (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``) gives a
+  :class:`DeadLetter` (never a record with a null key, nor one with a null value without
+  ``tombstones``) that keeps whatever key/value/headers are known. A NULL headers column
+  means "no extra headers".
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ DEBEZIUM_COLUMNS = ColumnNames("id", "aggregatetype", "aggregateid", "type", "pa
 class OutboxRecord:
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None  # None: a tombstone (only from a mapper with tombstones=True)
     headers: list[tuple[str, bytes]]
     event_id: str
 
@@ -81,6 +85,9 @@ class DeadLetter:
 _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _TOPIC_CACHE_MAX = 4096
+#: Header names the relay sets itself (dead letters add ``cdc_outbox.*`` ones): a row may not.
+_RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
+_RESERVED_PREFIX = "cdc_outbox."
 _from_json = json.JSONDecoder().decode
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -131,7 +138,8 @@ class OutboxMapper:
     Raises :class:`ConfigError` for a template with unknown placeholders or a constant illegal
     topic (at construction) and for an outbox relation lacking a configured column (on first
     use of that Relation). Column positions are cached per relation OID and re-resolved when a
-    new Relation object arrives for it (schema change).
+    new Relation object arrives for it (schema change). ``tombstones=True`` (setting
+    ``null_payload = "tombstone"``) maps a NULL payload to a record with value ``None``.
     """
 
     __slots__ = (
@@ -140,6 +148,7 @@ class OutboxMapper:
         "_positions",
         "_row_relation",
         "_template",
+        "_tombstones",
         "_topics",
         "_use_at",
         "_use_et",
@@ -153,6 +162,8 @@ class OutboxMapper:
         table: str,
         columns: ColumnNames,
         topic_template: str = "outbox.event.{aggregate_type}",
+        *,
+        tombstones: bool = False,
     ) -> None:
         try:
             fields = list(string.Formatter().parse(topic_template))
@@ -178,6 +189,7 @@ class OutboxMapper:
         )
         self._headers_name = columns.headers or "headers"
         self._template = topic_template
+        self._tombstones = tombstones
         self._use_at = "aggregate_type" in used
         self._use_et = "event_type" in used
         self._positions: dict[int, _Positions] = {}
@@ -293,7 +305,7 @@ class OutboxMapper:
         if key_b is None:
             problems.append(_problem(cols.aggregate_id, key))
         value_b = value if type(value) is bytes else None
-        if value_b is None:
+        if value_b is None and not (value is None and self._tombstones):
             problems.append(_problem(cols.payload, value))
         topic: str | None = None
         if type(at_v) is bytes and type(et_v) is bytes:
@@ -308,7 +320,7 @@ class OutboxMapper:
                 problems.append(extra)
             else:
                 headers.extend(extra)
-        if problems or topic is None or key_b is None or value_b is None or event_id is None:
+        if problems or topic is None or key_b is None or event_id is None:
             return DeadLetter("; ".join(problems), event_id, key_b, value_b, headers, topic)
         return OutboxRecord(topic, key_b, value_b, headers, event_id)
 
@@ -332,6 +344,8 @@ def _parse_headers_text(name: str, hv: bytes) -> tuple[tuple[str, bytes], ...] |
     out: list[tuple[str, bytes]] = []
     try:
         for k, v in obj.items():
+            if k in _RESERVED_HEADERS or k.startswith(_RESERVED_PREFIX):
+                return f"column {name!r}: header {k!r} is reserved"
             t = type(v)
             if t is str:
                 text = v

@@ -22,8 +22,16 @@ __all__ = [
 ]
 
 MASK = "***"
-#: A Kafka config key containing any of these (case-insensitive) has its value masked.
-KAFKA_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "ssl.key", "sasl.oauthbearer.config")
+#: A Kafka config key containing any of these (case-insensitive) has its value masked; the one
+#: list used for settings display, log scrubbing and the producer's debug log.
+KAFKA_SECRET_MARKERS = (
+    "password",
+    "secret",
+    "token",
+    "sasl.jaas",
+    "sasl.oauthbearer.config",
+    "ssl.key",
+)
 
 _URI_PASSWORD_RE = re.compile(r"^(postgres(?:ql)?://[^/@?#]*?:)([^@/]*)(@)", re.IGNORECASE)
 _KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)

@@ -8,7 +8,7 @@ CREATE TABLE IF NOT EXISTS public.outbox (
     aggregate_type  text        NOT NULL,                               -- picks the topic: outbox.event.<aggregate_type>
     aggregate_id    text        NOT NULL,                               -- Kafka message key (per-aggregate ordering)
     event_type      text        NOT NULL,                               -- sent as a header
-    payload         jsonb,                                              -- Kafka message value (NULL = tombstone)
+    payload         jsonb,                                              -- Kafka message value (NULL: dead-lettered, or a tombstone with null_payload = "tombstone")
     headers         jsonb       NOT NULL DEFAULT '{}',                  -- extra Kafka headers (string values)
     created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),     -- increases within a transaction: orders events
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import psycopg
+from pydantic import BaseModel, SecretStr
 
 from cdc_outbox import bootstrap
 from cdc_outbox.config import Settings
@@ -24,8 +26,10 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
 def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: Any) -> Settings:
-    """Settings for one test: its own topics (``<prefix>.event.*``, ``<prefix>.dlq``)."""
+    """Settings for one test: its own topics (``<prefix>.event.*``, ``<prefix>.dlq``), the
+    CDC relay only (``mode = "cdc"``) and no metrics endpoint, unless ``overrides`` say else."""
     values: dict[str, Any] = {
+        "mode": "cdc",
         "dsn": dsn,
         "topic_template": prefix + ".event.{aggregate_type}",
         "dead_letter_topic": prefix + ".dlq",
@@ -44,23 +48,43 @@ def init_outbox(settings: Settings) -> None:
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes ``python -m cdc_outbox run`` use ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
-    env.update(
-        {
-            "CDC_OUTBOX_DSN": settings.postgres_dsn(),
-            "CDC_OUTBOX_SLOT_NAME": settings.slot_name,
-            "CDC_OUTBOX_PUBLICATION_NAME": settings.publication_name,
-            "CDC_OUTBOX_TOPIC_TEMPLATE": settings.topic_template,
-            "CDC_OUTBOX_DEAD_LETTER_TOPIC": settings.dead_letter_topic,
-            "CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-            "CDC_OUTBOX_STATUS_INTERVAL_S": str(settings.status_interval_s),
-            "CDC_OUTBOX_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
-            "CDC_OUTBOX_MODE": "cdc",
-            "CDC_OUTBOX_METRICS_PORT": "0",
-        }
-    )
+    """The environment that makes ``python -m cdc_outbox run`` use ``settings``: this
+    process's environment without its ``CDC_OUTBOX_*`` variables, plus one ``CDC_OUTBOX_*``
+    variable for every setting that differs from its default (nested ones with ``__``,
+    ``kafka.config`` as JSON)."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_OUTBOX_")}
+    env.update(_changed_settings(settings, None, "CDC_OUTBOX_"))
     return env
+
+
+def _changed_settings(model: BaseModel, defaults: BaseModel | None, prefix: str) -> dict[str, str]:
+    """``{variable: value}`` for the fields of ``model`` that differ from ``defaults`` (or,
+    when ``None``, from the fields' declared defaults), recursing into nested tables."""
+    out: dict[str, str] = {}
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if defaults is None:
+            default = info.get_default(call_default_factory=True)
+        else:
+            default = getattr(defaults, name)
+        var = prefix + name.upper()
+        if isinstance(value, BaseModel):
+            out.update(_changed_settings(value, default, var + "__"))
+        elif value != default:
+            out[var] = _env_text(value)
+    return out
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if value is None:
+        return ""  # the only optional setting, columns.headers: "" means "no headers column"
+    return str(value)
 
 
 class RelayProcess:

@@ -26,6 +26,7 @@ from tests.relay_support import (
     outbox_statuses,
     relay_settings,
     service_thread,
+    slot_position,
 )
 
 AUTO = {"mode": "auto", "cdc_probe_interval_s": 1.0, "cdc_max_failures": 2}
@@ -226,7 +227,9 @@ def test_wal_level_replica_falls_back_to_polling_and_returns(
             wait_until(lambda: service.stats.mode == "cdc", timeout=90)
             writers.join()
             verdict = _all_delivered(dsn, settings, kafka_broker, kafka_topic_prefix, 4_000)
-            assert current_wal_lsn(dsn) > 0
+            # back on CDC for real: the new slot is confirmed up to the end of the WAL
+            done_lsn = current_wal_lsn(dsn)
+            wait_until(lambda: slot_position(dsn, settings.slot_name)[0] >= done_lsn, timeout=60)
         print(f"wal_level switch: duplicates {verdict.duplicates}")
         assert verdict.ok, verdict.summary()
 

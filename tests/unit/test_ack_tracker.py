@@ -119,30 +119,6 @@ def test_misuse_raises_value_error() -> None:
     assert t.confirmed == 20 and t.in_flight == 0
 
 
-def test_reset_discards_in_flight_and_ignores_their_acks() -> None:
-    t = AckTracker()
-    a = t.begin()
-    t.add_event(a)
-    t.commit(a, 10)
-    b = t.begin()
-    t.add_event(b)
-    t.reset(5)
-    assert (t.confirmed, t.in_flight, t.pending_txns, t.open_txn) == (5, 0, 0, None)
-    t.ack(a)  # late ack from before the reconnect: ignored
-    t.ack(b)
-    assert t.confirmed == 5
-    c = t.begin()
-    assert c > b  # ids stay unique across resets
-    t.add_event(c)
-    t.commit(c, 10)
-    t.ack(c)
-    assert t.confirmed == 10
-    t.reset(3)  # never backwards
-    assert t.confirmed == 10
-    t.reset()
-    assert t.confirmed == 10
-
-
 def test_memory_is_per_transaction_not_per_event() -> None:
     t = AckTracker()
     a = t.begin()
@@ -215,15 +191,14 @@ class _Txn:
 
 
 class AckTrackerMachine(RuleBasedStateMachine):
-    """Random interleavings of begin/add_event/commit/ack/keepalive/reset vs a simple model."""
+    """Random interleavings of begin/add_event/commit/ack/keepalive vs a simple model."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tracker = AckTracker(0)
         self.wal = 0  # server WAL position: only grows
-        self.txns: list[_Txn] = []  # current epoch, oldest first, unconfirmed
-        self.done: list[int] = []  # confirmed txn ids of the current epoch
-        self.discarded: list[int] = []  # txn ids with events dropped by reset()
+        self.txns: list[_Txn] = []  # unconfirmed, oldest first
+        self.done: list[int] = []  # confirmed txn ids
         self.expected = 0
         self.last_confirmed = 0
 
@@ -292,21 +267,11 @@ class AckTrackerMachine(RuleBasedStateMachine):
         if not self.txns:
             self.expected = max(self.expected, self.wal - behind)
 
-    @rule(data=st.data())
-    def reset(self, data: st.DataObject) -> None:
-        slot = data.draw(st.integers(0, self.wal))
-        self.tracker.reset(slot)
-        self.discarded += [t.id for t in self.txns if t.acked < t.events]
-        self.txns.clear()
-        self.done.clear()
-        self.expected = max(self.expected, slot)
-
-    @precondition(lambda self: bool(self.discarded))
-    @rule(data=st.data())
-    def late_ack_after_reset_is_ignored(self, data: st.DataObject) -> None:
-        before = (self.tracker.confirmed, self.tracker.in_flight, self.tracker.pending_txns)
-        self.tracker.ack(data.draw(st.sampled_from(self.discarded)))
-        assert (self.tracker.confirmed, self.tracker.in_flight, self.tracker.pending_txns) == before
+    @rule(ahead=st.integers(0, 5))
+    def ack_for_a_txn_never_begun_is_an_error(self, ahead: int) -> None:
+        unknown = (self.txns[-1].id if self.txns else (self.done[-1] if self.done else -1)) + 1
+        with pytest.raises(ValueError, match=f"ack for unknown transaction {unknown + ahead}"):
+            self.tracker.ack(unknown + ahead)
 
     @invariant()
     def matches_model(self) -> None:

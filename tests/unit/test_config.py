@@ -226,6 +226,15 @@ def test_type_and_choice_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config_error(overrides={"dsn": DSN}) == "config: mode must be 'auto', 'cdc' or 'polling'"
 
 
+def test_null_payload_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(overrides={"dsn": DSN}).null_payload == "dead_letter"
+    monkeypatch.setenv("CDC_OUTBOX_NULL_PAYLOAD", "tombstone")
+    assert load_settings(overrides={"dsn": DSN}).null_payload == "tombstone"
+    monkeypatch.setenv("CDC_OUTBOX_NULL_PAYLOAD", "drop")
+    message = config_error(overrides={"dsn": DSN})
+    assert message == "config: null_payload must be 'dead_letter' or 'tombstone'"
+
+
 def test_topic_template_fields() -> None:
     message = config_error(overrides={"dsn": DSN, "topic_template": "t.{tenant}"})
     assert "'tenant'" in message

@@ -251,6 +251,44 @@ def test_null_and_toast_are_dead_lettered(
         assert out.event_id == "e-1"
 
 
+def test_null_payload_is_a_tombstone_when_enabled() -> None:
+    m = OutboxMapper("public", "outbox", DEFAULT_COLUMNS, tombstones=True)
+    out = m.map_insert(R6, row(payload=None, headers=b'{"trace": "t"}'))
+    assert out == OutboxRecord(
+        "outbox.event.order",
+        b"o-1",
+        None,
+        [("id", b"e-1"), ("event_type", b"Placed"), ("aggregate_type", b"order"), ("trace", b"t")],
+        "e-1",
+    )
+    row_out = m.map_row(["e-1", "order", "o-1", "Placed", None, "{}"])  # polling, catch-up
+    assert isinstance(row_out, OutboxRecord) and row_out.value is None
+    # a payload that is present is still published as stored
+    present = m.map_insert(R6, row())
+    assert isinstance(present, OutboxRecord) and present.value == b'{"a": 1}'
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({"payload": UNCHANGED_TOAST}, "column 'payload' is an unchanged TOAST placeholder"),
+        # a tombstone needs its key
+        ({"payload": None, "aid": None}, "column 'aggregate_id' is null"),
+        ({"payload": None, "aid": UNCHANGED_TOAST}, "column 'aggregate_id' is an unchanged TOAST"),
+        ({"payload": None, "headers": b"[1]"}, "column 'headers' is not a JSON object"),
+        ({"payload": None, "headers": b'{"id": "x"}'}, "column 'headers': header 'id' is reserved"),
+    ],
+)
+def test_tombstones_still_dead_letter_everything_else(
+    values: dict[str, ColumnValue], reason: str
+) -> None:
+    m = OutboxMapper("public", "outbox", DEFAULT_COLUMNS, tombstones=True)
+    out = m.map_insert(R6, row(**values))
+    assert isinstance(out, DeadLetter) and out.reason.startswith(reason), out.reason
+    assert out.value is None and out.event_id == "e-1"
+    assert out.intended_topic == "outbox.event.order"
+
+
 @pytest.mark.parametrize(
     ("headers", "reason"),
     [
@@ -267,6 +305,49 @@ def test_bad_headers_are_dead_lettered(headers: bytes, reason: str) -> None:
     assert out.key == b"o-1" and out.value == b'{"a": 1}'
     assert out.intended_topic == "outbox.event.order"
     assert out.headers == [("id", b"e-1"), ("event_type", b"Placed"), ("aggregate_type", b"order")]
+
+
+RESERVED_HEADERS = ("id", "event_type", "aggregate_type")
+
+
+@pytest.mark.parametrize("name", [*RESERVED_HEADERS, "cdc_outbox.error", "cdc_outbox.anything"])
+def test_reserved_header_names_are_dead_lettered(name: str) -> None:
+    hv = json.dumps({"trace_id": "t", name: "forged"}).encode()
+    for out in (
+        mapper().map_insert(R6, row(headers=hv)),
+        mapper().map_row(["e-1", "order", "o-1", "Placed", '{"a": 1}', hv.decode()]),
+    ):
+        assert isinstance(out, DeadLetter)
+        assert out.reason == f"column 'headers': header {name!r} is reserved"
+        assert (out.key, out.value, out.event_id) == (b"o-1", b'{"a": 1}', "e-1")
+        assert out.intended_topic == "outbox.event.order"
+        # only the relay's own headers: neither the forged one nor the rest of the object
+        assert out.headers == [
+            ("id", b"e-1"), ("event_type", b"Placed"), ("aggregate_type", b"order"),
+        ]  # fmt: skip
+
+
+def test_header_names_close_to_reserved_ones_are_allowed() -> None:
+    names = ["ID", "Event_Type", "aggregate_type_v2", "event_id", "cdc_outbox", "x.cdc_outbox.y"]
+    out = mapper().map_insert(R6, row(headers=json.dumps(dict.fromkeys(names, "v")).encode()))
+    assert isinstance(out, OutboxRecord)
+    assert out.headers[3:] == [(n, b"v") for n in names]
+
+
+plain_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=4)
+header_names = plain_text | st.sampled_from([*RESERVED_HEADERS, "cdc_outbox.error", "cdc_outbox.x"])
+
+
+@given(st.dictionaries(header_names, plain_text, max_size=4))
+def test_a_headers_object_maps_unless_it_uses_a_reserved_name(obj: dict[str, str]) -> None:
+    out = mapper().map_insert(R6, row(headers=json.dumps(obj).encode()))
+    reserved = [k for k in obj if k in RESERVED_HEADERS or k.startswith("cdc_outbox.")]
+    if reserved:
+        assert isinstance(out, DeadLetter)
+        assert out.reason == f"column 'headers': header {reserved[0]!r} is reserved"
+    else:
+        assert isinstance(out, OutboxRecord)
+        assert out.headers[3:] == [(k, v.encode()) for k, v in obj.items()]
 
 
 def test_header_value_forms() -> None:
@@ -331,7 +412,10 @@ headers_value: st.SearchStrategy[ColumnValue] = st.one_of(
 )
 
 
-@given(column_value, column_value, column_value, column_value, column_value, headers_value)
+@given(
+    column_value, column_value, column_value, column_value, column_value, headers_value,
+    st.booleans(),
+)  # fmt: skip
 def test_any_row_maps_to_record_or_dead_letter(
     id: ColumnValue,
     at: ColumnValue,
@@ -339,12 +423,17 @@ def test_any_row_maps_to_record_or_dead_letter(
     et: ColumnValue,
     payload: ColumnValue,
     headers: ColumnValue,
+    tombstones: bool,
 ) -> None:
     r = (id, at, aid, et, payload, headers)
-    out = mapper("{aggregate_type}.{event_type}").map_insert(R6, r)
+    m = OutboxMapper(
+        "public", "outbox", DEFAULT_COLUMNS, "{aggregate_type}.{event_type}", tombstones=tombstones
+    )
+    out = m.map_insert(R6, r)
     assert all(type(v) is bytes for _, v in out.headers)
     if isinstance(out, OutboxRecord):
         assert out.key == aid and out.value == payload  # exactly as stored
+        assert isinstance(payload, bytes) or (payload is None and tombstones)
         assert isinstance(id, bytes) and out.event_id == id.decode()
         assert is_legal_topic(out.topic)
         assert out.headers[:3] == [("id", id), ("event_type", et), ("aggregate_type", at)]
@@ -357,7 +446,8 @@ def test_any_row_maps_to_record_or_dead_letter(
             assert "UTF-8" in out.reason or "invalid topic name" in out.reason
         for v, name in ((id, "id"), (aid, "aggregate_id"), (payload, "payload")):
             if v is None:
-                assert f"column {name!r} is null" in out.reason
+                null_ok = name == "payload" and tombstones
+                assert (f"column {name!r} is null" in out.reason) is not null_ok
             if v is UNCHANGED_TOAST:
                 assert f"column {name!r} is an unchanged TOAST placeholder" in out.reason
 
