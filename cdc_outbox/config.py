@@ -47,7 +47,7 @@ from cdc_outbox.config_models import (
     check_ident,
 )
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import ColumnNames, is_legal_topic
+from cdc_outbox.outbox_mapping import ColumnNames, OutboxMapper, is_legal_topic
 from cdc_outbox.redaction import (
     KAFKA_SECRET_MARKERS,
     MASK,
@@ -256,6 +256,16 @@ class Settings(BaseSettings):
     def kafka_config(self) -> dict[str, str]:
         """Complete librdkafka config: ``bootstrap.servers`` plus the passthrough keys."""
         return {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.config}
+
+    def outbox_mapper(self) -> OutboxMapper:
+        """The row-to-record mapping these settings describe (every mode uses this one)."""
+        return OutboxMapper(
+            self.outbox_schema,
+            self.outbox_table,
+            self.column_names(),
+            self.topic_template,
+            tombstones=self.null_payload == "tombstone",
+        )
 
     def column_names(self) -> ColumnNames:
         """The resolved outbox column names (preset + overrides)."""

@@ -48,7 +48,6 @@ from cdc_outbox.delivery import Delivery
 from cdc_outbox.errors import ConfigError, RelayHalted
 from cdc_outbox.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.kafka_publisher import ProduceInterrupted
-from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.relay_state import NotLeader
 from cdc_outbox.relay_stats import RelayStats
 
@@ -132,12 +131,7 @@ class PollingRelay:
         self._is_leader = is_leader
         self._sql = polling_sql.build(settings)
         self._ns = polling_sql.advisory_namespace(settings.outbox_schema, settings.outbox_table)
-        self._mapper = OutboxMapper(
-            settings.outbox_schema,
-            settings.outbox_table,
-            settings.column_names(),
-            settings.topic_template,
-        )
+        self._mapper = settings.outbox_mapper()
         self._with_headers = settings.column_names().headers is not None
         self._conn: psycopg.Connection[Any] | None = None
         self._delivery: Delivery | None = None

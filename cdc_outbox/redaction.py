@@ -31,6 +31,8 @@ KAFKA_SECRET_MARKERS = (
     "sasl.jaas",
     "sasl.oauthbearer.config",
     "ssl.key",
+    "passphrase",
+    "private.key",
 )
 
 _URI_PASSWORD_RE = re.compile(r"^(postgres(?:ql)?://[^/@?#]*?:)([^@/]*)(@)", re.IGNORECASE)

@@ -41,7 +41,6 @@ from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.kafka_publisher import ProduceInterrupted
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.published_marker import PublishedMarker
 from cdc_outbox.redrive import REDRIVE_MESSAGE_PREFIX
 from cdc_outbox.relay_state import NotLeader
@@ -115,12 +114,7 @@ class Relay:
         self._stream = ReplicationStream(
             settings.postgres_dsn(), settings.slot_name, settings.publication_name
         )
-        self._mapper = OutboxMapper(
-            settings.outbox_schema,
-            settings.outbox_table,
-            settings.column_names(),
-            settings.topic_template,
-        )
+        self._mapper = settings.outbox_mapper()
         marker = PublishedMarker(settings)
         self.marker = marker if marker.enabled else None
         self._bookkept = settings.columns.preset == "default"

@@ -70,8 +70,9 @@ def _all_delivered(dsn: str, settings, kafka, prefix: str, expected: int) -> wor
 def _slot_exists(dsn: str, slot: str) -> bool:
     with psycopg.connect(dsn) as conn:
         return (
-            conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-            .fetchone()
+            conn.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
             is not None
         )
 
