@@ -114,7 +114,7 @@ def test_two_instances_without_faults_publish_every_event_once(
     assert verdict.duplicates == 0
     assert leader is not None
     # Exactly one of them ever led; the other only stood by.
-    led = [log for log in standby_logs if "became the leader" in log]
+    led = [log for log in standby_logs if "became leader" in log]
     assert len(led) == 1, [log[-2000:] for log in standby_logs]
 
 

@@ -89,6 +89,8 @@ def busy_stats() -> RelayStats:
     stats.ignored["message"] = 2
     stats.delivery_errors, stats.transactions, stats.restarts = 1, 3, 1
     stats.confirmed_lsn, stats.last_confirm_unix, stats.in_flight = 0x1_0000_1000, 1.7e9, 5
+    stats.count_retry("topic_missing")
+    stats.role, stats.phase, stats.order_broken = "leader", "STREAMING", 1
     return stats
 
 
@@ -219,3 +221,17 @@ def test_exposition_passes_promtool_lint_when_available() -> None:
             [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
         )
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_leadership_phase_alerts_and_broken_order_are_exported() -> None:
+    stats = busy_stats()
+    stats.alert_last_seen["not_authorized"] = 1.0  # long ago: no longer raised
+    text, _ = scrape(stats, full_sample())
+    assert 'cdc_outbox_role{role="leader"} 1.0' in text
+    assert 'cdc_outbox_role{role="standby"} 0.0' in text
+    assert 'cdc_outbox_phase{phase="STREAMING"} 1.0' in text
+    assert 'cdc_outbox_phase{phase="POLLING"} 0.0' in text
+    assert 'cdc_outbox_delivery_retries_total{alert="topic_missing"} 1.0' in text
+    assert 'cdc_outbox_delivery_alert{alert="topic_missing"} 1.0' in text
+    assert 'cdc_outbox_delivery_alert{alert="not_authorized"} 0.0' in text
+    assert "cdc_outbox_order_broken_total 1.0" in text

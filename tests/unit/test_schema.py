@@ -109,6 +109,7 @@ def test_role_grants_are_least_privilege() -> None:
         'GRANT UPDATE ("status", "attempts", "available_at", "locked_at", "locked_by", '
         '"published_at", "last_error") ON "public"."outbox" TO "relay"',
         'GRANT DELETE ON "public"."outbox" TO "relay"',
+        'GRANT SELECT, INSERT, UPDATE ON "public"."cdc_outbox_relay_state" TO "relay"',
     ]
     debezium = render(schema.role_ddl(settings(columns={"preset": "debezium"}), "relay"))
     assert "UPDATE" not in debezium
