@@ -31,7 +31,8 @@ def dead_letter_record(problem: DeadLetter | DeliveryFailure) -> DeadLetterRecor
         topic = problem.intended_topic or ""
         headers = [*problem.headers, *_error_headers(problem.reason, topic)]
         return DeadLetterRecord(problem.key, problem.value, headers, topic)
-    headers = [*problem.headers, *_error_headers(problem.reason, problem.topic)]
+    reason = f"{problem.name}: {problem.reason}"
+    headers = [*problem.headers, *_error_headers(reason, problem.topic)]
     value = problem.value
     if problem.name in _VALUE_IS_THE_PROBLEM:
         value = None
