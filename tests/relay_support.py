@@ -178,14 +178,16 @@ def service_thread(settings: Settings) -> AbstractContextManager[Service]:
 
 
 def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:
-    """(confirmed_flush_lsn, active) of ``slot``."""
+    """(confirmed_flush_lsn, active) of ``slot``; (0/0, False) while it does not exist (a
+    relay's catch-up drops and recreates it)."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots"
             " WHERE slot_name = %s",
             (slot,),
         ).fetchone()
-    assert row is not None, f"slot {slot} missing"
+    if row is None:
+        return Lsn(0), False
     return Lsn.parse(row[0]), bool(row[1])
 
 
@@ -223,9 +225,6 @@ def wait_streamed_past_now(
 
     def done() -> bool:
         streaming = not phase or relay_phase(dsn, slot)[0] == "STREAMING"
-        try:
-            return streaming and slot_position(dsn, slot)[0] >= target
-        except AssertionError:  # the slot is being recreated
-            return False
+        return streaming and slot_position(dsn, slot)[0] >= target
 
     wait_until(done, timeout=timeout, interval=0.2, message=message)

@@ -91,11 +91,20 @@ def test_a_fatal_error_raised_by_produce_means_a_new_producer_not_an_exit(
             def __getattr__(self, name: str) -> object:
                 return getattr(real_producer, name)
 
+            def __len__(self) -> int:
+                return len(real_producer)
+
         real_producer = first._producer
         first._producer = _FatalOnce()  # type: ignore[assignment]
         spec = workload.WorkloadSpec(events=2_000, writers=2, aggregates=20, txn_sizes=(1, 10))
         workload.write_orders(pg_dsn, spec, columns=settings.column_names())
-        wait_streamed_past_now(pg_dsn, settings.slot_name, 120, phase=False)
+        wait_streamed_past_now(
+            pg_dsn,
+            settings.slot_name,
+            120,
+            lambda: f"{relay.stats} {injected.is_set()}",
+            phase=False,
+        )
         assert injected.is_set()
         assert relay.delivery.publisher is not first  # a new producer after the fatal error
         assert relay.stats.retries_by_alert.get("producer_fatal") == 1
