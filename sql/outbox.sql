@@ -34,3 +34,10 @@ CREATE INDEX IF NOT EXISTS outbox_pending_idx
 CREATE INDEX IF NOT EXISTS outbox_unpublished_idx
     ON public.outbox (aggregate_id, created_at)
     WHERE status IN ('PENDING', 'PROCESSING');
+
+-- `cdc-outbox init` then creates the publication (and the replication slot):
+--   CREATE PUBLICATION cdc_outbox_pub FOR TABLE public.outbox
+--       WITH (publish = 'insert', publish_via_partition_root = true);
+-- A partitioned outbox works too (e.g. PARTITION BY RANGE (created_at), primary key
+-- (id, created_at), the two indexes above created on the partitioned table): with
+-- publish_via_partition_root its partitions' inserts are streamed as rows of public.outbox.
