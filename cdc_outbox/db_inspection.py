@@ -40,10 +40,15 @@ class SlotStatus:
 
 @dataclass(slots=True)
 class PublicationStatus:
+    """A publication; ``tables`` as pg_publication_tables lists them: a partitioned table
+    appears under its own name only with ``via_root`` (publish_via_partition_root), otherwise
+    as its leaf partitions."""
+
     name: str
     tables: list[str]
     operations: list[str]
     all_tables: bool
+    via_root: bool = False
 
 
 @dataclass(slots=True)
@@ -65,6 +70,8 @@ class DatabaseState:
     can_create_in_schema: bool
     table_oid: int | None = None
     table_owned: bool = False
+    table_partitioned: bool = False
+    table_partitions: list[str] = field(default_factory=list)  # leaves, if partitioned
     table_columns: set[str] = field(default_factory=set)
     slot: SlotStatus | None = None
     publication: PublicationStatus | None = None
@@ -85,13 +92,19 @@ LEFT JOIN pg_namespace n ON n.nspname = %s
 WHERE r.rolname = current_user
 """
 _TABLE_SQL = """
-SELECT c.oid, pg_has_role(c.relowner, 'USAGE')
+SELECT c.oid, pg_has_role(c.relowner, 'USAGE'), c.relkind = 'p'
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
 _COLUMNS_SQL = (
     "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
 )
+_LEAVES_SQL = """
+SELECT n.nspname, c.relname
+FROM pg_partition_tree(%s) t
+JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE t.isleaf
+"""
 _SLOT_SQL = """
 SELECT slot_name, slot_type, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
        pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint,
@@ -104,7 +117,7 @@ WHERE slot_name = %s
 """
 _OPS = ("insert", "update", "delete", "truncate")
 _PUB_SQL = """
-SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate
+SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
 FROM pg_publication WHERE pubname = %s
 """
 _PUB_TABLES_SQL = """
@@ -120,7 +133,10 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
     st = DatabaseState(*row)
     trow = conn.execute(_TABLE_SQL, (settings.outbox_schema, settings.outbox_table)).fetchone()
     if trow is not None:
-        st.table_oid, st.table_owned = trow
+        st.table_oid, st.table_owned, st.table_partitioned = trow
+        if st.table_partitioned:
+            leaves = conn.execute(_LEAVES_SQL, (st.table_oid,))
+            st.table_partitions = sorted(f"{s}.{t}" for s, t in leaves)
         st.table_columns = {r[0] for r in conn.execute(_COLUMNS_SQL, (st.table_oid,))}
     srow = conn.execute(_SLOT_SQL, (settings.slot_name,)).fetchone()
     if srow is not None:
@@ -131,11 +147,13 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
         )  # fmt: skip
     prow = conn.execute(_PUB_SQL, (settings.publication_name,)).fetchone()
     if prow is not None:
-        ops = [op for op, on in zip(_OPS, prow[1:], strict=True) if on]
+        ops = [op for op, on in zip(_OPS, prow[1:5], strict=True) if on]
         tables = [
             f"{s}.{t}" for s, t in conn.execute(_PUB_TABLES_SQL, (settings.publication_name,))
         ]
-        st.publication = PublicationStatus(settings.publication_name, tables, ops, prow[0])
+        st.publication = PublicationStatus(
+            settings.publication_name, tables, ops, prow[0], via_root=prow[5]
+        )
     return st
 
 
