@@ -16,6 +16,10 @@ Claim protocol (two statements in one READ COMMITTED transaction, see :mod:`poll
 Cost: with no index on the aggregate column each claim is one sequential scan of the table;
 keep it small with ``cdc-outbox cleanup`` (or index the unpublished rows by aggregate).
 FAILED rows are dead letters: they do not block their aggregate.
+
+Partitioned outbox tables work too: claimed rows are identified by ``(tableoid, ctid)``, since
+a ctid is only unique within one partition. Locking stays a TID scan (per partition); for a
+plain table the plan is the same as with ``ctid`` alone.
 """
 
 from __future__ import annotations
@@ -74,31 +78,37 @@ def build(settings: Settings) -> PollingSql:
         " GROUP BY c.{agg} ORDER BY due LIMIT %(max_aggs)s) AS w "
         "WHERE pg_try_advisory_xact_lock(%(ns)s::int4, hashtext(w.agg))"
     ).format(**fields)
+    # A row is identified by (tableoid, ctid): ctid alone repeats across the partitions of a
+    # partitioned table. The order stays (created_at, ctid); rows of two partitions tying on
+    # both never count as before a barrier, so no row overtakes an earlier blocked one.
     claim = sql.SQL(
         "WITH unpublished AS MATERIALIZED ("
-        " SELECT {agg} AS agg, created_at, ctid AS pos, status = 'PROCESSING' AS busy,"
-        "  status = 'PENDING' AND available_at <= now() AS open"
+        " SELECT {agg} AS agg, created_at, tableoid AS rel, ctid AS pos,"
+        "  status = 'PROCESSING' AS busy, status = 'PENDING' AND available_at <= now() AS open"
         " FROM {t} WHERE {agg} = ANY(%(aggs)s) AND status IN ('PENDING', 'PROCESSING')"
         "), busy AS (SELECT DISTINCT agg FROM unpublished WHERE busy"
         "), barrier AS ("  # per aggregate: its first row that cannot go now
         " SELECT DISTINCT ON (agg) agg, created_at, pos FROM unpublished WHERE NOT open"
         " ORDER BY agg, created_at, pos"
         "), head AS ("
-        " SELECT u.agg, u.created_at, u.pos FROM unpublished AS u"
+        " SELECT u.agg, u.created_at, u.rel, u.pos FROM unpublished AS u"
         " LEFT JOIN barrier AS b ON b.agg = u.agg"
-        " WHERE u.open AND (b.agg IS NULL OR (u.created_at, u.pos) < (b.created_at, b.pos))"
+        " WHERE u.open"
+        " AND (b.agg IS NULL OR (u.created_at, u.pos) < (b.created_at, b.pos))"
         " AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.agg = u.agg)"
         " ORDER BY u.created_at, u.pos LIMIT %(limit)s"
         "), chosen AS MATERIALIZED ("
-        " SELECT pos, row_number() OVER (PARTITION BY agg ORDER BY created_at, pos) AS rank"
-        " FROM head"
+        " SELECT rel, pos, row_number() OVER (PARTITION BY agg ORDER BY created_at, pos)"
+        "  AS rank FROM head"
         "), locked AS MATERIALIZED ("  # ctid = ANY(array): TID scans, no table scan
-        " SELECT ctid AS pos FROM {t} WHERE ctid = ANY(ARRAY(SELECT pos FROM chosen))"
-        " AND status = 'PENDING' FOR UPDATE SKIP LOCKED"
+        " SELECT c.rank, x.tableoid AS rel, x.ctid AS pos FROM {t} AS x"
+        " JOIN chosen AS c ON c.rel = x.tableoid AND c.pos = x.ctid"
+        " WHERE x.ctid = ANY(ARRAY(SELECT pos FROM chosen)) AND x.status = 'PENDING'"
+        " FOR UPDATE OF x SKIP LOCKED"
         ") "
         "UPDATE {t} AS o SET status = 'PROCESSING', locked_by = %(me)s, locked_at = now() "
-        "FROM chosen AS c WHERE o.ctid = ANY(ARRAY(SELECT pos FROM locked)) AND c.pos = o.ctid "
-        "RETURNING c.rank, {oid}, {oid}::text, o.{at}, o.{agg}, o.{et}, o.{payload}::text,"
+        "FROM locked AS l WHERE o.ctid = l.pos AND o.tableoid = l.rel "
+        "RETURNING l.rank, {oid}, {oid}::text, o.{at}, o.{agg}, o.{et}, o.{payload}::text,"
         " {headers}, o.attempts, extract(epoch FROM o.created_at)::float8"
     ).format(
         at=sql.Identifier(cols.aggregate_type),
