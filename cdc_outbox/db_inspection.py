@@ -1,7 +1,8 @@
 """Read-only inspection of the server, outbox table, replication slot and publication.
 
 :func:`inspect_database` gathers everything preflight, ``init``, ``status`` and ``drop`` need
-in one :class:`DatabaseState` (a few catalog queries, no writes).
+in one :class:`DatabaseState` (a few catalog queries, no writes). :func:`id_column_type` tells
+statements that match rows by id which array type to cast their ids to.
 """
 
 from __future__ import annotations
@@ -10,11 +11,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.errors import ConfigError
 from cdc_outbox.lsn import Lsn
 
-__all__ = ["Conn", "DatabaseState", "PublicationStatus", "SlotStatus", "inspect_database"]
+__all__ = [
+    "ColumnType",
+    "Conn",
+    "DatabaseState",
+    "PublicationStatus",
+    "SlotStatus",
+    "id_column_type",
+    "inspect_database",
+]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -159,3 +170,43 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
 
 def _lsn(text: str | None) -> Lsn | None:
     return None if text is None else Lsn.parse(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """A column's SQL type: ``name`` as ``format_type`` shows it (``uuid``, ``bigint``,
+    ``character varying(64)``); ``schema`` and ``type_name`` name it in ``pg_type``."""
+
+    name: str
+    schema: str
+    type_name: str
+
+    @property
+    def is_uuid(self) -> bool:
+        return (self.schema, self.type_name) == ("pg_catalog", "uuid")
+
+    def array(self) -> sql.Composed:
+        """The array type, to cast a parameter with: ``"pg_catalog"."int8"[]`` (a typmod such
+        as varchar's length is not kept; comparing with the column does not need it)."""
+        return sql.SQL("{}[]").format(sql.Identifier(self.schema, self.type_name))
+
+
+_COLUMN_TYPE_SQL = """
+SELECT format_type(a.atttypid, a.atttypmod), tn.nspname, t.typname
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace tn ON tn.oid = t.typnamespace
+WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0
+  AND NOT a.attisdropped
+"""
+
+
+def id_column_type(conn: Conn, settings: Settings) -> ColumnType:
+    """The SQL type of the outbox's id column (one catalog query); :class:`ConfigError` if
+    the table or column does not exist."""
+    column = settings.column_names().id
+    schema, table = settings.outbox_schema, settings.outbox_table
+    row = conn.execute(_COLUMN_TYPE_SQL, (schema, table, column)).fetchone()
+    if row is None:
+        raise ConfigError(f"config: no column {column!r} in table {schema}.{table}")
+    return ColumnType(*row)
