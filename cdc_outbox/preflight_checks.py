@@ -14,7 +14,9 @@ from cdc_outbox.errors import PreflightError
 
 __all__ = ["MIN_SERVER_VERSION", "Check", "PreflightFailed", "evaluate_checks", "preflight"]
 
-MIN_SERVER_VERSION = 140000
+#: PostgreSQL 15: returning to CDC creates the slot with CREATE_REPLICATION_SLOT ... (SNAPSHOT
+#: 'export'), the option syntax PostgreSQL 15 introduced.
+MIN_SERVER_VERSION = 150000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
     free_senders = st.max_senders - st.used_senders
     checks = [
         _check("server_version", st.version_num >= MIN_SERVER_VERSION,
-               f"PostgreSQL {st.version}", "upgrade to PostgreSQL 14 or later"),
+               f"PostgreSQL {st.version}", "upgrade to PostgreSQL 15 or later"),
         _check("wal_level", st.wal_level == "logical", f"wal_level is '{st.wal_level}'",
                "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"),
         _check("replication_privilege", priv,

@@ -56,6 +56,19 @@ def test_ready_state_passes_every_check() -> None:
     assert failed == []
 
 
+def test_postgresql_14_fails_the_server_version_check() -> None:
+    result = check(ready(version_num=140013, version="14.13"), "server_version")
+    assert not result.ok
+    assert result.detail == "PostgreSQL 14.13"
+    assert result.fix == "upgrade to PostgreSQL 15 or later"
+    others = evaluate_checks(ready(version_num=140013), SETTINGS, create_table=False)
+    assert [c.name for c in others if not c.ok] == ["server_version"]
+
+
+def test_postgresql_15_passes_the_server_version_check() -> None:
+    assert check(ready(version_num=150000, version="15.0"), "server_version").ok
+
+
 def test_partitioned_outbox_without_publish_via_partition_root_fails_with_the_fix() -> None:
     # pg_publication_tables lists a partitioned table's leaves when via_root is off.
     state = ready(
