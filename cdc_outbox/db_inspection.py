@@ -1,7 +1,8 @@
 """Read-only inspection of the server, outbox table, replication slot and publication.
 
 :func:`inspect_database` gathers everything preflight, ``init``, ``status`` and ``drop`` need
-in one :class:`DatabaseState` (a few catalog queries, no writes).
+in one :class:`DatabaseState` (a few catalog queries, no writes). :func:`id_column_type` tells
+statements that match rows by id which array type to cast their ids to.
 """
 
 from __future__ import annotations
@@ -10,11 +11,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.errors import ConfigError
 from cdc_outbox.lsn import Lsn
 
-__all__ = ["Conn", "DatabaseState", "PublicationStatus", "SlotStatus", "inspect_database"]
+__all__ = [
+    "ColumnType",
+    "Conn",
+    "DatabaseState",
+    "PublicationStatus",
+    "SlotStatus",
+    "id_column_type",
+    "inspect_database",
+]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -40,10 +51,15 @@ class SlotStatus:
 
 @dataclass(slots=True)
 class PublicationStatus:
+    """A publication; ``tables`` as pg_publication_tables lists them: a partitioned table
+    appears under its own name only with ``via_root`` (publish_via_partition_root), otherwise
+    as its leaf partitions."""
+
     name: str
     tables: list[str]
     operations: list[str]
     all_tables: bool
+    via_root: bool = False
 
 
 @dataclass(slots=True)
@@ -65,6 +81,8 @@ class DatabaseState:
     can_create_in_schema: bool
     table_oid: int | None = None
     table_owned: bool = False
+    table_partitioned: bool = False
+    table_partitions: list[str] = field(default_factory=list)  # leaves, if partitioned
     table_columns: set[str] = field(default_factory=set)
     slot: SlotStatus | None = None
     publication: PublicationStatus | None = None
@@ -85,13 +103,19 @@ LEFT JOIN pg_namespace n ON n.nspname = %s
 WHERE r.rolname = current_user
 """
 _TABLE_SQL = """
-SELECT c.oid, pg_has_role(c.relowner, 'USAGE')
+SELECT c.oid, pg_has_role(c.relowner, 'USAGE'), c.relkind = 'p'
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
 _COLUMNS_SQL = (
     "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
 )
+_LEAVES_SQL = """
+SELECT n.nspname, c.relname
+FROM pg_partition_tree(%s) t
+JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE t.isleaf
+"""
 _SLOT_SQL = """
 SELECT slot_name, slot_type, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
        pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint,
@@ -104,7 +128,7 @@ WHERE slot_name = %s
 """
 _OPS = ("insert", "update", "delete", "truncate")
 _PUB_SQL = """
-SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate
+SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot
 FROM pg_publication WHERE pubname = %s
 """
 _PUB_TABLES_SQL = """
@@ -120,7 +144,10 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
     st = DatabaseState(*row)
     trow = conn.execute(_TABLE_SQL, (settings.outbox_schema, settings.outbox_table)).fetchone()
     if trow is not None:
-        st.table_oid, st.table_owned = trow
+        st.table_oid, st.table_owned, st.table_partitioned = trow
+        if st.table_partitioned:
+            leaves = conn.execute(_LEAVES_SQL, (st.table_oid,))
+            st.table_partitions = sorted(f"{s}.{t}" for s, t in leaves)
         st.table_columns = {r[0] for r in conn.execute(_COLUMNS_SQL, (st.table_oid,))}
     srow = conn.execute(_SLOT_SQL, (settings.slot_name,)).fetchone()
     if srow is not None:
@@ -131,13 +158,55 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
         )  # fmt: skip
     prow = conn.execute(_PUB_SQL, (settings.publication_name,)).fetchone()
     if prow is not None:
-        ops = [op for op, on in zip(_OPS, prow[1:], strict=True) if on]
+        ops = [op for op, on in zip(_OPS, prow[1:5], strict=True) if on]
         tables = [
             f"{s}.{t}" for s, t in conn.execute(_PUB_TABLES_SQL, (settings.publication_name,))
         ]
-        st.publication = PublicationStatus(settings.publication_name, tables, ops, prow[0])
+        st.publication = PublicationStatus(
+            settings.publication_name, tables, ops, prow[0], via_root=prow[5]
+        )
     return st
 
 
 def _lsn(text: str | None) -> Lsn | None:
     return None if text is None else Lsn.parse(text)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    """A column's SQL type: ``name`` as ``format_type`` shows it (``uuid``, ``bigint``,
+    ``character varying(64)``); ``schema`` and ``type_name`` name it in ``pg_type``."""
+
+    name: str
+    schema: str
+    type_name: str
+
+    @property
+    def is_uuid(self) -> bool:
+        return (self.schema, self.type_name) == ("pg_catalog", "uuid")
+
+    def array(self) -> sql.Composed:
+        """The array type, to cast a parameter with: ``"pg_catalog"."int8"[]`` (a typmod such
+        as varchar's length is not kept; comparing with the column does not need it)."""
+        return sql.SQL("{}[]").format(sql.Identifier(self.schema, self.type_name))
+
+
+_COLUMN_TYPE_SQL = """
+SELECT format_type(a.atttypid, a.atttypmod), tn.nspname, t.typname
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace tn ON tn.oid = t.typnamespace
+WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0
+  AND NOT a.attisdropped
+"""
+
+
+def id_column_type(conn: Conn, settings: Settings) -> ColumnType:
+    """The SQL type of the outbox's id column (one catalog query); :class:`ConfigError` if
+    the table or column does not exist."""
+    column = settings.column_names().id
+    schema, table = settings.outbox_schema, settings.outbox_table
+    row = conn.execute(_COLUMN_TYPE_SQL, (schema, table, column)).fetchone()
+    if row is None:
+        raise ConfigError(f"config: no column {column!r} in table {schema}.{table}")
+    return ColumnType(*row)

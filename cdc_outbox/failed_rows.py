@@ -23,21 +23,11 @@ from psycopg import sql
 
 from cdc_outbox import schema
 from cdc_outbox.config import Settings
+from cdc_outbox.db_inspection import id_column_type
 
 logger = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[Any]
-
-
-def id_array_type(conn: Conn, settings: Settings) -> sql.Composable:
-    """``<id column type>[]`` as SQL, read from the catalog (e.g. ``uuid[]``, ``text[]``)."""
-    row = conn.execute(
-        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
-        " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped",
-        (schema.outbox_ident(settings).as_string(conn), settings.columns.id),
-    ).fetchone()
-    type_name = row[0] if row else "text"
-    return sql.SQL(type_name + "[]")
 
 
 def parked_aggregates(
@@ -106,7 +96,7 @@ class FailedRows:
                 " WHERE o.{id} = f.id"
             ).format(
                 t=schema.outbox_ident(settings),
-                ids=id_array_type(conn, settings),
+                ids=id_column_type(conn, settings).array(),
                 id=sql.Identifier(settings.columns.id),
             )
         return self._statement

@@ -14,7 +14,9 @@ from cdc_outbox.errors import PreflightError
 
 __all__ = ["MIN_SERVER_VERSION", "Check", "PreflightFailed", "evaluate_checks", "preflight"]
 
-MIN_SERVER_VERSION = 140000
+#: PostgreSQL 15: returning to CDC creates the slot with CREATE_REPLICATION_SLOT ... (SNAPSHOT
+#: 'export'), the option syntax PostgreSQL 15 introduced.
+MIN_SERVER_VERSION = 150000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
     free_senders = st.max_senders - st.used_senders
     checks = [
         _check("server_version", st.version_num >= MIN_SERVER_VERSION,
-               f"PostgreSQL {st.version}", "upgrade to PostgreSQL 14 or later"),
+               f"PostgreSQL {st.version}", "upgrade to PostgreSQL 15 or later"),
         _check("wal_level", st.wal_level == "logical", f"wal_level is '{st.wal_level}'",
                "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"),
         _check("replication_privilege", priv,
@@ -109,16 +111,30 @@ def _publication_check(st: DatabaseState, settings: Settings, table: str) -> Che
                       f"publication '{name}' will be created" if can else
                       f"publication '{name}' is missing and role '{st.user}' may not create it",
                       "run init as the outbox table's owner (or a superuser)")  # fmt: skip
+    # Without publish_via_partition_root a partitioned table is listed (and streamed) as its
+    # leaf partitions: the relay, which maps the outbox table's relation, would ignore them.
+    leaves = st.table_partitioned and not pub.via_root
+    covered = sorted(st.table_partitions) if leaves else [table]
     problems = []
-    if pub.all_tables or pub.tables != [table]:
+    if pub.all_tables or sorted(pub.tables) != covered:
         problems.append(f"covers {'ALL TABLES' if pub.all_tables else ', '.join(pub.tables)}")
     if pub.operations != ["insert"]:
         problems.append(f"publishes {', '.join(pub.operations) or 'nothing'}")
+    options = "publish = 'insert', publish_via_partition_root = true"
+    fix = (
+        f"`cdc-outbox drop --yes` then init again, or ALTER PUBLICATION {name} "
+        f"SET TABLE {table}; ALTER PUBLICATION {name} SET ({options})"
+    )
+    if leaves:
+        problems.append(
+            f"lacks publish_via_partition_root ({table} is partitioned: its rows "
+            "would be streamed under the partitions' names, which the relay ignores)"
+        )
+        if len(problems) == 1:
+            fix = f"ALTER PUBLICATION {name} SET ({options})"
     return _check("publication", not problems,
                   f"publication '{name}' {' and '.join(problems)}; expected inserts of {table} only"
-                  if problems else f"publication '{name}' publishes inserts of {table}",
-                  f"`cdc-outbox drop --yes` then init again, or ALTER PUBLICATION {name} "
-                  f"SET TABLE {table}; ALTER PUBLICATION {name} SET (publish = 'insert')",
+                  if problems else f"publication '{name}' publishes inserts of {table}", fix,
                   )  # fmt: skip
 
 

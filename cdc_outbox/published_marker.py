@@ -8,6 +8,10 @@ marked before it is durable in Kafka. Marking is best effort and at-least-once f
 still buffered when the process dies, or dropped when the buffer is full (the database is down
 for long), leave their rows PENDING; a polling pass would then publish them again (duplicates,
 never losses). That window is at most ``flush_interval_s`` plus the time of one batch.
+
+Ids are matched as the id column's own type, looked up once (first connection): uuid ids go
+as one comma-joined text parameter split by the server (cheapest); any other type (text,
+bigint, ...) as a real array parameter, so ids may contain commas.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.db_inspection import ColumnType, id_column_type
+from cdc_outbox.errors import CdcOutboxError
 
 logger = logging.getLogger(__name__)
 
@@ -40,22 +46,24 @@ class PublishedMarker:
         self.marked = 0
         self.dropped = 0
         self.failures = 0
-        self._statement = _statement(settings)
+        self._enabled = _statement(settings, _UUID) is not None
+        self._statement: sql.Composed | None = None  # for the id type; on first connection
+        self._joined = True  # one comma-joined text parameter (uuid ids), else an array
 
     @property
     def enabled(self) -> bool:
-        return self._statement is not None
+        return self._enabled
 
     def add(self, event_id: bytes) -> None:
         """Hand over one acknowledged event id, as its UTF-8 text (cheap; called per delivery
         report)."""
-        if len(self._ids) >= _MAX_BUFFERED:
+        if len(self._ids) >= _MAX_BUFFERED or not self._enabled:
             self.dropped += 1
             return
         self._ids.append(event_id)
 
     def start(self) -> None:
-        if self._statement is None or self._thread is not None:
+        if not self._enabled or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._loop, name="published-marker", daemon=True)
         self._thread.start()
@@ -76,7 +84,15 @@ class PublishedMarker:
                 if self._ids:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
+                    if self._statement is None:
+                        self._prepare(conn)
                     self._flush(conn)
+            except CdcOutboxError as exc:  # no id column: nothing can be marked
+                logger.error("marking published rows stopped: %s", exc)
+                self.dropped += len(self._ids)
+                self._ids.clear()
+                self._enabled = False
+                break
             except psycopg.Error as exc:
                 self.failures += 1
                 logger.warning("marking published rows failed (will retry): %s", exc)
@@ -94,31 +110,45 @@ class PublishedMarker:
         if self._ids:
             logger.info("%d acknowledged rows left unmarked at stop", len(self._ids))
 
+    def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        id_type = id_column_type(conn, self._settings)
+        self._statement = _statement(self._settings, id_type)
+        self._joined = id_type.is_uuid
+        logger.debug("marking published rows by %s ids", id_type.name)
+
     def _flush(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         assert self._statement is not None
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
+            # uuid: one text parameter, split by the server, far cheaper than adapting a list
+            # (a uuid has no comma); other types: a text array, cast by the statement.
+            param = b",".join(batch).decode() if self._joined else [i.decode() for i in batch]
             try:
-                # One text parameter, split by the server: far cheaper than adapting a list.
-                cur = conn.execute(self._statement, (b",".join(batch).decode(),))
+                cur = conn.execute(self._statement, (param,))
             except psycopg.Error:
                 self._ids.extendleft(reversed(batch))
                 raise
             self.marked += cur.rowcount if cur.rowcount > 0 else 0
 
 
-def _statement(settings: Settings) -> sql.Composed | None:
-    """The UPDATE/DELETE for a batch of ids, or None when housekeeping is off."""
+_UUID = ColumnType("uuid", "pg_catalog", "uuid")
+
+
+def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
+    """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
+
+    Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
     table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
-    id_col = sql.Identifier(settings.columns.id)
+    if id_type.is_uuid:
+        ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
+    else:
+        ids = sql.SQL("%s::text[]::{}").format(id_type.array())
+    match = sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
     if settings.cdc_mark_published == "delete":
-        return sql.SQL("DELETE FROM {} WHERE {} = ANY(string_to_array(%s, ',')::uuid[])").format(
-            table, id_col
-        )
+        return sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
     if settings.cdc_mark_published == "update" and settings.columns.preset == "default":
         return sql.SQL(
             "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-            " locked_at = NULL WHERE {} = ANY(string_to_array(%s, ',')::uuid[])"
-            " AND status <> 'PUBLISHED'"
-        ).format(table, id_col)
+            " locked_at = NULL WHERE {} AND status <> 'PUBLISHED'"
+        ).format(table, match)
     return None

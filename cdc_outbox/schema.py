@@ -145,10 +145,16 @@ def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:
 
 
 def publication_ddl(settings: Settings) -> sql.Composed:
-    """A publication of the outbox table's inserts only."""
-    return sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
-        sql.Identifier(settings.publication_name), outbox_ident(settings)
-    )
+    """A publication of the outbox table's inserts only.
+
+    ``publish_via_partition_root``: when the outbox is partitioned, inserts into its partitions
+    are streamed as inserts into the outbox table itself (the relation the relay maps); for a
+    plain table it changes nothing.
+    """
+    return sql.SQL(
+        "CREATE PUBLICATION {} FOR TABLE {}"
+        " WITH (publish = 'insert', publish_via_partition_root = true)"
+    ).format(sql.Identifier(settings.publication_name), outbox_ident(settings))
 
 
 def drop_publication_ddl(settings: Settings) -> sql.Composed:

@@ -51,3 +51,10 @@ CREATE TABLE IF NOT EXISTS public.cdc_outbox_relay_state (
     lease_until      timestamptz,
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
+
+-- `cdc-outbox init` then creates the publication (and the replication slot):
+--   CREATE PUBLICATION cdc_outbox_pub FOR TABLE public.outbox
+--       WITH (publish = 'insert', publish_via_partition_root = true);
+-- A partitioned outbox works too (e.g. PARTITION BY RANGE (created_at), primary key
+-- (id, created_at), the two indexes above created on the partitioned table): with
+-- publish_via_partition_root its partitions' inserts are streamed as rows of public.outbox.

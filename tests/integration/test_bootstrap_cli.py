@@ -162,7 +162,7 @@ def test_dry_run_changes_nothing(pg_dsn: str, names: dict[str, str]) -> None:
     assert 'CREATE TABLE IF NOT EXISTS "public"."outbox"' in result.stdout
     assert (
         f'CREATE PUBLICATION "{names["publication"]}" FOR TABLE "public"."outbox" '
-        "WITH (publish = 'insert');" in result.stdout
+        "WITH (publish = 'insert', publish_via_partition_root = true);" in result.stdout
     )
     assert f"pg_create_logical_replication_slot('{names['slot']}', 'pgoutput')" in result.stdout
     assert "nothing was changed" in result.stdout

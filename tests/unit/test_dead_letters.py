@@ -42,7 +42,10 @@ def test_too_large_value_is_omitted_and_flagged() -> None:
     record = dead_letter_record(failure)
     assert record.value is None
     assert ("cdc_outbox.value_omitted", b"true") in record.headers
-    assert ("cdc_outbox.error", b"MSG_SIZE_TOO_LARGE: Broker: Message size too large") in record.headers
+    assert (
+        "cdc_outbox.error",
+        b"MSG_SIZE_TOO_LARGE: Broker: Message size too large",
+    ) in record.headers
     assert record.key == b"agg-2"
 
 

@@ -73,7 +73,8 @@ def test_configured_names_are_quoted_identifiers() -> None:
     assert '"AggId" text NOT NULL' in text
     assert '"Out$box_pending_idx"' in text
     assert render(schema.publication_ddl(s)) == (
-        'CREATE PUBLICATION "cdc_outbox_pub" FOR TABLE "App"."Out$box" WITH (publish = \'insert\')'
+        'CREATE PUBLICATION "cdc_outbox_pub" FOR TABLE "App"."Out$box"'
+        " WITH (publish = 'insert', publish_via_partition_root = true)"
     )
 
 
