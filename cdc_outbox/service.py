@@ -37,7 +37,7 @@ from psycopg import sql
 from cdc_outbox import bootstrap, relay_state, schema
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
-from cdc_outbox.errors import CdcOutboxError, RelayHalted
+from cdc_outbox.errors import CdcOutboxError, PreflightError, RelayHalted
 from cdc_outbox.leadership import Leadership
 from cdc_outbox.polling_relay import PollingRelay
 from cdc_outbox.relay import CdcUnavailable, Relay
@@ -105,6 +105,8 @@ class Service:
                 self._write_phase(lead, Phase.POLLING)
                 self._run_polling(lead, probe=False)
                 return
+            if mode == "cdc":
+                publication_must_fit(settings)
             problem = cdc_problem(settings) if mode == "auto" else None
             if problem is not None:
                 self._fall_back(lead, problem)
@@ -118,7 +120,7 @@ class Service:
                 logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
                 relay.run()
                 return
-            except (RelayHalted, NotLeader):
+            except (RelayHalted, NotLeader, PreflightError):
                 raise
             except (CdcOutboxError, psycopg.Error) as exc:
                 # CdcUnavailable, CatchUpFailed, a failed slot creation, the database going
@@ -240,6 +242,20 @@ def cdc_problem(settings: Settings) -> str | None:
         return str(exc)
     bad = [c for c in checks if not c.ok and not (c.name == "slot" and "lost" in c.detail)]
     return "; ".join(f"{c.name}: {c.detail}" for c in bad) or None
+
+
+def publication_must_fit(settings: Settings) -> None:
+    """Raise ``PreflightError`` (exit 3) if an existing publication would miss outbox rows
+    (other tables or operations, or a partitioned outbox without publish_via_partition_root):
+    cdc mode cannot fall back, and streaming it would skip events silently."""
+    try:
+        with bootstrap.connect(settings) as conn:
+            checks = bootstrap.preflight(conn, settings)
+    except (CdcOutboxError, psycopg.Error):
+        return  # the database is unreachable: the relay's own retries deal with that
+    for check in checks:
+        if check.name == "publication" and not check.ok:
+            raise PreflightError(f"publication: {check.detail} (fix: {check.fix})")
 
 
 def slot_needs_recreating(settings: Settings) -> bool:
