@@ -212,12 +212,18 @@ class Delivery:
                         idle=self.idle,
                     )
                     return
-                reason = problem
+                # Too large: the dead letter carries the event without its value.
+                value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
+                result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
             else:
-                reason = blocked_reason(blocker)
-            result = DeadLetter(
-                reason, result.event_id, key, result.value, result.headers, result.topic
-            )
+                result = DeadLetter(
+                    blocked_reason(blocker),
+                    result.event_id,
+                    key,
+                    result.value,
+                    result.headers,
+                    result.topic,
+                )
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
 

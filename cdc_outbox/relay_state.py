@@ -30,7 +30,15 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
 
-__all__ = ["NotLeader", "Phase", "RelayState", "ensure_row", "read_state", "write_phase"]
+__all__ = [
+    "NotLeader",
+    "Phase",
+    "RelayState",
+    "ensure_row",
+    "ensure_table",
+    "read_state",
+    "write_phase",
+]
 
 Conn = psycopg.Connection[Any]
 
@@ -64,6 +72,21 @@ class RelayState:
             "leader_id": self.leader_id,
             "lease_expired": self.lease_expired,
         }
+
+
+def ensure_table(conn: Conn, settings: Settings) -> None:
+    """Create the state table if it is missing and this role may (``init`` normally does;
+    a polling-only deployment may never run ``init``). A role without CREATE gets the
+    leader election's own "run `cdc-outbox init`" error later."""
+    ident = schema.relay_state_ident(settings).as_string(conn)
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ident,)).fetchone()
+    if row and row[0]:
+        return
+    try:
+        for stmt in schema.relay_state_ddl(settings):
+            conn.execute(stmt)
+    except psycopg.errors.InsufficientPrivilege:
+        return
 
 
 def read_state(conn: Conn, settings: Settings) -> RelayState:

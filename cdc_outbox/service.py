@@ -70,6 +70,7 @@ class Service:
                 from cdc_outbox.monitoring import start_monitoring
 
                 stack.enter_context(start_monitoring(self.settings, lambda: self.stats))
+            _ensure_state_table(self.settings)
             leadership = self._leadership = Leadership(self.settings)
             stack.callback(leadership.release)
             while not self._stop.is_set():
@@ -242,6 +243,14 @@ def cdc_problem(settings: Settings) -> str | None:
         return str(exc)
     bad = [c for c in checks if not c.ok and not (c.name == "slot" and "lost" in c.detail)]
     return "; ".join(f"{c.name}: {c.detail}" for c in bad) or None
+
+
+def _ensure_state_table(settings: Settings) -> None:
+    try:
+        with bootstrap.connect(settings) as conn:
+            relay_state.ensure_table(conn, settings)
+    except (CdcOutboxError, psycopg.Error) as exc:
+        logger.warning("could not check the relay state table: %s", exc)
 
 
 def publication_must_fit(settings: Settings) -> None:

@@ -188,7 +188,7 @@ def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:
         ).fetchone()
     if row is None:
         return Lsn(0), False
-    return Lsn.parse(row[0]), bool(row[1])
+    return (Lsn(0) if row[0] is None else Lsn.parse(row[0])), bool(row[1])
 
 
 def current_wal_lsn(dsn: str) -> Lsn:

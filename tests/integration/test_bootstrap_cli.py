@@ -96,8 +96,8 @@ def test_init_status_drop_round_trip(pg_dsn: str, names: dict[str, str]) -> None
     init = run_cli(*flags(names), "init", "--create-table", dsn=pg_dsn)
     assert init.returncode == 0, init.stderr
     assert (
-        "done: create_table, create_index, create_index, create_publication, create_slot"
-        in init.stdout
+        "done: create_table, create_index, create_index, create_index, \ncreate_publication,"
+        " create_state_table, create_slot" in init.stdout
     )
     assert table_exists(pg_dsn)
     [(_, ins, upd, dele, trunc, tables)] = publication_row(pg_dsn, names["publication"])

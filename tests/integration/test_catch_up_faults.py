@@ -34,7 +34,7 @@ def _write_backlog(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn) as conn:
         conn.execute(
             "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
-            " SELECT gen_random_uuid(), 'order', 'bulk-' || (g % 100), 'Bulk',"
+            " SELECT gen_random_uuid(), 'order', 'bulk-' || (g %% 100), 'Bulk',"
             " jsonb_build_object('seq', g / 100 + 1, 'pad', repeat('x', 100))"
             " FROM generate_series(0, %s - 1) g",
             (rows,),

@@ -135,9 +135,9 @@ def test_cli_redrive_and_cleanup(pg_dsn: str) -> None:
 
     out = _cli(pg_dsn, "redrive", "--id", ids["f1"], "--id", ids["f3"])
     assert out.returncode == 0, out.stderr
-    assert "moved 2 FAILED rows back to PENDING" in out.stdout
+    assert "redrove 2 FAILED rows" in out.stdout
     out = _cli(pg_dsn, "redrive", "--since", "2026-01-01T01:30:00", "--until", "2026-01-01T03:00")
-    assert "moved 1 FAILED rows" in out.stdout  # f2 (naive times are UTC)
+    assert "redrove 1 FAILED rows" in out.stdout  # f2 (naive times are UTC)
     assert {a for a, (s, _, _) in _by_agg(pg_dsn).items() if s == "FAILED"} == {"f0"}
 
     out = _cli(pg_dsn, "redrive")

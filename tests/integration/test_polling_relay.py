@@ -20,7 +20,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import read_topics
 from cdc_outbox.polling_relay import PollingRelay
 from cdc_outbox.schema import outbox_table_ddl
-from tests.helpers import consume_all, wait_until
+from tests.helpers import consume_all, create_topic, wait_until
 from tests.relay_support import ARTIFACTS, relay_settings
 
 
@@ -131,7 +131,7 @@ def test_publishes_exact_records_and_marks_rows_published(
     assert relay.stats.events_published == 2 and relay.stats.mode == "polling"
 
 
-def test_backoff_then_failed_then_redrive_publishes(
+def test_permanent_failure_dead_letters_parks_the_aggregate_then_redrive_publishes(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
 ) -> None:
     # The producer refuses records over 1,000 bytes: a permanent per-record failure.
@@ -139,56 +139,85 @@ def test_backoff_then_failed_then_redrive_publishes(
         pg_dsn,
         kafka_broker.bootstrap_servers,
         kafka_topic_prefix,
-        max_attempts=3,
         kafka_config={"message.max.bytes": "1000"},
     )
     _create_table(settings)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         big = _insert(conn, "o-1", {"pad": "x" * 3000})
-        small = _insert(conn, "o-1", {"n": 2})  # same aggregate, later: must wait behind big
+        small = _insert(conn, "o-1", {"n": 2})  # same aggregate, later: parked behind big
         other = _insert(conn, "o-2", {"n": 1})
     relay = PollingRelay(settings)
-    delays = []
     try:
-        assert relay.run_once() == 3  # big fails, small is given back unproduced, other goes
+        assert relay.run_once() == 3
         rows = _rows(pg_dsn)
         assert rows[other]["status"] == "PUBLISHED"
-        assert (rows[small]["status"], rows[small]["attempts"]) == ("PENDING", 0)
-        for attempt in (1, 2):
-            row = _rows(pg_dsn)[big]
-            assert (row["status"], row["attempts"]) == ("PENDING", attempt)
-            assert "MSG_SIZE_TOO_LARGE" in row["last_error"]
-            delays.append((row["available_at"] - row["locked_at"]).total_seconds())
-            assert _rows(pg_dsn)[small]["status"] == "PENDING"
-            # Nothing is due until the backoff passes; small stays behind big meanwhile.
-            wait_until(lambda: relay.run_once() > 0, timeout=30)
-        row = _rows(pg_dsn)[big]
-        assert (row["status"], row["attempts"]) == ("FAILED", 3)
-        assert relay.stats.events_dead_lettered == 1
-        # The dead letter no longer blocks its aggregate.
-        wait_until(lambda: relay.run_once() > 0, timeout=30)
-        assert _rows(pg_dsn)[small]["status"] == "PUBLISHED"
+        assert (rows[big]["status"], rows[big]["attempts"]) == ("FAILED", 0)
+        assert "MSG_SIZE_TOO_LARGE" in rows[big]["last_error"]
+        assert (rows[small]["status"], rows[small]["last_error"]) == ("FAILED", f"blocked_by {big}")
+        assert relay.stats.events_dead_lettered == 2
+        assert relay.run_once() == 0  # nothing left to claim: dead letters are not retried
     finally:
         relay.close()
-    # Backoff visible in available_at: base 0.2 s doubling, jitter 0.5..1.
-    assert delays[0] >= 0.1 and delays[1] >= 0.2
+    dlq = consume_all(
+        kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.dlq"], expected_count=2
+    )
+    assert [dict(r.headers)["id"].decode() for r in dlq] == [big, small]
 
     flt = outbox_admin.RedriveFilter(ids=(big,))
-    assert outbox_admin.redrive(settings, flt, dry_run=True) == 1
-    assert outbox_admin.redrive(settings, flt) == 1
-    row = _rows(pg_dsn)[big]
-    assert (row["status"], row["attempts"]) == ("PENDING", 0)
+    assert outbox_admin.redrive(settings, flt, dry_run=True) == 2  # the whole aggregate
+    assert outbox_admin.redrive(settings, flt) == 2
+    rows = _rows(pg_dsn)
+    assert (rows[big]["status"], rows[big]["attempts"]) == ("PENDING", 0)
+    assert rows[small]["status"] == "PENDING"
     fixed = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     relay = PollingRelay(fixed)
     try:
         wait_until(lambda: relay.run_once() > 0, timeout=30)
     finally:
         relay.close()
-    assert _rows(pg_dsn)[big]["status"] == "PUBLISHED"
+    assert _rows(pg_dsn)[big]["status"] == _rows(pg_dsn)[small]["status"] == "PUBLISHED"
     records = consume_all(
         kafka_broker.bootstrap_servers, [f"{kafka_topic_prefix}.event.order"], expected_count=3
     )
-    assert {dict(r.headers)["id"].decode() for r in records} == {big, small, other}
+    assert [dict(r.headers)["id"].decode() for r in records if r.key == b"o-1"] == [big, small]
+
+
+def test_retried_failure_backs_off_without_using_an_attempt(
+    pg_dsn: str, kafka_strict_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """A missing topic (auto-creation off) is retried after a backoff, never dead-lettered."""
+    bootstrap = kafka_strict_broker.bootstrap_servers
+    settings = _settings(
+        pg_dsn,
+        bootstrap,
+        kafka_topic_prefix,
+        backoff_base_s=1.0,
+        backoff_max_s=2.0,
+        kafka_config={"topic.metadata.propagation.max.ms": "500"},
+    )
+    _create_table(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        event = _insert(conn, "o-1", {"n": 1})
+    relay = PollingRelay(settings)
+    try:
+        assert relay.run_once() == 1
+        row = _rows(pg_dsn)[event]
+        assert (row["status"], row["attempts"]) == ("PENDING", 0)
+        assert "UNKNOWN_TOPIC" in row["last_error"]
+        with psycopg.connect(pg_dsn) as conn:
+            due = conn.execute(
+                "SELECT extract(epoch FROM available_at - now()) FROM outbox"
+            ).fetchone()
+        assert due is not None and 0 < due[0] <= 1.0  # backoff_base_s 1.0, jitter 0.5..1
+        assert relay.stats.retries_by_alert["topic_missing"] >= 1
+        assert relay.stats.events_dead_lettered == 0
+        create_topic(bootstrap, f"{kafka_topic_prefix}.event.order")
+        wait_until(
+            lambda: relay.run_once() > 0 and _rows(pg_dsn)[event]["status"] == "PUBLISHED",
+            timeout=60,
+        )
+    finally:
+        relay.close()
 
 
 def _worker_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:

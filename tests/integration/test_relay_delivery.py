@@ -15,6 +15,7 @@ from tests.helpers import wait_until
 from tests.relay_support import (
     current_wal_lsn,
     init_outbox,
+    outbox_statuses,
     relay_settings,
     relay_thread,
     slot_position,
@@ -114,20 +115,13 @@ def test_slot_advances_while_only_other_tables_are_written(
     assert count_records(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.") == 0
 
 
-def test_oversized_payload_goes_to_dead_letter_topic_and_stream_goes_on(
+def test_oversized_payload_is_dead_lettered_before_kafka_and_parks_its_aggregate(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
-    # The broker keeps its default 1 MB limit; the producer is allowed bigger records so that
-    # the broker itself rejects the 2 MB one (random, so compression cannot shrink it).
-    settings = relay_settings(
-        pg_dsn,
-        kafka_broker.bootstrap_servers,
-        kafka_topic_prefix,
-        kafka={
-            "bootstrap_servers": kafka_broker.bootstrap_servers,
-            "config": {"message.max.bytes": "8000000"},
-        },
-    )
+    # A 2 MB record (random, so compression cannot shrink it) is over max_record_bytes: it
+    # never reaches the producer; its dead letter omits the value. The aggregate's later event
+    # is parked behind it; another aggregate flows.
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     init_outbox(settings)
     blob = base64.b64encode(os.urandom(1_500_000)).decode()  # ~2 MB of JSON text
     with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
@@ -135,9 +129,10 @@ def test_oversized_payload_goes_to_dead_letter_topic_and_stream_goes_on(
         big = _insert_event(conn, "agg-1", json.dumps({"seq": 2, "blob": blob}))
         conn.commit()
         after = _insert_event(conn, "agg-1", '{"seq": 3}')
+        other = _insert_event(conn, "agg-2", '{"seq": 1}')
         conn.commit()
         wait_until(
-            lambda: relay.stats.events_published >= 2 and relay.stats.events_dead_lettered >= 1,
+            lambda: relay.stats.events_published >= 2 and relay.stats.events_dead_lettered >= 2,
             timeout=90,
             message=lambda: f"stats {relay.stats}",
         )
@@ -145,18 +140,19 @@ def test_oversized_payload_goes_to_dead_letter_topic_and_stream_goes_on(
         wait_until(
             lambda: slot_position(pg_dsn, settings.slot_name)[0] >= committed_lsn, timeout=30
         )
+        assert relay.stats.delivery_errors == 0  # caught before produce
     main = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
-    assert [dict(r.headers)["id"].decode() for r in main] == [before, after]
+    assert [dict(r.headers)["id"].decode() for r in main] == [before, other]
     dlq = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.dlq")
-    assert len(dlq) == 1
+    assert [dict(r.headers)["id"].decode() for r in dlq] == [big, after]
     dl_headers = dict(dlq[0].headers)
-    assert dl_headers["id"].decode() == big
-    assert b"MSG_SIZE_TOO_LARGE" in dl_headers["cdc_outbox.error"] or b"too large" in (
-        dl_headers["cdc_outbox.error"].lower()
-    )
+    assert b"record too large" in dl_headers["cdc_outbox.error"]
     assert dl_headers["cdc_outbox.original_topic"] == f"{kafka_topic_prefix}.event.order".encode()
+    assert dl_headers["cdc_outbox.value_omitted"] == b"true"
     assert dlq[0].key == b"agg-1"
     assert dlq[0].value is None
+    assert dict(dlq[1].headers)["cdc_outbox.error"] == f"blocked_by {big}".encode()
+    assert outbox_statuses(pg_dsn) == {"PUBLISHED": 2, "FAILED": 2}
 
 
 def test_null_payload_is_dead_lettered_never_published_as_null(
@@ -171,18 +167,45 @@ def test_null_payload_is_dead_lettered_never_published_as_null(
             " VALUES (%s, 'order', 'agg-9', 'OrderPlaced', NULL)",
             (bad,),
         )
-        good = _insert_event(conn, "agg-9", '{"ok": 1}')
+        parked = _insert_event(conn, "agg-9", '{"ok": 1}')
+        good = _insert_event(conn, "agg-10", '{"ok": 1}')
         conn.commit()
         wait_until(
-            lambda: relay.stats.events_published >= 1 and relay.stats.events_dead_lettered >= 1,
+            lambda: relay.stats.events_published >= 1 and relay.stats.events_dead_lettered >= 2,
             timeout=60,
+            message=lambda: f"stats {relay.stats}",
         )
     main = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
     assert [dict(r.headers)["id"].decode() for r in main] == [good]
     assert all(r.value is not None for r in main)
     dlq = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.dlq")
-    assert [dict(r.headers)["id"].decode() for r in dlq] == [bad]
+    assert [dict(r.headers)["id"].decode() for r in dlq] == [bad, parked]
     assert b"null" in dict(dlq[0].headers)["cdc_outbox.error"]
+
+
+def test_null_payload_is_a_tombstone_when_configured(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, null_payload="tombstone"
+    )
+    init_outbox(settings)
+    with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
+        first = _insert_event(conn, "agg-9", '{"ok": 1}')
+        gone = str(uuid.uuid4())
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (%s, 'order', 'agg-9', 'OrderDeleted', NULL)",
+            (gone,),
+        )
+        conn.commit()
+        wait_until(lambda: relay.stats.events_published >= 2, timeout=60)
+        assert relay.stats.events_dead_lettered == 0
+    main = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
+    assert [(dict(r.headers)["id"].decode(), r.key, r.value) for r in main] == [
+        (first, b"agg-9", b'{"ok": 1}'),
+        (gone, b"agg-9", None),
+    ]
 
 
 def test_acknowledged_rows_are_marked_published_off_the_hot_path(

@@ -70,11 +70,17 @@ def test_outbox_sql_matches_generated_ddl(pg_dsn: str, second_dsn: str) -> None:
     from_file, generated = shape(pg_dsn, "outbox"), shape(second_dsn, "outbox")
     assert len(from_file["columns"]) == 14
     assert [i[0] for i in from_file["indexes"]] == [
+        "outbox_failed_idx",
         "outbox_pending_idx",
         "outbox_pkey",
         "outbox_unpublished_idx",
     ]
     assert from_file == generated
+    for stmt in schema.relay_state_ddl(settings_for(second_dsn)):
+        execute(second_dsn, stmt)
+    state_file = shape(pg_dsn, schema.RELAY_STATE_TABLE)
+    assert len(state_file["columns"]) == 7
+    assert state_file == shape(second_dsn, schema.RELAY_STATE_TABLE)
 
 
 def test_processed_events_sql_matches_generated_ddl(pg_dsn: str, second_dsn: str) -> None:
@@ -125,7 +131,7 @@ def test_roles_sql_is_least_privilege_and_matches_generated(pg_dsn: str) -> None
     file_role, gen_role = f"t_relay_{tag}", f"t_relay_gen_{tag}"
     execute(pg_dsn, (SQL_DIR / "outbox.sql").read_text())
     roles_sql = (SQL_DIR / "roles.sql").read_text()
-    assert roles_sql.count("TO cdc_outbox;") == 4
+    assert roles_sql.count("TO cdc_outbox;") == 5
     try:
         execute(pg_dsn, re.sub(r"\bcdc_outbox\b", file_role, roles_sql))
         for stmt in schema.role_ddl(settings_for(pg_dsn), gen_role):

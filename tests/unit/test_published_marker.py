@@ -42,7 +42,7 @@ def test_other_ids_are_one_array_parameter_cast_to_the_column_type() -> None:
 
 
 def test_housekeeping_off_or_without_status_column_marks_nothing() -> None:
-    assert render(TEXT, cdc_mark_published="off") is None
+    assert render(TEXT, cdc_mark_published="off", mode="cdc") is None
     assert render(UUID, columns={"preset": "debezium"}) is None
     assert not PublishedMarker(settings(columns={"preset": "debezium"})).enabled
     assert PublishedMarker(settings(cdc_mark_published="delete")).enabled
