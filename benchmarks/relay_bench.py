@@ -28,7 +28,12 @@ from cdc_outbox.kafka_publisher import KafkaPublisher, count_records
 from cdc_outbox.replication_stream import ReplicationStream
 from cdc_outbox.sandbox.kafka import LocalKafka
 from cdc_outbox.sandbox.postgres import LocalPostgres
-from cdc_outbox.schema import outbox_table_ddl, publication_ddl
+from cdc_outbox.schema import (
+    outbox_table_ddl,
+    publication_ddl,
+    relay_state_ddl,
+    relay_state_ident,
+)
 from cdc_outbox.service import Service
 from cdc_outbox.walproto import Keepalive
 
@@ -77,6 +82,16 @@ def setup(settings: Settings, slots: list[str]) -> None:
         conn.execute(publication_ddl(settings))
         for slot in slots:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        # The slots exist before any row is written: nothing to catch up, the relay streams.
+        for stmt in relay_state_ddl(settings):
+            conn.execute(stmt)
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (slot_name, phase) VALUES (%s, 'STREAMING')"
+                " ON CONFLICT (slot_name) DO UPDATE SET phase = 'STREAMING'"
+            ).format(relay_state_ident(settings)),
+            (settings.slot_name,),
+        )
 
 
 def current_wal(dsn: str) -> int:

@@ -29,6 +29,7 @@ from cdc_outbox import relay_state, schema
 from cdc_outbox.config import Settings
 from cdc_outbox.db_inspection import Conn, PublicationStatus, SlotStatus, inspect_database
 from cdc_outbox.errors import CdcOutboxError, PreflightError
+from cdc_outbox.leadership_rules import application_name
 from cdc_outbox.preflight_checks import (
     MIN_SERVER_VERSION,
     Check,
@@ -228,6 +229,15 @@ def status(settings: Settings) -> StatusReport:
         relay = None
         if _state_table_exists(conn, settings):
             relay = relay_state.read_state(conn, settings).to_dict()
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = %s",
+                (application_name(settings.slot_name),),
+            ).fetchone()
+            instances = int(row[0]) if row else 0
+            leading = 1 if relay["leader_id"] and not relay["lease_expired"] else 0
+            relay["instances"] = instances
+            relay["standby_instances"] = max(instances - leading, 0)
         return StatusReport(
             database=redact_dsn(settings.postgres_dsn()),
             server_version=st.version,

@@ -191,7 +191,10 @@ class Delivery:
     # -- events --------------------------------------------------------------------------
 
     def submit(self, result: OutboxRecord | DeadLetter, handle: EventHandle) -> None:
-        """Publish one mapped event (or dead-letter/park it); outcome via ``handle``."""
+        """Publish one mapped event (or dead-letter/park it); outcome via ``handle``. Once
+        halted, nothing more is produced (the handle never completes)."""
+        if self.halt_reason is not None:
+            return
         if type(result) is OutboxRecord:
             key = result.key
             blocker = self.parking.blocked_by(key) if len(self.parking) else None

@@ -256,10 +256,10 @@ class KafkaPublisher:
 
 def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:
     """(kind, alert) of a Kafka error code: the one classification (see the module contract)."""
+    if code in _RECORD_CODES:  # also when fatal: the gapless guarantee (halt policy) says so
+        return "record", None
     if fatal or code in (KafkaError._FATAL, KafkaError._FENCED):
         return "fatal", "producer_fatal"
-    if code in _RECORD_CODES:
-        return "record", None
     return "retry", _ALERTS.get(code, "kafka_unavailable")
 
 

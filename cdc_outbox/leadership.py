@@ -310,7 +310,7 @@ class Leadership:
 
     def _connect(self) -> Conn:
         dsn = self._settings.postgres_dsn()
-        params = connection_params(self._lease, conninfo_to_dict(dsn))
+        params = connection_params(self._lease, conninfo_to_dict(dsn), self._settings.slot_name)
         conn = psycopg.connect(dsn, autocommit=True, **params)
         conn.execute(  # the server notices a dead peer too; a renew never blocks past lease/2
             "SELECT set_config('tcp_keepalives_idle', '2', false),"

@@ -18,6 +18,7 @@ __all__ = [
     "APPLICATION_NAME",
     "LOCK_NAME",
     "LeaseClock",
+    "application_name",
     "connection_params",
     "holder_is_stuck",
     "lock_namespace",
@@ -27,15 +28,23 @@ LOCK_NAME = "cdc_outbox.leader"
 APPLICATION_NAME = "cdc-outbox leader"
 
 
+def application_name(slot_name: str) -> str:
+    """``application_name`` of every instance's lock connection for ``slot_name`` (what
+    ``cdc-outbox status`` counts as the running instances); PostgreSQL keeps 63 bytes."""
+    return f"{APPLICATION_NAME} {slot_name}"[:63]
+
+
 def lock_namespace(name: str = LOCK_NAME) -> int:
     """First advisory-lock key: a signed int4 from SHA-256 of ``name`` (stable everywhere)."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big", signed=True)
 
 
-def connection_params(lease_s: float, given: Mapping[str, Any]) -> dict[str, Any]:
+def connection_params(
+    lease_s: float, given: Mapping[str, Any], slot_name: str = ""
+) -> dict[str, Any]:
     """libpq parameters of the lock connection: a dead server is noticed within ~lease/2."""
     params: dict[str, Any] = {
-        "application_name": APPLICATION_NAME,
+        "application_name": application_name(slot_name) if slot_name else APPLICATION_NAME,
         "keepalives": 1,
         "keepalives_idle": 2,
         "keepalives_interval": 1,

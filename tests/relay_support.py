@@ -95,6 +95,7 @@ class RelayProcess:
         self.extra_env = extra_env
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"{name}.log"
+        self.log_path.write_bytes(b"")  # this process's log only, not an earlier run's
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

@@ -133,6 +133,10 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
             leader += " (lease expired)"
         table.add_row("relay phase", str(relay["phase"]))
         table.add_row("leader", leader)
+        table.add_row(
+            "instances",
+            f"{relay['instances']} running, {relay['standby_instances']} standing by",
+        )
     stdout.print(table)
     stdout.print(_checks_table(report.checks))
 

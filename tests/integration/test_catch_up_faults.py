@@ -12,6 +12,7 @@ import threading
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaException
 
 from cdc_outbox import workload
 from cdc_outbox.config import Settings
@@ -58,6 +59,14 @@ class _Writers:
         assert not self.thread.is_alive()
 
 
+def _records(bootstrap: str, prefix: str) -> int:
+    """Records in the test's topics (-1 while the broker cannot say, e.g. a leader moving)."""
+    try:
+        return count_records(bootstrap, prefix)
+    except KafkaException:
+        return -1
+
+
 def _verdict(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> workload.Tally:
     expected = workload.stored_events(dsn, columns=settings.column_names())
     verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
@@ -86,7 +95,7 @@ def test_kill_9_in_catch_up_strands_nothing(
         if crash_at == "during_catch_up":
             prefix = f"{kafka_topic_prefix}.event."
             wait_until(
-                lambda: count_records(kafka_broker.bootstrap_servers, prefix) >= 5_000,
+                lambda: _records(kafka_broker.bootstrap_servers, prefix) >= 5_000,
                 timeout=120,
                 interval=0.02,
                 message=relay.log_tail,
@@ -146,10 +155,10 @@ def test_postgres_immediate_shutdown_three_times_mid_load_loses_nothing(
     relay.start()
     try:
         for n in range(3):
-            published = count_records(kafka_broker.bootstrap_servers, kafka_topic_prefix)
+            published = _records(kafka_broker.bootstrap_servers, kafka_topic_prefix)
             wait_until(
                 lambda p=published: (
-                    count_records(kafka_broker.bootstrap_servers, kafka_topic_prefix) > p + 300
+                    _records(kafka_broker.bootstrap_servers, kafka_topic_prefix) > p + 300
                 ),
                 timeout=120,
                 message=relay.log_tail,
@@ -166,3 +175,49 @@ def test_postgres_immediate_shutdown_three_times_mid_load_loses_nothing(
     verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 9_000
+
+
+def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    """The broker is down during a catch-up; a stop interrupts it. Afterwards no marker thread
+    or relay connection is left, and the records the catch-up had queued were dropped (not
+    left in a live producer that would deliver them once the broker is back)."""
+    from cdc_outbox.relay import Relay
+    from cdc_outbox.snapshot_catchup import CatchUpFailed
+
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
+    )
+    init_outbox(settings)
+    _write_backlog(pg_dsn, 2_000)
+    relay = Relay(settings)
+    errors: list[BaseException] = []
+
+    def catch_up() -> None:
+        try:
+            relay.catch_up()
+        except BaseException as exc:
+            errors.append(exc)
+
+    kafka_broker.stop()
+    try:
+        thread = threading.Thread(target=catch_up)
+        thread.start()
+        wait_until(lambda: len(relay.delivery.publisher) >= 2_000, timeout=60)
+        relay.request_stop()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        kafka_broker.start()
+    assert len(errors) == 1 and isinstance(errors[0], CatchUpFailed), errors
+    assert not [t for t in threading.enumerate() if t.name == "published-marker"]
+    with psycopg.connect(pg_dsn) as conn:
+        sessions = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type IN ('client backend', 'walsender')"
+        ).fetchone()
+    assert sessions == (0,)
+    # Its queue was purged: nothing the failed catch-up produced can land later.
+    assert len(relay.delivery.publisher) == 0
+    assert count_records(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.") == 0

@@ -10,14 +10,18 @@ publishes nothing that was dead-lettered.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from cdc_outbox import outbox_admin
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import ConsumedRecord, read_topics
+from cdc_outbox.errors import RelayHalted
+from cdc_outbox.kafka_publisher import ConsumedRecord, count_records, read_topics
+from cdc_outbox.service import Service
 from tests.helpers import wait_until
 from tests.relay_support import (
     init_outbox,
@@ -267,3 +271,67 @@ def test_a_record_the_broker_rejects_parks_its_aggregate_or_counts_order_broken(
         assert stats.order_broken == 1
     else:
         assert right_behind in dlq_ids and stats.order_broken == 0
+
+
+@pytest.mark.parametrize("mode", ["cdc", "polling"])
+def test_halt_policy_stops_before_any_later_event_in_every_mode(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str, mode: str
+) -> None:
+    """``on_permanent_error = "halt"``: the relay stops at the poison event; nothing of its
+    aggregate after it is sent, its row is not dead-lettered, the slot does not pass it."""
+    settings = relay_settings(
+        pg_dsn,
+        kafka_broker.bootstrap_servers,
+        kafka_topic_prefix,
+        mode=mode,
+        on_permanent_error="halt",
+        polling={"poll_interval_s": 0.05},
+    )
+    init_outbox(settings)
+    with psycopg.connect(pg_dsn) as conn:
+        first = _insert(conn, "agg-p", '{"n": 0}')
+        conn.commit()
+    service = Service(settings)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run_into(service, errors), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: service.stats.events_published >= 1, timeout=60)
+        with psycopg.connect(pg_dsn) as conn:
+            poison = _insert(conn, "agg-p", None)
+            after = _insert(conn, "agg-p", '{"n": 2}')
+            conn.commit()
+        thread.join(60)
+        assert not thread.is_alive(), "the relay did not halt"
+    finally:
+        service.request_stop()
+        thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], RelayHalted), errors
+    assert poison in str(errors[0])
+    main = _ids(read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event."))
+    assert main == [first]
+    assert count_records(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.dlq") == 0
+    statuses = outbox_statuses(pg_dsn)
+    assert statuses.get("FAILED", 0) == 0
+    with psycopg.connect(pg_dsn) as conn:
+        left = dict(
+            conn.execute(
+                "SELECT id::text, status FROM outbox WHERE id = ANY(%s::uuid[])", ([poison, after],)
+            ).fetchall()
+        )
+    assert left == {poison: "PENDING", after: "PENDING"}
+    if mode == "cdc":  # the poison's transaction is still in the slot: it was not confirmed
+        with psycopg.connect(pg_dsn) as conn:
+            pending = conn.execute(
+                "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
+                " 'proto_version', '1', 'publication_names', %s)",
+                (settings.slot_name, settings.publication_name),
+            ).fetchone()
+        assert pending is not None and pending[0] >= 4  # Begin, 2 x Insert, Commit
+
+
+def _run_into(service: Service, errors: list[BaseException]) -> None:
+    try:
+        service.run()
+    except BaseException as exc:
+        errors.append(exc)

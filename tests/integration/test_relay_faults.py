@@ -255,3 +255,32 @@ def test_memory_stays_bounded_on_a_huge_transaction(
     assert len({dict(r.headers)["id"] for r in records}) == 150_000
     # The transaction carried ~60 MB of payload; the relay may hold only its window of it.
     assert peak_kb - baseline_kb < 60 * 1024, (baseline_kb, peak_kb)
+
+
+def test_the_in_flight_window_bounds_a_huge_transaction(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    """The window itself, sampled every few ms while one 60,000-event transaction is relayed
+    with max_in_flight = 2,000: it fills up (the bound is what holds the relay back) and is
+    never exceeded."""
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, max_in_flight=2_000
+    )
+    init_outbox(settings)
+    peak = 0
+    with relay_thread(settings) as relay:
+        wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=60)
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+                " SELECT gen_random_uuid(), 'order', 'agg-' || (g %% 50), 'Bulk',"
+                " jsonb_build_object('seq', g) FROM generate_series(1, 60000) g"
+            )
+            conn.commit()
+        deadline = time.monotonic() + 180
+        while relay.stats.events_published < 60_000 and time.monotonic() < deadline:
+            peak = max(peak, relay.stats.in_flight)
+            time.sleep(0.002)
+        assert relay.stats.events_published >= 60_000
+    print(f"peak in flight: {peak} (max_in_flight 2000)")
+    assert 1_000 <= peak <= 2_000

@@ -12,7 +12,7 @@ import time
 
 import psycopg
 
-from cdc_outbox import workload
+from cdc_outbox import bootstrap, workload
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import read_topics
 from tests.helpers import wait_until
@@ -95,6 +95,13 @@ def test_two_instances_without_faults_publish_every_event_once(
             lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
             timeout=60,
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
+        )
+        relay = bootstrap.status(settings).relay
+        assert relay is not None
+        assert (relay["phase"], relay["instances"], relay["standby_instances"]) == (
+            "STREAMING",
+            2,
+            1,
         )
         spec = workload.WorkloadSpec(
             events=50_000, writers=4, aggregates=200, txn_sizes=(1, 10, 100)

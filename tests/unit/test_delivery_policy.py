@@ -44,8 +44,9 @@ def test_only_record_level_rejections_are_permanent(code: int, kind: str, alert:
     assert classify(code, False) == (kind, alert)
 
 
-def test_a_fatal_flag_wins_over_the_code() -> None:
-    assert classify(KafkaError.MSG_SIZE_TOO_LARGE, True) == ("fatal", "producer_fatal")
+def test_a_record_rejection_stays_record_level_when_gapless_makes_it_fatal() -> None:
+    assert classify(KafkaError.MSG_SIZE_TOO_LARGE, True) == ("record", None)
+    assert classify(KafkaError._TRANSPORT, True) == ("fatal", "producer_fatal")
 
 
 def test_actions_per_kind_and_policy() -> None:
