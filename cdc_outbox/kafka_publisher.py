@@ -221,7 +221,7 @@ class KafkaPublisher:
 
     def purge(self) -> None:
         """Drop queued records; their listeners get transient failures on the next poll."""
-        self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
         self._producer.poll(0)
 
     def __len__(self) -> int:
