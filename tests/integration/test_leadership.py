@@ -148,7 +148,7 @@ def test_exactly_one_leader_and_release_hands_over(pg_dsn: str) -> None:
             app = conn.execute(
                 "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (state.leader_pid,)
             ).fetchone()
-        assert app == ("cdc-outbox leader",)
+        assert app == (f"cdc-outbox leader {settings.slot_name}",)
         t0 = time.monotonic()
         a.release()
         assert not a.is_leader() and a.role == "standby"

@@ -273,7 +273,7 @@ def test_the_in_flight_window_bounds_a_huge_transaction(
         with psycopg.connect(pg_dsn) as conn:
             conn.execute(
                 "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
-                " SELECT gen_random_uuid(), 'order', 'agg-' || (g %% 50), 'Bulk',"
+                " SELECT gen_random_uuid(), 'order', 'agg-' || (g % 50), 'Bulk',"
                 " jsonb_build_object('seq', g) FROM generate_series(1, 60000) g"
             )
             conn.commit()
