@@ -92,7 +92,7 @@ class Parking:
             self._blocked.setdefault(key, event_id)
             self._parked.setdefault(key, set()).add(event_id)
 
-    def release(self, key: bytes, redriven_ids: set[str]) -> bool:
+    def release(self, key: bytes, redriven_ids: frozenset[str] | set[str]) -> bool:
         """Release ``key`` if every event parked for it since the last load is among
         ``redriven_ids``; returns whether it was released (False: run redrive again)."""
         if not self._parked.get(key, set()) <= redriven_ids:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -29,7 +30,12 @@ from psycopg import sql
 from cdc_outbox import schema
 from cdc_outbox.config import Settings
 
-__all__ = ["REDRIVE_MESSAGE_PREFIX", "redrive_aggregates"]
+__all__ = [
+    "REDRIVE_MESSAGE_PREFIX",
+    "RedriveRequest",
+    "parse_redrive_message",
+    "redrive_aggregates",
+]
 
 REDRIVE_MESSAGE_PREFIX = "cdc_outbox.redrive"
 #: Columns reset on the re-inserted row (the event itself is never changed).
@@ -42,6 +48,31 @@ _RESET = {
     "published_at": sql.SQL("NULL"),
 }
 _TEMP = sql.Identifier("cdc_outbox_redrive")
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveRequest:
+    """What a redrive message says: the table (``schema.table``), its aggregates and the
+    event ids that were re-inserted."""
+
+    table: str
+    aggregates: tuple[str, ...]
+    ids: frozenset[str]
+
+
+def parse_redrive_message(
+    prefix: str, transactional: bool, content: bytes
+) -> RedriveRequest | None:
+    """The request in a decoded logical message, or None if it is not a redrive message
+    (pure; the relay applies it at its position in the stream)."""
+    if prefix != REDRIVE_MESSAGE_PREFIX or not transactional:
+        return None
+    body = json.loads(content)
+    return RedriveRequest(
+        str(body.get("table", "")),
+        tuple(str(a) for a in body.get("aggregates", [])),
+        frozenset(str(i) for i in body.get("ids", [])),
+    )
 
 
 def _insertable_columns(conn: psycopg.Connection[Any], settings: Settings) -> list[str]:

@@ -25,7 +25,6 @@ Delivery contract (at-least-once, per-aggregate order):
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -42,11 +41,12 @@ from cdc_outbox.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.kafka_publisher import ProduceInterrupted
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.published_marker import PublishedMarker
-from cdc_outbox.redrive import REDRIVE_MESSAGE_PREFIX
+from cdc_outbox.redrive import parse_redrive_message
 from cdc_outbox.relay_state import NotLeader
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.snapshot_catchup import publish_backlog
+from cdc_outbox.txn_handle import TxnHandle
 from cdc_outbox.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 
 logger = logging.getLogger(__name__)
@@ -64,38 +64,6 @@ class CdcUnavailable(CdcOutboxError):
 
 class _Restart(Exception):
     """Tear the stream down and re-stream from the confirmed position."""
-
-
-class TxnHandle:
-    """Outcomes of one transaction's events, reported to the tracker of its session; also
-    times the transaction (commit timestamp to its last outcome)."""
-
-    __slots__ = ("commit_unix", "events", "pending", "stats", "tracker", "txn_id")
-
-    def __init__(self, tracker: AckTracker, stats: RelayStats, txn_id: int) -> None:
-        self.tracker = tracker
-        self.stats = stats
-        self.txn_id = txn_id
-        self.pending = 0
-        self.events = 0
-        self.commit_unix = 0.0  # set at Commit
-
-    def add_event(self) -> None:
-        self.tracker.add_event(self.txn_id)
-        self.pending += 1
-        self.events += 1
-
-    def published(self, topic: str) -> None:
-        self.tracker.ack(self.txn_id)
-        self.pending -= 1
-        if self.pending == 0 and self.commit_unix and self.stats.latency_observers:
-            self.stats.observe_latency(time.time() - self.commit_unix, self.events)
-
-    def dead_lettered(self) -> None:
-        self.published("")
-
-    def retry(self, reason: str) -> None:
-        """Nothing to do: the session restarts and the transaction is streamed again."""
 
 
 class Relay:
@@ -373,23 +341,19 @@ class Relay:
             self._count_ignored(type(other).__name__.lower())
 
     def _on_message(self, message: pgoutput.Message) -> None:
-        """A redrive message for this outbox releases its aggregates here, in stream order
-        (see :meth:`~cdc_outbox.delivery_policy.Parking.release`)."""
-        if message.prefix != REDRIVE_MESSAGE_PREFIX or not message.transactional:
+        """A redrive message for this outbox releases its aggregates here, in stream order."""
+        table = f"{self.settings.outbox_schema}.{self.settings.outbox_table}"
+        request = parse_redrive_message(message.prefix, message.transactional, message.content)
+        if request is None:
             self._count_ignored("message")
-            return
-        body = json.loads(message.content)
-        if body.get("table") != f"{self.settings.outbox_schema}.{self.settings.outbox_table}":
-            return
-        ids = {str(i) for i in body.get("ids", [])}
-        parking = self.delivery.parking
-        for aggregate in body.get("aggregates", []):
-            if not parking.release(str(aggregate).encode(), ids):
-                logger.warning(
-                    "redrive of aggregate %s left out events parked meanwhile; it stays parked:"
-                    " run `cdc-outbox redrive` again",
-                    aggregate,
-                )
+        elif request.table == table:
+            for aggregate in request.aggregates:
+                if not self.delivery.parking.release(aggregate.encode(), request.ids):
+                    logger.warning(
+                        "redrive of aggregate %s left out events parked meanwhile; it stays"
+                        " parked: run `cdc-outbox redrive` again",
+                        aggregate,
+                    )
 
     # -- confirmation ------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ instance ever drops the slot the other streams from.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -184,3 +185,72 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
     verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 20_000
+
+
+def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str
+) -> None:
+    """SIGSTOP stands in for a leader cut off from PostgreSQL: the server keeps its session,
+    so only the lease tells. The standby takes over once the lease expired; the old leader,
+    woken with SIGCONT, finds it lost its lease and stands by. Nothing lost, order kept."""
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto"
+    )
+    init_outbox(settings)
+    relays = [RelayProcess(settings, f"sigstop-{i}") for i in range(2)]
+    for relay in relays:
+        relay.start()
+    spec = workload.WorkloadSpec(
+        events=8_000, writers=2, aggregates=60, txn_sizes=(1, 10), rate=800
+    )
+    writers = None
+    try:
+        wait_until(
+            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            timeout=60,
+            message=lambda: relays[0].log_tail() + relays[1].log_tail(),
+        )
+        writers = _writers(pg_dsn, settings, spec)
+        time.sleep(1.5)  # under load
+        leader_id = relay_phase(pg_dsn, settings.slot_name)[1]
+        assert leader_id is not None
+        victim = next(i for i, r in enumerate(relays) if f":{r.proc.pid}:" in leader_id)
+        relays[victim].proc.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        other = relays[1 - victim]
+        wait_until(
+            lambda: (
+                (leader := relay_phase(pg_dsn, settings.slot_name)[1]) is not None
+                and f":{other.proc.pid}:" in leader
+                and _slot_holder(pg_dsn, settings.slot_name) is not None
+            ),
+            timeout=30,
+            interval=0.05,
+            message=other.log_tail,
+        )
+        took = time.monotonic() - stopped_at
+        print(f"SIGSTOP: the standby streams after {took:.2f} s")
+        relays[victim].proc.send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: (
+                "lost leadership" in relays[victim].log_tail(20_000)
+                or "lease not renewed" in relays[victim].log_tail(20_000)
+            ),
+            timeout=30,
+            message=relays[victim].log_tail,
+        )
+        writers.join(300)
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 240)
+        assert all(r.alive for r in relays)
+        assert f":{other.proc.pid}:" in (relay_phase(pg_dsn, settings.slot_name)[1] or "")
+    finally:
+        for relay in relays:
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.proc.send_signal(signal.SIGCONT)
+            relay.stop_quietly()
+        if writers is not None:
+            writers.join(300)
+    assert took <= TAKEOVER_BOUND_S
+    verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == 8_000

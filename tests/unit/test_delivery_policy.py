@@ -112,3 +112,18 @@ def test_keys_in_flight_reports_later_records_of_the_same_key(
     assert len(tracker) == 0
     assert tracker.done(b"never") == 0
     assert tracker.done(None) == 0
+
+
+def test_redrive_messages_are_parsed_only_when_transactional_and_ours() -> None:
+    from cdc_outbox.redrive import REDRIVE_MESSAGE_PREFIX, parse_redrive_message
+
+    body = b'{"table": "public.outbox", "aggregates": ["a", "b"], "ids": ["e1", "e2"]}'
+    request = parse_redrive_message(REDRIVE_MESSAGE_PREFIX, True, body)
+    assert request is not None
+    assert (request.table, request.aggregates, request.ids) == (
+        "public.outbox",
+        ("a", "b"),
+        frozenset({"e1", "e2"}),
+    )
+    assert parse_redrive_message(REDRIVE_MESSAGE_PREFIX, False, body) is None
+    assert parse_redrive_message("other.prefix", True, body) is None
