@@ -1,8 +1,9 @@
 """What the relay counts, for logs, metrics, the dashboard and tests.
 
 Single writer (the relay thread); readers in other threads see plain ints and dicts, so a
-reading may be a moment stale but is never torn. The exception is :meth:`RelayStats.beat`,
-which the relay loops, the standby loop and (as a fallback) the monitoring thread may call.
+reading may be a moment stale but is never torn. The exception is the liveness heartbeat
+(:meth:`RelayStats.beat`), written by the relay, polling and standby loops and, for a role
+whose loop does not beat, by the ``/healthz`` handler.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class RelayStats:
     #: Called with (seconds from commit to the last acknowledgement, events) per transaction.
     latency_observers: list[Callable[[float, int], None]] = field(default_factory=list)
     #: Liveness: unix time the main loop (relay, polling or standby) last turned, and the roles
-    #: whose loop called :meth:`beat` at least once (for the others the monitoring thread
-    #: keeps ``last_loop_unix`` fresh itself: see cdc_outbox.monitoring.health).
+    #: whose loop called :meth:`beat` at least once (for the others ``/healthz`` refreshes
+    #: ``last_loop_unix`` itself: see cdc_outbox.monitoring.health).
     last_loop_unix: float = 0.0
     beating_roles: set[str] = field(default_factory=set)
 

@@ -2,9 +2,9 @@
 
 Contract:
 - Liveness: the main loop turned within ``health.loop_stale_s`` (``RelayStats.last_loop_unix``).
-  A role whose loop never called ``RelayStats.beat`` (code not instrumented yet) is covered
-  by this module's background thread, which then beats for it: liveness then means "the
-  process and its monitoring thread run".
+  For a role whose loop never called ``RelayStats.beat`` (code not instrumented yet) the
+  endpoint beats for it when asked: liveness then means "the process serves HTTP". (Not the
+  check thread: a check hanging on a frozen database must not make the process look dead.)
 - Readiness: PostgreSQL answered ``SELECT 1`` (own connection, kept open) and Kafka returned
   cluster metadata (:class:`~cdc_outbox.kafka_publisher.KafkaProbe`), both in the latest
   background check, which runs every ``health.check_interval_s`` with ``health.check_timeout_s``
@@ -75,7 +75,6 @@ class HealthChecks:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._beat_if_uninstrumented()
         self._thread = threading.Thread(target=self._run, name="health-checks", daemon=True)
         self._thread.start()
 
@@ -90,16 +89,10 @@ class HealthChecks:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._beat_if_uninstrumented()
                 self.run_checks()
-            except Exception:  # the thread must survive anything: liveness depends on it
+            except Exception:  # the thread must survive anything
                 logger.exception("health checks failed unexpectedly")
             self._stop.wait(self.interval_s)
-
-    def _beat_if_uninstrumented(self) -> None:
-        stats = self._stats()
-        if stats.role not in stats.beating_roles:
-            stats.last_loop_unix = time.time()
 
     # -- the checks --------------------------------------------------------------------------
 
@@ -162,6 +155,8 @@ class HealthChecks:
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         """(alive, JSON body) for ``/healthz``."""
         stats = self._stats()
+        if stats.role not in stats.beating_roles:
+            stats.last_loop_unix = time.time()  # no loop of this role beats: we do
         last = stats.last_loop_unix
         age = time.time() - last if last else None
         alive = age is not None and age <= self.loop_stale_s
