@@ -42,6 +42,7 @@ from cdc_outbox.config_models import (
     COLUMN_PRESETS,
     IDENT_RE,
     ColumnSettings,
+    HealthSettings,
     KafkaSettings,
     PollingSettings,
     check_ident,
@@ -69,6 +70,7 @@ __all__ = [
     "TOPIC_FIELDS",
     "WAL_SENDER_TIMEOUT_DEFAULT_S",
     "ColumnSettings",
+    "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
     "Settings",
@@ -147,6 +149,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
     heartbeat_interval_s: float = Field(default=0.0, ge=0, le=3600)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 

@@ -1,4 +1,4 @@
-"""Nested settings tables: ``[columns]``, ``[kafka]`` and ``[polling]``.
+"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]`` and ``[health]``.
 
 Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
 composes them (see docs/configuration.md). :func:`check_ident` is the SQL identifier rule
@@ -21,6 +21,7 @@ __all__ = [
     "COLUMN_PRESETS",
     "IDENT_RE",
     "ColumnSettings",
+    "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
     "check_ident",
@@ -137,3 +138,14 @@ class PollingSettings(_Strict):
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError("polling.backoff_max_s must be >= polling.backoff_base_s")
         return self
+
+
+class HealthSettings(_Strict):
+    """Liveness (``/healthz``) and readiness (``/readyz``) of the metrics endpoint."""
+
+    #: Seconds between the background readiness checks (PostgreSQL ``SELECT 1``, Kafka
+    #: metadata); each check gives up after ``check_timeout_s``.
+    check_interval_s: float = Field(default=2.0, gt=0, le=60)
+    check_timeout_s: float = Field(default=2.0, gt=0, le=30)
+    #: ``/healthz`` fails once the main loop has not turned for this long.
+    loop_stale_s: float = Field(default=60.0, ge=5, le=3600)

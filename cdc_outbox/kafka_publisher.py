@@ -50,9 +50,10 @@ class _QuietLibrdkafkaLog:
     rate-limited warnings (``error_cb``) already say so.
     """
 
-    def __init__(self, interval_s: float = 30.0) -> None:
+    def __init__(self, interval_s: float = 30.0, max_level: int = logging.WARNING) -> None:
         self._logger = logging.getLogger("cdc_outbox.librdkafka")
         self._interval_s = interval_s
+        self._max_level = max_level
         self._last: dict[str, float] = {}
 
     def log(self, level: int, msg: str, *args: object) -> None:
@@ -64,7 +65,7 @@ class _QuietLibrdkafkaLog:
         if len(self._last) > 1000:
             self._last.clear()
         self._last[key] = now
-        self._logger.log(min(level, logging.WARNING), "%s", text)
+        self._logger.log(min(level, self._max_level), "%s", text)
 
 
 Headers = list[tuple[str, bytes]]
@@ -252,6 +253,28 @@ class KafkaPublisher:
         if now - self._last_error_log > 10.0:
             self._last_error_log = now
             logger.warning("kafka: %s", err.str())
+
+
+class KafkaProbe:
+    """Readiness: is the cluster reachable? One long-lived client (the configured security
+    settings, never producing) whose metadata request is the check; errors go to the caller,
+    librdkafka's own lines to DEBUG (the relay's producer already warns)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        merged = {**config, "error_cb": lambda err: None}
+        try:
+            self._producer = Producer(merged, logger=_QuietLibrdkafkaLog(max_level=logging.DEBUG))
+        except KafkaException as exc:
+            raise ValueError(f"invalid Kafka configuration: {exc.args[0]}") from exc
+
+    def check(self, timeout: float) -> int:
+        """Number of brokers in fresh cluster metadata; ``ConnectionError`` if none arrives
+        within ``timeout`` s."""
+        try:
+            metadata = self._producer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise ConnectionError(f"Kafka not reachable: {exc.args[0].str()}") from exc
+        return len(metadata.brokers)
 
 
 def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:

@@ -1,11 +1,14 @@
 """What the relay counts, for logs, metrics, the dashboard and tests.
 
 Single writer (the relay thread); readers in other threads see plain ints and dicts, so a
-reading may be a moment stale but is never torn.
+reading may be a moment stale but is never torn. The exception is the liveness heartbeat
+(:meth:`RelayStats.beat`), written by the relay, polling and standby loops and, for a role
+whose loop does not beat, by the ``/healthz`` handler.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +41,23 @@ class RelayStats:
     alert_last_seen: dict[str, float] = field(default_factory=dict)
     #: Called with (seconds from commit to the last acknowledgement, events) per transaction.
     latency_observers: list[Callable[[float, int], None]] = field(default_factory=list)
+    #: Liveness: unix time the main loop (relay, polling or standby) last turned, and the roles
+    #: whose loop called :meth:`beat` at least once (for the others ``/healthz`` refreshes
+    #: ``last_loop_unix`` itself: see cdc_outbox.monitoring.health).
+    last_loop_unix: float = 0.0
+    beating_roles: set[str] = field(default_factory=set)
+
+    def beat(self) -> None:
+        """The calling main loop turned: liveness (``/healthz``) is measured from here."""
+        self.last_loop_unix = time.time()
+        if self.role not in self.beating_roles:
+            self.beating_roles.add(self.role)
+
+    def beating(self, stop: threading.Event) -> threading.Event:
+        """``stop`` seen through an event that calls :meth:`beat` whenever a loop checks or
+        waits on it (for a loop that lives in code without a ``stats``, e.g. the standby's
+        ``Leadership.acquire(stats.beating(stop))``)."""
+        return _BeatingEvent(stop, self.beat)
 
     def count_published(self, topic: str) -> None:
         self.events_published += 1
@@ -56,3 +76,26 @@ class RelayStats:
     def observe_latency(self, seconds: float, events: int) -> None:
         for observer in self.latency_observers:
             observer(seconds, events)
+
+
+class _BeatingEvent(threading.Event):
+    """Delegates to another event; ``is_set`` and ``wait`` call ``on_turn`` first."""
+
+    def __init__(self, event: threading.Event, on_turn: Callable[[], None]) -> None:
+        super().__init__()
+        self._event = event
+        self._on_turn = on_turn
+
+    def is_set(self) -> bool:
+        self._on_turn()
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._on_turn()
+        return self._event.wait(timeout)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up everything cdc-outbox needs, from nothing, on Debian 12 (idempotent; re-runs are fast).
 #   - PostgreSQL server binaries, Java 17+ and Maven, Chromium and promtool for the
-#     monitoring tests (apt-get, only what is missing)
+#     monitoring tests, Go for the Kubernetes manifest validator (apt-get, only what is
+#     missing)
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
 #     pyproject.toml changes)
-#   - the Kafka broker jars and its class-data-sharing archive, cached in
+#   - the Kafka broker jars and its class-data-sharing archive, and the Go modules of
+#     docker/k8s/validate (from the Go module proxy), cached in
 #     ${CDC_OUTBOX_CACHE_DIR:-~/.cache/cdc-outbox}
 # Runs as root, or as a user with sudo for apt-get. PYTHON selects the interpreter (>= 3.11).
 # Debian's postgresql package also starts a cluster on port 5432: harmless, cdc-outbox's
@@ -39,6 +41,8 @@ command -v mvn >/dev/null 2>&1 || packages+=(maven)
 # The dashboard test drives a real headless Chromium; promtool validates the alert rules.
 command -v chromium >/dev/null 2>&1 || packages+=(chromium fonts-dejavu-core)
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+# docker/k8s/validate (go.mod: go 1.19, so Debian 12's golang-go suffices).
+command -v go >/dev/null 2>&1 || packages+=(golang-go)
 python_ok || packages+=(python3 python3-venv)
 
 if [ "${#packages[@]}" -gt 0 ]; then
@@ -71,4 +75,9 @@ from cdc_outbox.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
 ensure_kafka_jars()
 ensure_cds_archive()
 '
+log "checking the Go modules of the Kubernetes manifest validator"
+cache="${CDC_OUTBOX_CACHE_DIR:-$HOME/.cache/cdc-outbox}"
+(cd docker/k8s/validate &&
+  GOFLAGS=-mod=mod GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOTOOLCHAIN=local \
+    go mod download)
 log "ready"

@@ -15,7 +15,7 @@ import typer
 
 from cdc_outbox import __version__
 from cdc_outbox.cli import bootstrap_cmd, lag_cmd, polling_cmd, relay_cmd
-from cdc_outbox.cli.common import GlobalOptions, error_exit
+from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, error_exit, set_global
 from cdc_outbox.cli.sandbox_cmd import app as sandbox_app
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app = typer.Typer(
     "Settings come from flags > CDC_OUTBOX_* environment > TOML file (--config) > defaults.",
     no_args_is_help=True,
     add_completion=False,
+    cls=GlobalOptionsGroup,  # the global options are accepted after the command too
     pretty_exceptions_enable=False,  # never render locals (they may hold secrets)
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -68,19 +69,12 @@ def _global(
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
 ) -> None:
-    """Global options go before the command: cdc-outbox --dsn ... init."""
-    overrides = {
-        "dsn": dsn,
-        "slot_name": slot,
-        "publication_name": publication,
-        "outbox_table": table,
-        "outbox_schema": schema,
-    }
-    ctx.obj = GlobalOptions(
-        config=config,
-        overrides={k: v for k, v in overrides.items() if v is not None},
-        log_level=log_level,
-    )
+    """Global options go before or after the command (after wins): cdc-outbox init --dsn ..."""
+    opts = ctx.obj = GlobalOptions()
+    given = {"config": config, "dsn": dsn, "slot": slot, "publication": publication}
+    given.update(table=table, schema=schema, log_level=log_level)
+    for name, value in given.items():
+        set_global(opts, name, value)
 
 
 # -- command registration ------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Shared CLI plumbing: global options, settings loading, logging, output, error mapping.
 
 Commands get their settings with :func:`settings_from` (global flags override env/TOML).
+The global options are accepted before and after the command (:class:`GlobalOptionsGroup`);
+given in both places, the one after the command wins.
 Errors are turned into exit codes in one place, :func:`error_exit` (called by ``main``):
 ``CdcOutboxError`` -> its ``exit_code`` (ConfigError 2, PreflightError 3, others 1),
 ``psycopg.Error`` -> 1; always one line on stderr, secrets masked.
@@ -8,6 +10,7 @@ Errors are turned into exit codes in one place, :func:`error_exit` (called by ``
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -19,6 +22,7 @@ from typing import Any
 import psycopg
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from cdc_outbox.config import Settings, load_settings
 from cdc_outbox.errors import CdcOutboxError
@@ -39,9 +43,65 @@ class GlobalOptions:
     log_level: str | None = None
 
 
+#: Global options that set a setting: parameter name -> setting key (``config`` and
+#: ``log_level`` are kept apart: the file is a source, the level also sets up logging).
+SETTING_OF = {
+    "dsn": "dsn",
+    "slot": "slot_name",
+    "publication": "publication_name",
+    "table": "outbox_table",
+    "schema": "outbox_schema",
+}
+GLOBAL_PARAMS = frozenset({*SETTING_OF, "config", "log_level"})
+
+
 def global_options(ctx: typer.Context) -> GlobalOptions:
     obj = ctx.find_root().obj
-    return obj if isinstance(obj, GlobalOptions) else GlobalOptions()
+    if not isinstance(obj, GlobalOptions):
+        obj = ctx.find_root().obj = GlobalOptions()
+    return obj
+
+
+def set_global(opts: GlobalOptions, name: str, value: Any) -> None:
+    """Record global option ``name`` (a :data:`GLOBAL_PARAMS` name); ``None`` = not given."""
+    if value is None:
+        return
+    if name == "config":
+        opts.config = Path(value)
+    elif name == "log_level":
+        opts.log_level = str(value)
+    else:
+        opts.overrides[SETTING_OF[name]] = value
+
+
+class GlobalOptionsGroup(TyperGroup):
+    """The root group: every command (also in sub-groups) accepts the root's global options
+    too, as copies that record their value after the root callback ran, so they win."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        shared = [p for p in self.params if p.name in GLOBAL_PARAMS]
+        for command in self.commands.values():
+            _add_options(command, shared)
+
+
+def _add_options(command: Any, shared: list[Any]) -> None:
+    subcommands = getattr(command, "commands", None)
+    if isinstance(subcommands, dict):  # a sub-group: its commands take them
+        for sub in subcommands.values():
+            _add_options(sub, shared)
+        return
+    for param in shared:
+        option = copy.copy(param)
+        option.expose_value = False
+        option.callback = _record
+        option.rich_help_panel = "Global options (also before the command)"
+        command.params.append(option)
+
+
+def _record(ctx: typer.Context, param: Any, value: Any) -> Any:
+    set_global(global_options(ctx), str(param.name), value)
+    return value
 
 
 def settings_from(ctx: typer.Context) -> Settings:

@@ -1,4 +1,5 @@
-"""Monitoring of a running relay: slot monitor, metrics endpoint, dashboard, heartbeat.
+"""Monitoring of a running relay: slot monitor, metrics endpoint, dashboard, heartbeat,
+liveness and readiness checks.
 
 :func:`start_monitoring` starts them in background threads and stops them on exit. Nothing
 here can stop the relay: a monitor, heartbeat or HTTP failure is logged and counted, and the
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from cdc_outbox.config import Settings
+from cdc_outbox.monitoring.health import HealthChecks
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.http_server import MonitoringServer
 from cdc_outbox.monitoring.metrics import LatencyHistogram, RelayCollector
@@ -35,6 +37,7 @@ class Monitoring:
     monitor: SlotMonitor
     heartbeat: Heartbeat | None
     server: MonitoringServer | None
+    health: HealthChecks
 
     @property
     def url(self) -> str | None:
@@ -43,8 +46,8 @@ class Monitoring:
 
 @contextmanager
 def start_monitoring(settings: Settings, stats: Callable[[], RelayStats]) -> Iterator[Monitoring]:
-    """Run the slot monitor, the HTTP endpoint (``metrics_host:metrics_port``) and, when
-    ``heartbeat_interval_s`` > 0, the heartbeat, until the ``with`` block exits.
+    """Run the slot monitor, the health checks, the HTTP endpoint (``metrics_host:metrics_port``)
+    and, when ``heartbeat_interval_s`` > 0, the heartbeat, until the ``with`` block exits.
 
     ``stats`` returns the running relay's :class:`RelayStats` (called at every sample and
     scrape, so a replaced relay is followed).
@@ -58,9 +61,12 @@ def start_monitoring(settings: Settings, stats: Callable[[], RelayStats]) -> Ite
     registry.register(RelayCollector(stats, histogram, monitor, heartbeat))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    health = HealthChecks(settings, stats)
     server: MonitoringServer | None = None
     try:
-        server = MonitoringServer(settings.metrics_host, settings.metrics_port, registry, monitor)
+        server = MonitoringServer(
+            settings.metrics_host, settings.metrics_port, registry, monitor, health
+        )
     except OSError as exc:
         logger.error(
             "metrics endpoint %s:%s unavailable (%s); the relay runs without it",
@@ -69,15 +75,17 @@ def start_monitoring(settings: Settings, stats: Callable[[], RelayStats]) -> Ite
             exc.strerror or exc,
         )
     monitor.start()
+    health.start()
     if heartbeat is not None:
         heartbeat.start()
     if server is not None:
         server.start()
     try:
-        yield Monitoring(registry, histogram, monitor, heartbeat, server)
+        yield Monitoring(registry, histogram, monitor, heartbeat, server, health)
     finally:
         if server is not None:
             server.close()
         if heartbeat is not None:
             heartbeat.stop()
+        health.stop()
         monitor.stop()

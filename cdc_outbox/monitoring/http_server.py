@@ -5,7 +5,9 @@ Routes:
 - ``/api/lag``: ``{"current": <LagSample dict or null>, "chart": [points], "refresh_seconds",
   "slot_name"}``; ``?since=<unix>`` returns only chart points sampled after it.
 - ``/dashboard`` (and ``/``): the lag dashboard; ``/dashboard/<asset>`` its packaged files.
-- ``/healthz``: ``ok``.
+- ``/healthz``: liveness, ``/readyz``: readiness (JSON; 200 or 503; see
+  :mod:`cdc_outbox.monitoring.health`). Without health checks ``/healthz`` answers 200 and
+  ``/readyz`` 503.
 
 Bound to ``metrics_host`` (127.0.0.1 by default). Serves from daemon threads; :meth:`close`
 stops it.
@@ -24,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from cdc_outbox.monitoring.health import HealthChecks
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 
 logger = logging.getLogger(__name__)
@@ -56,10 +59,16 @@ class MonitoringServer:
     """HTTP server in a background thread; ``port`` is the bound port."""
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, monitor: SlotMonitor | None
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        monitor: SlotMonitor | None,
+        health: HealthChecks | None = None,
     ) -> None:
         self.registry = registry
         self.monitor = monitor
+        self.health = health
         self._assets = {name: load_asset(name) for name in ASSETS}
         handler = _handler_class(self)
         self._server = ThreadingHTTPServer((host, port), handler)
@@ -105,6 +114,15 @@ class MonitoringServer:
     def asset(self, name: str) -> bytes:
         return self._assets[name]
 
+    def probe(self, path: str) -> tuple[int, bytes]:
+        """Status and JSON body of ``/healthz`` or ``/readyz``."""
+        health = self.health
+        if health is None:
+            ok, body = path == "/healthz", {"status": "no health checks"}
+        else:
+            ok, body = health.liveness() if path == "/healthz" else health.readiness()
+        return (200 if ok else 503), json.dumps(body, allow_nan=False).encode() + b"\n"
+
 
 def _handler_class(server: MonitoringServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -126,8 +144,9 @@ def _handler_class(server: MonitoringServer) -> type[BaseHTTPRequestHandler]:
                 elif path.startswith("/dashboard/") and path[11:] in ASSETS:
                     name = path[11:]
                     self._send(200, ASSETS[name], server.asset(name))
-                elif path == "/healthz":
-                    self._send(200, "text/plain; charset=utf-8", b"ok\n")
+                elif path in ("/healthz", "/readyz"):
+                    code, body = server.probe(path)
+                    self._send(code, "application/json", body)
                 else:
                     self._send(404, "text/plain; charset=utf-8", b"not found\n")
             except Exception:  # never let a request kill the server thread

@@ -254,7 +254,7 @@ def test_http_routes_serve_packaged_assets_only(pg_dsn: str) -> None:
         status, ctype, body = get(base + "/dashboard/dashboard.js")
         assert status == 200 and ctype.startswith("text/javascript") and b"/api/lag" in body
         assert get(base + "/dashboard/dashboard.css")[0] == 200
-        assert get(base + "/healthz")[2] == b"ok\n"
+        assert json.loads(get(base + "/healthz")[2])["status"] == "ok"
         for path in ("/dashboard/../config.py", "/dashboard/%2e%2e/config.py", "/nope"):
             assert get(base + path)[0] == 404, path
         doc = wait_until(lambda: api_lag(settings)["current"], timeout=30)
