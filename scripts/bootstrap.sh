@@ -67,7 +67,7 @@ log "checking the Kafka broker cache"
 .venv/bin/python -c '
 import logging
 logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
-from cdc_outbox.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
+from cdc_outbox_dev.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
 ensure_kafka_jars()
 ensure_cds_archive()
 '
