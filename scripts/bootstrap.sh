@@ -3,7 +3,8 @@
 #   - PostgreSQL server binaries, Java 17+ and Maven, Chromium and promtool for the
 #     monitoring tests (apt-get, only what is missing)
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
-#     pyproject.toml changes)
+#     pyproject.toml changes), and a .pth file that makes the dev harness cdc_outbox_dev
+#     (not part of the wheel) importable from this checkout
 #   - the Kafka broker jars and its class-data-sharing archive, cached in
 #     ${CDC_OUTBOX_CACHE_DIR:-~/.cache/cdc-outbox}
 # Runs as root, or as a user with sudo for apt-get. PYTHON selects the interpreter (>= 3.11).
@@ -61,6 +62,12 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+# cdc_outbox_dev (sandbox, workload, demo) is not installed: put this checkout on the path.
+pth="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/cdc_outbox_dev.pth"
+if [ "$(cat "$pth" 2>/dev/null)" != "$PWD" ]; then
+  log "adding $PWD to the .venv import path (cdc_outbox_dev)"
+  printf '%s\n' "$PWD" >"$pth"
 fi
 
 log "checking the Kafka broker cache"
