@@ -31,11 +31,12 @@ import psycopg
 from benchmarks import compare_report
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import current_wal, services, setup
-from cdc_outbox import workload
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import Headers, KafkaPublisher, count_records
+from cdc_outbox.kafka_publisher import Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import ColumnNames
 from cdc_outbox.service import Service
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import count_records
 
 SLOT, PUBLICATION, TABLE = "bench_compare", "bench_compare_pub", "bench_compare_outbox"
 MODES = ("cdc", "polling")

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox.sandbox.kafka_jars import KAFKA_VERSION
+from cdc_outbox_dev.sandbox.kafka_jars import KAFKA_VERSION
 
 
 def machine(dsn: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from cdc_outbox.sandbox._proc import children
+from cdc_outbox_dev.sandbox._proc import children
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

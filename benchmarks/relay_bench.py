@@ -22,12 +22,9 @@ import psycopg
 from psycopg import sql
 
 from benchmarks.cpu import CpuMeter, process_cpu, thread_cpu, tree_cpu
-from cdc_outbox import workload
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import KafkaPublisher, count_records
+from cdc_outbox.kafka_publisher import KafkaPublisher
 from cdc_outbox.replication_stream import ReplicationStream
-from cdc_outbox.sandbox.kafka import LocalKafka
-from cdc_outbox.sandbox.postgres import LocalPostgres
 from cdc_outbox.schema import (
     outbox_table_ddl,
     publication_ddl,
@@ -36,6 +33,10 @@ from cdc_outbox.schema import (
 )
 from cdc_outbox.service import Service
 from cdc_outbox.walproto import Keepalive
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import count_records
+from cdc_outbox_dev.sandbox.kafka import LocalKafka
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
 

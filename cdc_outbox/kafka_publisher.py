@@ -1,4 +1,6 @@
-"""The Kafka side: the only module that imports confluent-kafka (producer + a verification reader).
+"""The Kafka producer: the only runtime module that imports confluent-kafka.
+
+Reading topics back (demo, tests, benchmarks) is ``cdc_outbox_dev.readback``, not shipped.
 
 Contract:
 - The producer is idempotent with ``acks=all``; per partition, records are written in
@@ -28,15 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
@@ -302,92 +296,3 @@ def _failure(
         value=value,
         headers=list(headers or []),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    """One record read back from Kafka (verification: demo, benchmarks, tests)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-
-
-def read_topics(
-    bootstrap_servers: str,
-    topic_prefix: str,
-    *,
-    timeout: float = 60.0,
-    extra_config: Mapping[str, Any] | None = None,
-) -> list[ConsumedRecord]:
-    """Everything currently in the topics whose names start with ``topic_prefix``.
-
-    Reads each partition from its beginning up to the high watermark seen at the start, in
-    offset order per partition. Raises ``TimeoutError`` if that takes longer than ``timeout``.
-    """
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap_servers,
-        "group.id": f"cdc-outbox-reader-{time.time_ns()}",
-        "enable.auto.commit": "false",
-        "enable.partition.eof": "false",
-        **(extra_config or {}),
-    }
-    consumer = Consumer(config)
-    try:
-        ends = {
-            tp: high
-            for tp, (low, high) in _watermarks(consumer, topic_prefix, timeout).items()
-            if high > low
-        }
-        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for (t, p) in ends])
-        records: list[ConsumedRecord] = []
-        deadline = time.monotonic() + timeout
-        while ends:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic_prefix}* did not finish in {timeout}s")
-            for msg in consumer.consume(10_000, 0.5):
-                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-                if msg.error() or topic is None or partition is None or offset is None:
-                    continue
-                end = ends.get((topic, partition))
-                if end is None or offset >= end:
-                    continue
-                raw = msg.headers() or []
-                pairs = raw.items() if isinstance(raw, dict) else raw
-                headers = [(k, v) for k, v in pairs if isinstance(v, bytes)]
-                records.append(
-                    ConsumedRecord(topic, partition, offset, msg.key(), msg.value(), headers)
-                )
-                if offset + 1 >= end:
-                    del ends[(topic, partition)]
-        return records
-    finally:
-        consumer.close()
-
-
-def count_records(bootstrap_servers: str, topic_prefix: str, *, timeout: float = 10.0) -> int:
-    """How many records the topics starting with ``topic_prefix`` hold (from watermarks)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "cdc-outbox-counter"})
-    try:
-        marks = _watermarks(consumer, topic_prefix, timeout)
-        return sum(high - low for low, high in marks.values())
-    finally:
-        consumer.close()
-
-
-def _watermarks(
-    consumer: Consumer, topic_prefix: str, timeout: float
-) -> dict[tuple[str, int], tuple[int, int]]:
-    """(low, high) offsets of every partition of the topics starting with ``topic_prefix``."""
-    marks: dict[tuple[str, int], tuple[int, int]] = {}
-    for name, topic in consumer.list_topics(timeout=timeout).topics.items():
-        if name.startswith(topic_prefix):
-            for pid in topic.partitions:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(name, pid), timeout=timeout
-                )
-                marks[(name, pid)] = (low, high)
-    return marks

@@ -158,6 +158,7 @@ class PollingRelay:
         swept_all = self._is_leader is None  # a leader first takes over every lease
         try:
             while not self._stop:
+                self.stats.beat()
                 try:
                     if not swept_all:
                         self.sweep(everything=True)
@@ -295,6 +296,7 @@ class PollingRelay:
         lease = self.settings.polling.lease_s
         last_renew = time.monotonic()
         while self._outstanding > 0:
+            self.stats.beat()
             self.stats.in_flight = self._outstanding
             delivery.publisher.poll(0.05)
             delivery.service()
@@ -393,4 +395,5 @@ class PollingRelay:
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._stop and (left := deadline - time.monotonic()) > 0:
+            self.stats.beat()
             time.sleep(min(0.05, left))

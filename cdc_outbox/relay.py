@@ -239,6 +239,7 @@ class Relay:
         self.stats.confirmed_lsn = start
         last_log, last_count = time.monotonic(), self.stats.events_published
         while True:
+            self.stats.beat()
             if delivery.halt_reason is not None:
                 self._finish()
                 self._stop_requested = True
@@ -402,4 +403,5 @@ class Relay:
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._stop_requested and time.monotonic() < deadline:
+            self.stats.beat()
             time.sleep(min(0.1, deadline - time.monotonic()))

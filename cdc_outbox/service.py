@@ -76,7 +76,7 @@ class Service:
             while not self._stop.is_set():
                 self.stats.role = "standby"
                 logger.info("instance %s standing by", leadership.instance_id)
-                if not leadership.acquire(self._stop):
+                if not leadership.acquire(self.stats.beating(self._stop)):
                     return
                 self.stats.role = "leader"
                 try:

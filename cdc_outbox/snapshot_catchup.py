@@ -109,6 +109,7 @@ def publish_backlog(
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:
+    delivery.stats.beat()
     if delivery.halt_reason is not None:
         raise RelayHalted(delivery.halt_reason)
     problem = backlog.error or delivery.restart_reason or delivery.interrupted()

@@ -4,7 +4,8 @@
 #     monitoring tests, Go for the Kubernetes manifest validator (apt-get, only what is
 #     missing)
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
-#     pyproject.toml changes)
+#     pyproject.toml changes), and a .pth file that makes the dev harness cdc_outbox_dev
+#     (not part of the wheel) importable from this checkout
 #   - the Kafka broker jars and its class-data-sharing archive, and the Go modules of
 #     docker/k8s/validate (from the Go module proxy), cached in
 #     ${CDC_OUTBOX_CACHE_DIR:-~/.cache/cdc-outbox}
@@ -66,12 +67,18 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# cdc_outbox_dev (sandbox, workload, demo) is not installed: put this checkout on the path.
+pth="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/cdc_outbox_dev.pth"
+if [ "$(cat "$pth" 2>/dev/null)" != "$PWD" ]; then
+  log "adding $PWD to the .venv import path (cdc_outbox_dev)"
+  printf '%s\n' "$PWD" >"$pth"
+fi
 
 log "checking the Kafka broker cache"
 .venv/bin/python -c '
 import logging
 logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
-from cdc_outbox.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
+from cdc_outbox_dev.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
 ensure_kafka_jars()
 ensure_cds_archive()
 '

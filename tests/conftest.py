@@ -1,4 +1,4 @@
-"""Shared fixtures: a real PostgreSQL and a real Kafka from cdc_outbox.sandbox.
+"""Shared fixtures: a real PostgreSQL and a real Kafka from cdc_outbox_dev.sandbox.
 
 - ``pg_server`` (session): running ``LocalPostgres`` (wal_level=logical, trust on 127.0.0.1).
 - ``pg_dsn``: a fresh empty database per test, dropped afterwards (slots and sessions first).
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from cdc_outbox.sandbox.kafka import LocalKafka
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.kafka import LocalKafka
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")

@@ -16,7 +16,6 @@ import typer
 from cdc_outbox import __version__
 from cdc_outbox.cli import bootstrap_cmd, lag_cmd, polling_cmd, relay_cmd
 from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, error_exit, set_global
-from cdc_outbox.cli.sandbox_cmd import app as sandbox_app
 
 app = typer.Typer(
     name="cdc-outbox",
@@ -82,13 +81,24 @@ def _global(
 # `cdc_outbox.cli.common.settings_from(ctx)`.
 bootstrap_cmd.register(app)  # init, status, drop
 
-relay_cmd.register(app)  # run, demo
+relay_cmd.register(app)  # run
 
 lag_cmd.register(app)  # lag (slot lag, retained WAL, oldest unpublished; --watch)
 
 polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 
-app.add_typer(sandbox_app, name="sandbox")  # sandbox up/down/status (local PG + Kafka)
+
+def _register_dev_commands(app: typer.Typer) -> None:
+    """demo, sandbox up/down/status: only in a dev checkout (cdc_outbox_dev is not shipped)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cdc_outbox_dev") is not None:
+        from cdc_outbox_dev.cli import register
+
+        register(app)
+
+
+_register_dev_commands(app)
 
 
 def main() -> None:

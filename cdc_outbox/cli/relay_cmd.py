@@ -1,4 +1,4 @@
-"""``cdc-outbox run`` (the long-running relay) and ``cdc-outbox demo``."""
+"""``cdc-outbox run``: the long-running relay."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from cdc_outbox.cli.common import global_options, settings_from
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
-    app.command("demo")(demo)
 
 
 def run(
@@ -48,19 +47,3 @@ def run(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     service.run()
-
-
-def demo(
-    events: Annotated[int, typer.Option("--events", min=1, help="Orders to write.")] = 20_000,
-    writers: Annotated[int, typer.Option("--writers", min=1, help="Concurrent writers.")] = 4,
-    aggregates: Annotated[int, typer.Option("--aggregates", min=1, help="Distinct orders.")] = 200,
-) -> None:
-    """End-to-end demo on throw-away local PostgreSQL + Kafka: write orders, relay, verify.
-
-    Exits 0 when every committed event arrived at least once, exactly as stored, in
-    per-aggregate commit order; 1 otherwise.
-    """
-    from cdc_outbox.demo import run_demo
-
-    ok = run_demo(events=events, writers=writers, aggregates=aggregates)
-    raise typer.Exit(0 if ok else 1)

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaException
 
-from cdc_outbox import workload
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import count_records, read_topics
 from cdc_outbox.schema import outbox_table_ddl
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import count_records, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,

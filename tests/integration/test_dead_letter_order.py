@@ -20,8 +20,8 @@ import pytest
 from cdc_outbox import outbox_admin
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import RelayHalted
-from cdc_outbox.kafka_publisher import ConsumedRecord, count_records, read_topics
 from cdc_outbox.service import Service
+from cdc_outbox_dev.readback import ConsumedRecord, count_records, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     init_outbox,

@@ -9,8 +9,8 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc_outbox import workload
-from cdc_outbox.kafka_publisher import read_topics
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,

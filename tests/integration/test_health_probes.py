@@ -10,8 +10,8 @@ from typing import Any
 from cdc_outbox.config import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.sandbox.kafka import LocalKafka
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.kafka import LocalKafka
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
 from tests.integration.test_monitoring import free_port, get, service_thread
 from tests.relay_support import init_outbox, relay_settings

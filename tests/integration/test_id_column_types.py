@@ -12,7 +12,7 @@ from psycopg import sql
 
 from cdc_outbox import bootstrap
 from cdc_outbox.db_inspection import id_column_type
-from cdc_outbox.kafka_publisher import read_topics
+from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import outbox_statuses, relay_settings, relay_thread
 

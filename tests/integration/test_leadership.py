@@ -27,7 +27,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.leadership import Leadership
 from cdc_outbox.relay_state import NotLeader, Phase
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
 from tests.relay_support import relay_settings
 

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox import workload
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import read_topics
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import read_topics
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
 from tests.relay_support import (
     current_wal_lsn,

@@ -15,9 +15,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox import bootstrap, schema, workload
+from cdc_outbox import bootstrap, schema
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import read_topics
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import outbox_statuses, relay_settings, service_thread
 

@@ -9,8 +9,8 @@ import uuid
 
 import psycopg
 
-from cdc_outbox import workload
-from cdc_outbox.kafka_publisher import count_records, read_topics
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import count_records, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     current_wal_lsn,

@@ -12,10 +12,10 @@ from confluent_kafka import Producer
 from psycopg import pq
 from typer.testing import CliRunner
 
-from cdc_outbox import sandbox
-from cdc_outbox.cli.sandbox_cmd import app as sandbox_app
-from cdc_outbox.sandbox.kafka import LocalKafka, api_versions_ok
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev import sandbox
+from cdc_outbox_dev.cli import sandbox_app
+from cdc_outbox_dev.sandbox.kafka import LocalKafka, api_versions_ok
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import consume_all, wait_until
 
 

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from cdc_outbox import schema
 from cdc_outbox.config import Settings
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 

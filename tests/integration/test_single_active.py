@@ -13,9 +13,10 @@ import time
 
 import psycopg
 
-from cdc_outbox import bootstrap, workload
+from cdc_outbox import bootstrap
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import read_topics
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,

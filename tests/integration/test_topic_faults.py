@@ -13,9 +13,9 @@ import uuid
 import psycopg
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cdc_outbox.kafka_publisher import count_records, read_topics
 from cdc_outbox.monitoring.metrics import LatencyHistogram, RelayCollector
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox_dev.readback import count_records, read_topics
 from tests.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
 from tests.relay_support import (
     current_wal_lsn,

@@ -1,4 +1,4 @@
-"""Process/port helpers of cdc_outbox.sandbox and the sandbox's small pure pieces."""
+"""Process/port helpers of cdc_outbox_dev.sandbox and the sandbox's small pure pieces."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc_outbox.sandbox import SandboxInfo, _proc
-from cdc_outbox.sandbox.kafka import api_versions_ok
-from cdc_outbox.sandbox.kafka_jars import _POM
+from cdc_outbox_dev.sandbox import SandboxInfo, _proc
+from cdc_outbox_dev.sandbox.kafka import api_versions_ok
+from cdc_outbox_dev.sandbox.kafka_jars import _POM
 
 
 def test_free_port_is_bindable_and_port_is_free_sees_listeners() -> None:

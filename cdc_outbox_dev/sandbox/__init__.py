@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc_outbox.sandbox.kafka import LocalKafka, cache_root, ensure_kafka_jars
-from cdc_outbox.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.kafka import LocalKafka, cache_root, ensure_kafka_jars
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 __all__ = [
     "LocalKafka",

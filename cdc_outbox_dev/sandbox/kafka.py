@@ -31,9 +31,9 @@ import uuid
 from importlib import resources
 from pathlib import Path
 
-from cdc_outbox.sandbox import _proc
-from cdc_outbox.sandbox._lifecycle import LocalServer
-from cdc_outbox.sandbox.kafka_jars import (
+from cdc_outbox_dev.sandbox import _proc
+from cdc_outbox_dev.sandbox._lifecycle import LocalServer
+from cdc_outbox_dev.sandbox.kafka_jars import (
     KAFKA_VERSION,
     cache_root,
     ensure_kafka_jars,
@@ -327,10 +327,10 @@ class LocalKafka(LocalServer):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.data_dir),
         }
-        lines = ["# written by cdc_outbox.sandbox.kafka at every start"]
+        lines = ["# written by cdc_outbox_dev.sandbox.kafka at every start"]
         lines += [f"{k}={v}" for k, v in {**self.broker_settings, **managed}.items()]
         self.properties.write_text("\n".join(lines) + "\n")
-        log4j = resources.files("cdc_outbox.sandbox").joinpath("log4j2.properties").read_text()
+        log4j = resources.files("cdc_outbox_dev.sandbox").joinpath("log4j2.properties").read_text()
         (self.base_dir / "log4j2.properties").write_text(log4j)
 
     def _java_cmd(self, jars: Path, archive: Path | None) -> list[str]:

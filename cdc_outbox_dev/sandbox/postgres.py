@@ -33,9 +33,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_outbox.sandbox import _proc
-from cdc_outbox.sandbox._lifecycle import LocalServer
-from cdc_outbox.sandbox._pg_os import OS_USER, find_bindir, reachable, run_as_postgres
+from cdc_outbox_dev.sandbox import _proc
+from cdc_outbox_dev.sandbox._lifecycle import LocalServer
+from cdc_outbox_dev.sandbox._pg_os import OS_USER, find_bindir, reachable, run_as_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ DEFAULT_SETTINGS: dict[str, str] = {
 }
 
 _HBA = """\
-# written by cdc_outbox.sandbox: throw-away server, trust on loopback only
+# written by cdc_outbox_dev.sandbox: throw-away server, trust on loopback only
 local   all          all                   trust
 local   replication  all                   trust
 host    all          all   127.0.0.1/32    trust
@@ -340,7 +340,7 @@ class LocalPostgres(LocalServer):
             "port": str(self.port),
             "unix_socket_directories": str(self.datadir),
         }
-        lines = ["# written by cdc_outbox.sandbox at every start; ALTER SYSTEM overrides it"]
+        lines = ["# written by cdc_outbox_dev.sandbox at every start; ALTER SYSTEM overrides it"]
         for name, value in {**self.settings, **managed}.items():
             if not re.fullmatch(r"[a-z_.]+", name):
                 raise ValueError(f"invalid setting name {name!r}")

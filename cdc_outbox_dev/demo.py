@@ -14,13 +14,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cdc_outbox import bootstrap, workload
+from cdc_outbox import bootstrap
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import read_topics
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.sandbox.kafka import LocalKafka
-from cdc_outbox.sandbox.postgres import LocalPostgres
 from cdc_outbox.service import Service
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import read_topics
+from cdc_outbox_dev.sandbox.kafka import LocalKafka
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 logger = logging.getLogger(__name__)
 TOPIC_PREFIX = "demo.outbox"

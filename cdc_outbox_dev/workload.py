@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.kafka_publisher import ConsumedRecord
 from cdc_outbox.outbox_mapping import ColumnNames
+from cdc_outbox_dev.readback import ConsumedRecord
 
 BUSINESS_TABLE = "demo_orders"
 

@@ -1,21 +1,26 @@
-"""``cdc-outbox sandbox up|down|status``: local PostgreSQL + Kafka that outlive the command.
+"""Dev-checkout commands: ``sandbox up|down|status`` (local PostgreSQL + Kafka that outlive
+the command) and ``demo``.
 
-Registered by the main CLI as ``app.add_typer(sandbox_app, name="sandbox")``.
-Exit codes: 0 ok (``status``: both servers running), 1 failure (``status``: not running).
+Run as ``python -m cdc_outbox_dev ...``; in a checkout where ``cdc_outbox_dev`` is importable
+``cdc-outbox`` registers the same commands (:func:`register`). They are not in the wheel.
+Exit codes: 0 ok (``sandbox status``: both servers running; ``demo``: clean tally),
+1 failure (``sandbox status``: not running).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from cdc_outbox import sandbox
+if TYPE_CHECKING:
+    from cdc_outbox_dev.sandbox import SandboxInfo
 
-app = typer.Typer(
+sandbox_app = typer.Typer(
     help="Throw-away local PostgreSQL 15 + Kafka 4.1 (KRaft) for trying cdc-outbox out.",
     no_args_is_help=True,
     add_completion=False,
@@ -44,7 +49,7 @@ def _guard(action: Callable[[], T]) -> T:
         raise typer.Exit(1) from exc
 
 
-def _describe(info: sandbox.SandboxInfo) -> None:
+def _describe(info: SandboxInfo) -> None:
     pg_state = f"running (pid {info.postgres_pid})" if info.postgres_pid else "stopped"
     kafka_state = f"running (pid {info.kafka_pid})" if info.kafka_pid else "stopped"
     typer.echo(f"state dir:  {info.state_dir}")
@@ -54,9 +59,11 @@ def _describe(info: sandbox.SandboxInfo) -> None:
     typer.echo(f"bootstrap:  {info.bootstrap_servers}")
 
 
-@app.command()
+@sandbox_app.command()
 def up(state_dir: DirOption = None) -> None:
     """Start PostgreSQL and Kafka in the background (idempotent) and print how to use them."""
+    from cdc_outbox_dev import sandbox
+
     typer.echo(
         "starting PostgreSQL and Kafka (the first run fetches Kafka with Maven)...", err=True
     )
@@ -65,22 +72,26 @@ def up(state_dir: DirOption = None) -> None:
     typer.echo(info.export_line())
 
 
-@app.command()
+@sandbox_app.command()
 def down(
     state_dir: DirOption = None,
     purge: Annotated[bool, typer.Option("--purge", help="Also delete all data.")] = False,
 ) -> None:
     """Stop both servers (data kept unless --purge)."""
+    from cdc_outbox_dev import sandbox
+
     _guard(lambda: sandbox.down(state_dir, purge=purge))
     typer.echo("sandbox stopped" + (" and purged" if purge else ""))
 
 
-@app.command()
+@sandbox_app.command()
 def status(
     state_dir: DirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show whether the servers run, their ports, pids and directories."""
+    from cdc_outbox_dev import sandbox
+
     info = _guard(lambda: sandbox.status(state_dir))
     if info is None:
         typer.echo(json.dumps({"running": False}) if as_json else "sandbox: not created")
@@ -91,3 +102,50 @@ def status(
         _describe(info)
     if not info.running:
         raise typer.Exit(1)
+
+
+def demo(
+    events: Annotated[int, typer.Option("--events", min=1, help="Orders to write.")] = 20_000,
+    writers: Annotated[int, typer.Option("--writers", min=1, help="Concurrent writers.")] = 4,
+    aggregates: Annotated[int, typer.Option("--aggregates", min=1, help="Distinct orders.")] = 200,
+) -> None:
+    """End-to-end demo on throw-away local PostgreSQL + Kafka: write orders, relay, verify.
+
+    Exits 0 when every committed event arrived at least once, exactly as stored, in
+    per-aggregate commit order; 1 otherwise.
+    """
+    from cdc_outbox_dev.demo import run_demo
+
+    ok = run_demo(events=events, writers=writers, aggregates=aggregates)
+    raise typer.Exit(0 if ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``demo`` and ``sandbox up|down|status`` to ``app``."""
+    app.command("demo")(demo)
+    app.add_typer(sandbox_app, name="sandbox")
+
+
+app = typer.Typer(
+    name="cdc-outbox-dev",
+    help="cdc-outbox development harness (not in the wheel): local services and the demo.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+register(app)
+
+
+def main() -> None:
+    """``python -m cdc_outbox_dev``; maps errors to exit codes like ``cdc-outbox``."""
+    # Not at module level: cdc_outbox.cli imports this module to register its commands.
+    from cdc_outbox.cli.common import error_exit
+
+    try:
+        app(prog_name="python -m cdc_outbox_dev")
+    except Exception as exc:
+        code = error_exit(exc)
+        if code is None:
+            raise
+        sys.exit(code)
