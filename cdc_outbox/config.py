@@ -149,6 +149,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
     heartbeat_interval_s: float = Field(default=0.0, ge=0, le=3600)
+    #: Connections the process-wide pool (cdc_outbox.db_pool) may hold: probes, phase
+    #: reads/writes, housekeeping, monitor, heartbeat and readiness check borrow from it.
+    db_pool_max_size: int = Field(default=4, ge=1, le=32)
     health: HealthSettings = Field(default_factory=HealthSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
