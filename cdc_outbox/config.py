@@ -83,7 +83,8 @@ __all__ = [
 
 ENV_PREFIX = "CDC_OUTBOX_"
 #: Variables with our prefix that are not settings but are read elsewhere (config file path;
-#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries).
+#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries; the test
+#: harness's backend).
 ENV_ALLOWED = frozenset(
     {
         "CDC_OUTBOX_CONFIG",
@@ -91,6 +92,7 @@ ENV_ALLOWED = frozenset(
         "CDC_OUTBOX_KAFKA_CDS",
         "CDC_OUTBOX_PG_BINDIR",
         "CDC_OUTBOX_CRASH_AT",
+        "CDC_OUTBOX_TEST_BACKEND",
     }
 )
 ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
