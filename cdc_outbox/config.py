@@ -83,7 +83,8 @@ __all__ = [
 
 ENV_PREFIX = "CDC_OUTBOX_"
 #: Variables with our prefix that are not settings but are read elsewhere (config file path;
-#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries).
+#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries; the test
+#: harness's backend).
 ENV_ALLOWED = frozenset(
     {
         "CDC_OUTBOX_CONFIG",
@@ -91,6 +92,7 @@ ENV_ALLOWED = frozenset(
         "CDC_OUTBOX_KAFKA_CDS",
         "CDC_OUTBOX_PG_BINDIR",
         "CDC_OUTBOX_CRASH_AT",
+        "CDC_OUTBOX_TEST_BACKEND",
     }
 )
 ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
@@ -149,6 +151,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9187, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
     heartbeat_interval_s: float = Field(default=0.0, ge=0, le=3600)
+    #: Connections the process-wide pool (cdc_outbox.db_pool) may hold: probes, phase
+    #: reads/writes, housekeeping, monitor, heartbeat and readiness check borrow from it.
+    db_pool_max_size: int = Field(default=4, ge=1, le=32)
     health: HealthSettings = Field(default_factory=HealthSettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"

@@ -34,7 +34,7 @@ from contextlib import ExitStack
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import bootstrap, relay_state, schema
+from cdc_outbox import bootstrap, db_pool, relay_state, schema
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.errors import CdcOutboxError, PreflightError, RelayHalted
@@ -66,6 +66,7 @@ class Service:
     def run(self) -> None:
         _tune_gc()
         with ExitStack() as stack:
+            stack.enter_context(db_pool.hold(self.settings))  # closed last, at exit
             if self.settings.metrics_port:
                 from cdc_outbox.monitoring import start_monitoring
 
@@ -165,7 +166,7 @@ class Service:
         self._run_polling(lead, probe=True)
 
     def _read_phase(self) -> Phase:
-        with bootstrap.connect(self.settings) as conn:
+        with db_pool.pooled(self.settings) as conn:
             phase = relay_state.read_state(conn, self.settings).phase
         self.stats.phase = str(phase)
         return phase
@@ -173,7 +174,7 @@ class Service:
     def _write_phase(
         self, lead: Leadership, phase: Phase, *, consistent_point: int | None = None
     ) -> None:
-        with bootstrap.connect(self.settings) as conn:
+        with db_pool.pooled(self.settings) as conn:
             relay_state.write_phase(
                 conn,
                 self.settings,
@@ -230,14 +231,14 @@ def _tune_gc() -> None:
     gc.set_threshold(20_000, gen1, gen2)
 
 
-# -- probes and housekeeping (own short connections) -------------------------------------------
+# -- probes and housekeeping (pooled short connections) -----------------------------------------
 
 
 def cdc_problem(settings: Settings) -> str | None:
     """Why CDC cannot run now (None: it can). A missing or invalidated slot is no problem
     (a fresh one will be created); a missing publication is none if we may create it."""
     try:
-        with bootstrap.connect(settings) as conn:
+        with db_pool.pooled(settings) as conn:
             checks = bootstrap.preflight(conn, settings)
     except (CdcOutboxError, psycopg.Error) as exc:
         return str(exc)
@@ -247,7 +248,7 @@ def cdc_problem(settings: Settings) -> str | None:
 
 def _ensure_state_table(settings: Settings) -> None:
     try:
-        with bootstrap.connect(settings) as conn:
+        with db_pool.pooled(settings) as conn:
             relay_state.ensure_table(conn, settings)
     except (CdcOutboxError, psycopg.Error) as exc:
         logger.warning("could not check the relay state table: %s", exc)
@@ -258,7 +259,7 @@ def publication_must_fit(settings: Settings) -> None:
     (other tables or operations, or a partitioned outbox without publish_via_partition_root):
     cdc mode cannot fall back, and streaming it would skip events silently."""
     try:
-        with bootstrap.connect(settings) as conn:
+        with db_pool.pooled(settings) as conn:
             checks = bootstrap.preflight(conn, settings)
     except (CdcOutboxError, psycopg.Error):
         return  # the database is unreachable: the relay's own retries deal with that
@@ -274,7 +275,7 @@ def slot_needs_recreating(settings: Settings) -> bool:
 
 
 def ensure_publication(settings: Settings) -> None:
-    with bootstrap.connect(settings) as conn:
+    with db_pool.pooled(settings) as conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (settings.publication_name,)
         ).fetchone()
@@ -286,7 +287,7 @@ def ensure_publication(settings: Settings) -> None:
 def drop_slot_quietly(settings: Settings) -> None:
     """Drop the slot if it exists and is not in use (best effort, logged)."""
     try:
-        with bootstrap.connect(settings) as conn:
+        with db_pool.pooled(settings) as conn:
             conn.execute(
                 sql.SQL(
                     "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"

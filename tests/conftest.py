@@ -1,5 +1,8 @@
 """Shared fixtures: a real PostgreSQL and a real Kafka from cdc_outbox_dev.sandbox.
 
+``CDC_OUTBOX_TEST_BACKEND`` picks them: ``local`` (default: local processes, no Docker) or
+``testcontainers`` (containers, for machines with Docker; cdc_outbox_dev/sandbox/containers.py).
+
 - ``pg_server`` (session): running ``LocalPostgres`` (wal_level=logical, trust on 127.0.0.1).
 - ``pg_dsn``: a fresh empty database per test, dropped afterwards (slots and sessions first).
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
@@ -16,13 +19,16 @@ functions are in tests/helpers.py.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
+from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import delete_all_acls
@@ -45,9 +51,43 @@ STRICT_BROKER_SETTINGS = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        config.stash[_BACKEND] = backend_from_env(os.environ)
+    except BackendError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+_BACKEND = pytest.StashKey[str]()
+
+
+def _containers(request: pytest.FixtureRequest) -> bool:
+    return request.config.stash[_BACKEND] == "testcontainers"
+
+
+def _new_postgres(request: pytest.FixtureRequest) -> LocalPostgres:
+    if _containers(request):
+        from cdc_outbox_dev.sandbox.containers import ContainerPostgres
+
+        pg: Any = ContainerPostgres()  # the same interface (duck-typed)
+        return pg  # type: ignore[no-any-return]
+    return LocalPostgres()
+
+
+def _new_kafka(
+    request: pytest.FixtureRequest, settings: dict[str, str] | None = None
+) -> LocalKafka:
+    if _containers(request):
+        from cdc_outbox_dev.sandbox.containers import ContainerKafka
+
+        kafka: Any = ContainerKafka(broker_settings=settings)
+        return kafka  # type: ignore[no-any-return]
+    return LocalKafka(broker_settings=settings)
+
+
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[LocalPostgres]:
-    pg = LocalPostgres()
+def pg_server(request: pytest.FixtureRequest) -> Iterator[LocalPostgres]:
+    pg = _new_postgres(request)
     pg.start()
     _pg_baseline[id(pg)] = dict(pg.settings)
     try:
@@ -57,8 +97,8 @@ def pg_server() -> Iterator[LocalPostgres]:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[LocalKafka]:
-    kafka = LocalKafka()
+def kafka_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
+    kafka = _new_kafka(request)
     kafka.start()
     try:
         yield kafka
@@ -67,13 +107,13 @@ def kafka_broker() -> Iterator[LocalKafka]:
 
 
 @pytest.fixture(scope="session")
-def kafka_strict_broker() -> Iterator[LocalKafka]:
+def kafka_strict_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
     """A broker where missing topics stay missing and ACLs are enforced (STRICT_BROKER_SETTINGS).
 
     Create topics with ``tests.helpers.create_topic``; cause authorization failures with
     ``deny_topic_writes`` / ``allow_topic_writes``.
     """
-    kafka = LocalKafka(broker_settings=STRICT_BROKER_SETTINGS)
+    kafka = _new_kafka(request, STRICT_BROKER_SETTINGS)
     kafka.start()
     try:
         yield kafka
@@ -135,15 +175,27 @@ def _heal_postgres(pg: LocalPostgres) -> None:
     if not pg.is_running():
         logger.warning("session PostgreSQL was left stopped; starting it again")
         pg.start()
-    auto_conf = pg.datadir / "postgresql.auto.conf"
-    lines = auto_conf.read_text().splitlines() if auto_conf.exists() else []
-    if any(line.strip() and not line.lstrip().startswith("#") for line in lines):
+    if _alter_system_left(pg):
         logger.warning("undoing ALTER SYSTEM on session PostgreSQL")
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM RESET ALL")
         restart = True
     if restart:
         pg.restart()
+
+
+def _alter_system_left(pg: LocalPostgres) -> bool:
+    """Does postgresql.auto.conf hold a setting? (A container's data directory is not local:
+    ask the server.)"""
+    if isinstance(pg, LocalPostgres):
+        auto_conf = pg.datadir / "postgresql.auto.conf"
+        lines = auto_conf.read_text().splitlines() if auto_conf.exists() else []
+        return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf'"
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def _slug(text: str, sep: str, limit: int) -> str:

@@ -5,7 +5,8 @@ Contract:
   For a role whose loop never called ``RelayStats.beat`` (code not instrumented yet) the
   endpoint beats for it when asked: liveness then means "the process serves HTTP". (Not the
   check thread: a check hanging on a frozen database must not make the process look dead.)
-- Readiness: PostgreSQL answered ``SELECT 1`` (own connection, kept open) and Kafka returned
+- Readiness: PostgreSQL answered ``SELECT 1`` (a connection borrowed from
+  :mod:`cdc_outbox.db_pool`, so a pool that cannot lend one is not ready) and Kafka returned
   cluster metadata (:class:`~cdc_outbox.kafka_publisher.KafkaProbe`), both in the latest
   background check, which runs every ``health.check_interval_s`` with ``health.check_timeout_s``
   timeouts. A request only reads cached results, so probes are cheap; results older than a
@@ -16,7 +17,6 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -24,9 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
+from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import KafkaProbe
 from cdc_outbox.monitoring.lag import one_line
@@ -66,7 +64,6 @@ class HealthChecks:
         self.timeout_s = health.check_timeout_s
         self.loop_stale_s = health.loop_stale_s
         self.results: dict[str, CheckResult] = {}
-        self._conn: psycopg.Connection[Any] | None = None
         self._kafka: KafkaProbe | None = None
         self._failing: set[str] = set()
         self._stop = threading.Event()
@@ -83,7 +80,6 @@ class HealthChecks:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        self._close_pg()
         self._kafka = None
 
     def _run(self) -> None:
@@ -118,32 +114,10 @@ class HealthChecks:
             logger.info("readiness: %s reachable again", name)
 
     def _check_postgres(self) -> None:
-        try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-            self._conn.execute("SELECT 1").fetchone()
-        except Exception:
-            self._close_pg()
-            raise
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        dsn = self.settings.postgres_dsn()
-        given = conninfo_to_dict(dsn)
-        extra: dict[str, Any] = {}
-        if "connect_timeout" not in given:
-            extra["connect_timeout"] = max(2, round(self.timeout_s))  # libpq: whole s, >= 2
-        if "application_name" not in given:
-            extra["application_name"] = "cdc-outbox-readiness"
-        conn = psycopg.connect(dsn, autocommit=True, **extra)
-        timeout_ms = f"{int(self.timeout_s * 1000)}ms"
-        conn.execute("SELECT set_config('statement_timeout', %s, false)", (timeout_ms,))
-        return conn
-
-    def _close_pg(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        with db_pool.pooled(
+            self.settings, timeout=self.timeout_s, statement_timeout_s=self.timeout_s
+        ) as conn:
+            conn.execute("SELECT 1").fetchone()
 
     def _check_kafka(self) -> None:
         if self._kafka is None:

@@ -7,21 +7,20 @@ by PUBLIC), so the least-privilege relay role suffices. The relay receives the m
 ignores it (counted in ``ignored_messages_total{kind="message"}``).
 
 A failing heartbeat never affects the stream: it counts in ``errors``, logs a warning and is
-retried at the next interval on a new connection (logged at most once a minute).
+retried at the next interval (logged at most once a minute). Each heartbeat borrows a
+connection from :mod:`cdc_outbox.db_pool`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
 import time
 
-import psycopg
-
+from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
-from cdc_outbox.monitoring.lag import Conn, connect, one_line
+from cdc_outbox.monitoring.lag import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +39,6 @@ class Heartbeat:
         self.errors = 0
         self.last_success_unix = 0.0
         self.last_error: str | None = None
-        self._conn: Conn | None = None
         self._last_error_log = float("-inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -58,7 +56,6 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        self._close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -67,18 +64,16 @@ class Heartbeat:
     def beat(self) -> bool:
         """Commit one heartbeat now; ``False`` (counted, logged) if it failed. Never raises."""
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = connect(self.settings, "cdc-outbox-heartbeat", 5.0)
             now = time.time()
             content = json.dumps({"unix": round(now, 3), "slot": self.settings.slot_name})
-            with self._conn.transaction():
-                self._conn.execute(
+            # pooled() with a statement timeout lends the connection inside a transaction.
+            with db_pool.pooled(self.settings, timeout=5.0, statement_timeout_s=5.0) as conn:
+                conn.execute(
                     "SELECT pg_logical_emit_message(true, %s, %s)", (HEARTBEAT_PREFIX, content)
                 )
         except Exception as exc:
             self.errors += 1
             self.last_error = one_line(exc, self.settings)
-            self._close()
             if time.monotonic() - self._last_error_log >= _ERROR_LOG_INTERVAL_S:
                 self._last_error_log = time.monotonic()
                 logger.warning("heartbeat failed (the stream goes on): %s", self.last_error)
@@ -90,9 +85,3 @@ class Heartbeat:
             self.last_error = None
             self._last_error_log = float("-inf")
         return True
-
-    def _close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-            self._conn = None

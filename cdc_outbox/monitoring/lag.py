@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox import schema
 from cdc_outbox.config import Settings
@@ -77,23 +76,6 @@ class LagSample:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def connect(settings: Settings, application_name: str, statement_timeout_s: float) -> Conn:
-    """An autocommit connection for monitoring (a statement timeout bounds every query)."""
-    dsn = settings.postgres_dsn()
-    extra: dict[str, Any] = {}
-    given = conninfo_to_dict(dsn)
-    if "connect_timeout" not in given:
-        extra["connect_timeout"] = 5
-    if "application_name" not in given:
-        extra["application_name"] = application_name
-    conn = psycopg.connect(dsn, autocommit=True, **extra)
-    conn.execute(
-        "SELECT set_config('statement_timeout', %s, false)",
-        (f"{int(statement_timeout_s * 1000)}ms",),
-    )
-    return conn
 
 
 def one_line(exc: BaseException, settings: Settings) -> str:

@@ -1,15 +1,16 @@
-"""The slot monitor: samples the lag view every ``monitor_interval_s`` on its own connection.
+"""The slot monitor: samples the lag view every ``monitor_interval_s``.
 
-Its own connection keeps the slot figures true while the stream is stuck (Kafka down, relay
-restarting). Each sample adds the relay's figures (mode, counters, throughput and latency over
-the interval) and, in CDC mode, the age of the oldest unconfirmed WAL (:class:`WalClock`).
+Each sample borrows a connection from :mod:`cdc_outbox.db_pool` (not the stream's), so the
+slot figures stay true while the stream is stuck (Kafka down, relay restarting); the sample's
+reads run in one transaction with a statement timeout. Each sample adds the relay's figures
+(mode, counters, throughput and latency over the interval) and, in CDC mode, the age of the
+oldest unconfirmed WAL (:class:`WalClock`).
 A failing sample never raises: it counts in ``errors``, sets ``up`` false, logs (at most once
-a minute while failing) and is retried at the next tick on a new connection.
+a minute while failing) and is retried at the next tick (the pool drops dead connections).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -20,13 +21,12 @@ from typing import Any
 
 import psycopg
 
+from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.lag import (
-    Conn,
     LagSample,
     WalClock,
-    connect,
     lsn_value,
     one_line,
     outbox_columns,
@@ -85,7 +85,6 @@ class SlotMonitor:
         self._latest: LagSample | None = None
         self._lock = threading.Lock()
         self._clock = WalClock()
-        self._conn: Conn | None = None
         self._columns: frozenset[str] | None = None
         self._previous: _Previous | None = None
         self._attached: list[RelayStats] = []
@@ -117,7 +116,6 @@ class SlotMonitor:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        self._close()
         for stats in self._attached:
             if self._histogram.observe in stats.latency_observers:
                 stats.latency_observers.remove(self._histogram.observe)
@@ -158,20 +156,17 @@ class SlotMonitor:
             self._chart.append(point)
 
     def _database_figures(self, sample: LagSample, now: float) -> None:
-        if self._conn is None or self._conn.closed:
-            timeout = max(5.0, min(30.0, self.interval_s))
-            self._conn = connect(self.settings, "cdc-outbox-monitor", timeout)
-            self._columns = None
-        conn = self._conn
-        if self._columns is None:
-            self._columns = outbox_columns(conn, self.settings)
-        read_slot(conn, self.settings, sample)
+        timeout = max(5.0, min(30.0, self.interval_s))
+        with db_pool.pooled(self.settings, timeout=timeout, statement_timeout_s=timeout) as conn:
+            if self._columns is None:
+                self._columns = outbox_columns(conn, self.settings)
+            read_slot(conn, self.settings, sample)
+            if sample.mode == "polling":
+                read_polling(conn, self.settings, sample, self._columns)
         wal = lsn_value(sample.wal_lsn)
         if wal is not None:
             self._clock.add(now, wal)
-        if sample.mode == "polling":
-            read_polling(conn, self.settings, sample, self._columns)
-        else:
+        if sample.mode != "polling":
             confirmed = lsn_value(sample.confirmed_flush_lsn)
             if confirmed is not None:
                 sample.oldest_unpublished_age_seconds = self._clock.age(confirmed, now)
@@ -180,7 +175,7 @@ class SlotMonitor:
         self.errors += 1
         self.up = False
         sample.error = one_line(exc, self.settings)
-        self._close()
+        self._columns = None  # looked up again: the table may have been recreated
         now = time.monotonic()
         if now - self._last_error_log >= _ERROR_LOG_INTERVAL_S:
             self._last_error_log = now
@@ -224,9 +219,3 @@ class SlotMonitor:
         if self._histogram.observe not in stats.latency_observers:
             stats.latency_observers.append(self._histogram.observe)
             self._attached.append(stats)
-
-    def _close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-            self._conn = None

@@ -71,6 +71,41 @@ def _conf_value(value: SettingValue) -> str:
     return str(value)
 
 
+def create_database(dsn: str, name: str) -> None:
+    """Create database ``name`` on the server of superuser conninfo ``dsn``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def drop_database(dsn: str, name: str, timeout: float = 30.0) -> None:
+    """Drop ``name`` if it exists: refuse new connections, end its sessions (walsenders
+    included), drop its replication slots (they block DROP DATABASE), then drop it."""
+    ident = sql.Identifier(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(ident))
+
+        def slots_released() -> bool:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            row = conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = %s AND active",
+                (name,),
+            ).fetchone()
+            return row is not None and row[0] == 0
+
+        _proc.wait_for(slots_released, timeout, f"replication slots of {name} to be released")
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+            " WHERE database = %s",
+            (name,),
+        )
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+
+
 class LocalPostgres(LocalServer):
     """A local PostgreSQL server; ``with LocalPostgres() as pg:`` starts it and cleans up.
 
@@ -226,37 +261,12 @@ class LocalPostgres(LocalServer):
     # -- databases ----------------------------------------------------------------------------
     def create_database(self, name: str) -> str:
         """Create database ``name``; return its superuser conninfo."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        create_database(self.dsn, name)
         return self.dsn_for(name)
 
     def drop_database(self, name: str, timeout: float = 30.0) -> None:
-        """Drop ``name`` if it exists: refuse new connections, end its sessions (walsenders
-        included), drop its replication slots (they block DROP DATABASE), then drop it."""
-        ident = sql.Identifier(name)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-                conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(ident))
-
-            def slots_released() -> bool:
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (name,),
-                )
-                row = conn.execute(
-                    "SELECT count(*) FROM pg_replication_slots WHERE database = %s AND active",
-                    (name,),
-                ).fetchone()
-                return row is not None and row[0] == 0
-
-            _proc.wait_for(slots_released, timeout, f"replication slots of {name} to be released")
-            conn.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                " WHERE database = %s",
-                (name,),
-            )
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+        """Drop ``name`` if it exists (see :func:`drop_database`)."""
+        drop_database(self.dsn, name, timeout)
 
     # -- internals ----------------------------------------------------------------------------
     def _own(self, pid: int) -> subprocess.Popen[bytes] | None:

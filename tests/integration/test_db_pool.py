@@ -1,0 +1,69 @@
+"""db_pool against a real PostgreSQL: sessions are reused and a server restart is survived."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+
+from cdc_outbox import db_pool, service
+from cdc_outbox.config import Settings
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+
+_SESSIONS = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND application_name = 'cdc-outbox'"
+)
+
+
+def _sessions(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True, application_name="test-observer") as conn:
+        row = conn.execute(_SESSIONS).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_probes_reuse_at_most_max_size_sessions(pg_dsn: str) -> None:
+    settings = Settings.model_validate({"dsn": pg_dsn, "db_pool_max_size": 2})
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            for _ in range(10):
+                service.cdc_problem(settings)  # a real probe: the preflight queries
+                with db_pool.pooled(settings) as conn:
+                    seen.append(int(conn.execute(_SESSIONS).fetchone()[0]))  # type: ignore[index]
+        except BaseException as exc:
+            errors.append(exc)
+
+    with db_pool.hold(settings):
+        threads = [threading.Thread(target=probe) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        assert len(seen) == 40
+        assert max(seen) <= 2
+        assert 1 <= _sessions(pg_dsn) <= 2
+    assert _sessions(pg_dsn) == 0  # closed with its last holder
+
+
+def test_next_borrow_works_after_a_server_restart(pg_server: LocalPostgres, pg_dsn: str) -> None:
+    settings = Settings.model_validate({"dsn": pg_dsn})
+    with db_pool.hold(settings):
+        with db_pool.pooled(settings) as conn:
+            before = conn.info.backend_pid
+        pg_server.restart()  # every pooled session dies with the server
+        with db_pool.pooled(settings) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+            assert conn.info.backend_pid != before
+        problem = service.cdc_problem(settings)  # a probe works too (no table: a finding)
+        assert problem is not None and "cannot connect" not in problem
+        with db_pool.pooled(settings, statement_timeout_s=2.0) as conn:
+            row = conn.execute("SHOW statement_timeout").fetchone()
+            assert row == ("2s",)
+        with db_pool.pooled(settings) as conn:
+            row = conn.execute("SHOW statement_timeout").fetchone()
+            assert row == ("0",)  # SET LOCAL: nothing left for the next borrower
