@@ -183,6 +183,7 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
     """The broker is down during a catch-up; a stop interrupts it. Afterwards no marker thread
     or relay connection is left, and the records the catch-up had queued were dropped (not
     left in a live producer that would deliver them once the broker is back)."""
+    from cdc_outbox import db_pool
     from cdc_outbox.relay import Relay
     from cdc_outbox.service import drop_slot_quietly
     from cdc_outbox.snapshot_catchup import CatchUpFailed
@@ -214,6 +215,7 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
         kafka_broker.start()
     assert len(errors) == 1 and isinstance(errors[0], CatchUpFailed), errors
     assert not [t for t in threading.enumerate() if t.name == "published-marker"]
+    db_pool.close_all()  # the process-wide pool (drop_slot_quietly above) is not the relay's
     with psycopg.connect(pg_dsn) as conn:
         sessions = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
