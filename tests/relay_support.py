@@ -229,3 +229,14 @@ def wait_streamed_past_now(
         return streaming and slot_position(dsn, slot)[0] >= target
 
     wait_until(done, timeout=timeout, interval=0.2, message=message)
+
+
+def tally_topics(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> Any:
+    """Every committed outbox row against the records of ``<prefix>.event.*`` (printed)."""
+    from cdc_outbox_dev import workload
+    from cdc_outbox_dev.readback import read_topics
+
+    expected = workload.stored_events(dsn, columns=settings.column_names())
+    verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
+    print(verdict.summary())
+    return verdict

@@ -18,7 +18,6 @@ Contract:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka_publisher import KafkaProbe
+from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
 from cdc_outbox.relay_stats import RelayStats
 
@@ -53,8 +53,10 @@ class CheckResult:
         }
 
 
-class HealthChecks:
+class HealthChecks(BackgroundLoop):
     """Background readiness checks and the liveness rule; ``start``/``stop`` the thread."""
+
+    thread_name = "health-checks"
 
     def __init__(self, settings: Settings, stats: Callable[[], RelayStats]) -> None:
         self.settings = settings
@@ -66,20 +68,12 @@ class HealthChecks:
         self.results: dict[str, CheckResult] = {}
         self._kafka: KafkaProbe | None = None
         self._failing: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="health-checks", daemon=True)
-        self._thread.start()
-
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        super().stop(timeout)
         self._kafka = None
 
     def _run(self) -> None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 
 from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
+from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
 
 logger = logging.getLogger(__name__)
@@ -29,8 +29,10 @@ HEARTBEAT_PREFIX = "cdc_outbox.heartbeat"
 _ERROR_LOG_INTERVAL_S = 60.0
 
 
-class Heartbeat:
+class Heartbeat(BackgroundLoop):
     """Background heartbeat writer; counters are plain ints read by the metrics collector."""
+
+    thread_name = "heartbeat"
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -40,22 +42,11 @@ class Heartbeat:
         self.last_success_unix = 0.0
         self.last_error: str | None = None
         self._last_error_log = float("-inf")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def counts(self) -> tuple[int, int]:
         """(heartbeats committed, heartbeats failed)."""
         return self.sent, self.errors
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

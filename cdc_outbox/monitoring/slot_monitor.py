@@ -24,6 +24,7 @@ import psycopg
 from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import (
     LagSample,
     WalClock,
@@ -61,8 +62,10 @@ class _Previous:
     count: int
 
 
-class SlotMonitor:
+class SlotMonitor(BackgroundLoop):
     """Background sampler; ``latest`` and ``chart`` are safe to read from any thread."""
+
+    thread_name = "slot-monitor"
 
     def __init__(
         self,
@@ -89,8 +92,7 @@ class SlotMonitor:
         self._previous: _Previous | None = None
         self._attached: list[RelayStats] = []
         self._last_error_log = float("-inf")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -108,14 +110,10 @@ class SlotMonitor:
 
     def start(self) -> None:
         self._attach(self._stats())
-        self._thread = threading.Thread(target=self._run, name="slot-monitor", daemon=True)
-        self._thread.start()
+        super().start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        super().stop(timeout)
         for stats in self._attached:
             if self._histogram.observe in stats.latency_observers:
                 stats.latency_observers.remove(self._histogram.observe)

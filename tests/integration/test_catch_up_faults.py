@@ -17,13 +17,14 @@ from confluent_kafka import KafkaException
 from cdc_outbox.config import Settings
 from cdc_outbox.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
-from cdc_outbox_dev.readback import count_records, read_topics
+from cdc_outbox_dev.readback import count_records
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,
     init_outbox,
     relay_phase,
     relay_settings,
+    tally_topics,
     wait_streamed_past_now,
 )
 
@@ -67,13 +68,6 @@ def _records(bootstrap: str, prefix: str) -> int:
         return -1
 
 
-def _verdict(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> workload.Tally:
-    expected = workload.stored_events(dsn, columns=settings.column_names())
-    verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
-    print(verdict.summary())
-    return verdict
-
-
 @pytest.mark.parametrize(
     "crash_at",
     ["during_catch_up", "catch_up.slot_created", "catch_up.before_streaming"],
@@ -115,7 +109,7 @@ def test_kill_9_in_catch_up_strands_nothing(
     finally:
         relay.stop_quietly()
         writers.join()
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == BACKLOG + 3_000
 
@@ -137,7 +131,7 @@ def test_init_on_a_table_with_pending_rows_relays_them_in_cdc_mode(
         wait_streamed_past_now(pg_dsn, settings.slot_name, 120, relay.log_tail)
     finally:
         relay.stop_quietly()
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 10_000
     assert verdict.received == 10_000
@@ -172,7 +166,7 @@ def test_postgres_immediate_shutdown_three_times_mid_load_loses_nothing(
     finally:
         relay.stop_quietly()
         writers.join()
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 9_000
 

@@ -20,6 +20,7 @@ from tests.relay_support import (
     relay_thread,
     settings_env,
     slot_position,
+    tally_topics,
 )
 
 
@@ -32,14 +33,6 @@ def _writer(dsn: str, settings, spec: workload.WorkloadSpec) -> tuple[threading.
     thread = threading.Thread(target=target, name="writers")
     thread.start()
     return thread, out
-
-
-def _verdict(pg_dsn: str, settings, bootstrap: str, prefix: str) -> workload.Tally:
-    expected = workload.stored_events(pg_dsn, columns=settings.column_names())
-    records = read_topics(bootstrap, f"{prefix}.event.")
-    verdict = workload.tally(expected, records)
-    print(verdict.summary())
-    return verdict
 
 
 def test_broker_stopped_mid_load_holds_the_slot_then_recovers_by_itself(
@@ -89,7 +82,7 @@ def test_broker_stopped_mid_load_holds_the_slot_then_recovers_by_itself(
         wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[0] >= done_lsn, timeout=60)
         # The replication connection stayed up through the outage (status updates kept it alive).
         assert relay.stats.restarts == 0
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 6_000
 
@@ -125,7 +118,7 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
         )
     finally:
         relay.stop_quietly()
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 4_000
 
@@ -159,7 +152,7 @@ def test_relay_killed_at_random_points_loses_nothing(
     finally:
         relay.stop_quietly()
     assert kills == 5
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     print(f"kill -9 x{kills}: {verdict.duplicates} duplicates in all")
     assert verdict.ok, verdict.summary()
     # Only the unconfirmed window is sent again: what was in flight or acknowledged since the
@@ -205,7 +198,7 @@ def test_sigterm_exits_zero_in_grace_and_restart_publishes_no_duplicates(
         assert relay.wait(grace + 5) == 0
     finally:
         relay.stop_quietly()
-    verdict = _verdict(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 8_000
     assert verdict.duplicates == 0

@@ -16,13 +16,13 @@ import psycopg
 from cdc_outbox import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox_dev import workload
-from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,
     init_outbox,
     relay_phase,
     relay_settings,
+    tally_topics,
     wait_streamed_past_now,
 )
 
@@ -75,13 +75,6 @@ def _writers(dsn: str, settings: Settings, spec: workload.WorkloadSpec) -> threa
     return thread
 
 
-def _tally(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> workload.Tally:
-    expected = workload.stored_events(dsn, columns=settings.column_names())
-    verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
-    print(verdict.summary())
-    return verdict
-
-
 def test_two_instances_without_faults_publish_every_event_once(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
@@ -117,7 +110,7 @@ def test_two_instances_without_faults_publish_every_event_once(
     finally:
         for relay in relays:
             relay.stop_quietly()
-    verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 50_000
     assert verdict.duplicates == 0
@@ -183,7 +176,7 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
     assert len(takeovers) == 5
     assert max(takeovers) <= TAKEOVER_BOUND_S, takeovers
     assert watch.missing_while_streaming == 0
-    verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 20_000
 
@@ -252,6 +245,6 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
         if writers is not None:
             writers.join(300)
     assert took <= TAKEOVER_BOUND_S
-    verdict = _tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 8_000
