@@ -82,7 +82,8 @@ def _size(n: int | None) -> str:
 
 
 def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
-    """Show slot position, lag and retained WAL, the publication and pending rows.
+    """Show the slot (position, lag, retained WAL), the publication, pending rows, dead
+    letters, the relay's durable phase, its leader and the instances standing by.
 
     Read-only; works with the least-privilege relay role. Exit 0 whenever the database answered.
     """

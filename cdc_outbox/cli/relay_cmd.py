@@ -26,10 +26,12 @@ def run(
         typer.Option("--grace", help="Seconds to flush and confirm on SIGTERM (shutdown_grace_s)."),
     ] = None,
 ) -> None:
-    """Run the relay until SIGTERM/SIGINT.
+    """Run the relay until SIGTERM/SIGINT (several may run: one leads, the others stand by).
 
-    On a signal it stops reading at a transaction boundary, waits (up to the grace period) for
-    Kafka to acknowledge what was sent, confirms it to the slot and exits 0.
+    The leader follows the durable phase (POLLING, CATCHING_UP, STREAMING); a standby takes
+    over when the leader dies or stops renewing its lease. On a signal it stops reading at a
+    transaction boundary, waits (up to the grace period) for Kafka to acknowledge what was
+    sent, confirms it to the slot and exits 0.
     """
     from cdc_outbox.service import Service
 
