@@ -99,22 +99,23 @@ class Service:
             )
             mode = "cdc"
         failures = 0
+        fall_back_because: str | None = None
         while not self._stop.is_set():
             if not lead.is_leader():
                 raise NotLeader("lease not renewed")
-            state = self._read_phase()
-            if mode == "polling":
-                self._write_phase(lead, Phase.POLLING)
-                self._run_polling(lead, probe=False)
-                return
-            if mode == "cdc":
-                publication_must_fit(settings)
-            problem = cdc_problem(settings) if mode == "auto" else None
-            if problem is not None:
-                self._fall_back(lead, problem)
-                failures = 0
-                continue
             try:
+                state = self._read_phase()
+                if mode == "polling":
+                    self._write_phase(lead, Phase.POLLING)
+                    self._run_polling(lead, probe=False)
+                    return
+                if mode == "cdc":
+                    publication_must_fit(settings)
+                problem = fall_back_because or (cdc_problem(settings) if mode == "auto" else None)
+                if problem is not None:
+                    fall_back_because, failures = None, 0
+                    self._fall_back(lead, problem)
+                    continue
                 if state is not Phase.STREAMING or slot_needs_recreating(settings):
                     relay = self._catch_up(lead)
                 else:
@@ -126,14 +127,13 @@ class Service:
                 raise
             except (CdcOutboxError, psycopg.Error) as exc:
                 # CdcUnavailable, CatchUpFailed, a failed slot creation, the database going
-                # away: auto mode polls after a second failure in a row, cdc mode retries.
+                # away (also while reading or writing the phase): auto mode polls after a
+                # second failure in a row, otherwise retry with backoff.
                 failures += 1
-                logger.warning("CDC failed (%s)", exc, extra={"mode": "cdc"})
+                logger.warning("relaying failed (%s)", exc, extra={"mode": self.stats.mode})
                 if mode == "auto" and (isinstance(exc, CdcUnavailable) or failures >= 2):
-                    self._fall_back(lead, str(exc))
-                    failures = 0
-                else:
-                    self._stop.wait(min(30.0, 0.5 * 2**failures))
+                    fall_back_because = str(exc)
+                self._stop.wait(min(30.0, 0.25 * 2 ** min(failures, 7)))
 
     def _relay(self, lead: Leadership) -> Relay:
         relay = Relay(self.settings, self.stats, is_leader=lead.is_leader)
