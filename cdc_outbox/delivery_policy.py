@@ -79,9 +79,6 @@ class Parking:
     def __len__(self) -> int:
         return len(self._blocked)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._blocked
-
     def blocked_by(self, key: bytes | None) -> str | None:
         """The event id ``key`` is parked behind, if any."""
         return None if key is None else self._blocked.get(key)

@@ -10,7 +10,6 @@ Exit codes: 0 ok (``sandbox status``: both servers running; ``demo``: clean tall
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -140,12 +139,6 @@ register(app)
 def main() -> None:
     """``python -m cdc_outbox_dev``; maps errors to exit codes like ``cdc-outbox``."""
     # Not at module level: cdc_outbox.cli imports this module to register its commands.
-    from cdc_outbox.cli.common import error_exit
+    from cdc_outbox.cli.common import run_app
 
-    try:
-        app(prog_name="python -m cdc_outbox_dev")
-    except Exception as exc:
-        code = error_exit(exc)
-        if code is None:
-            raise
-        sys.exit(code)
+    run_app(app, "python -m cdc_outbox_dev")

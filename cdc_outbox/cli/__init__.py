@@ -7,7 +7,6 @@ Errors are printed by :func:`main` as one ``cdc-outbox: error: ...`` line on std
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +14,7 @@ import typer
 
 from cdc_outbox import __version__
 from cdc_outbox.cli import bootstrap_cmd, lag_cmd, polling_cmd, relay_cmd
-from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, error_exit, set_global
+from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, run_app, set_global
 
 app = typer.Typer(
     name="cdc-outbox",
@@ -103,10 +102,4 @@ _register_dev_commands(app)
 
 def main() -> None:
     """Console-script entry point; maps errors to exit codes (see module docstring)."""
-    try:
-        app(prog_name="cdc-outbox")
-    except Exception as exc:
-        code = error_exit(exc)
-        if code is None:
-            raise
-        sys.exit(code)
+    run_app(app, "cdc-outbox")

@@ -182,6 +182,18 @@ def print_json(data: Any) -> None:
     typer.echo(scrub(json.dumps(data, indent=2, default=str)))
 
 
+def run_app(app: typer.Typer, prog_name: str) -> None:
+    """Run a typer app as a console entry point: errors become one line and an exit code
+    (:func:`error_exit`); anything not ours is raised as is."""
+    try:
+        app(prog_name=prog_name)
+    except Exception as exc:
+        code = error_exit(exc)
+        if code is None:
+            raise
+        sys.exit(code)
+
+
 def error_exit(exc: BaseException) -> int | None:
     """Print ``exc`` as one stderr line and return its exit code; ``None`` = not ours."""
     if isinstance(exc, CdcOutboxError):
