@@ -7,8 +7,8 @@ Contract:
   it is lent, so after a PostgreSQL restart a dead one is dropped and a new one made.
 - With ``statement_timeout_s`` the connection is lent inside a transaction with
   ``SET LOCAL statement_timeout``: nothing session-level is left behind for the next borrower.
-- Failing to get a connection raises :class:`~cdc_outbox.bootstrap.DatabaseUnavailable`
-  (one line, DSN redacted, secrets masked), like :func:`cdc_outbox.bootstrap.connect`.
+- Failing to get a connection raises :class:`~cdc_outbox.admin.bootstrap.DatabaseUnavailable`
+  (one line, DSN redacted, secrets masked), like :func:`cdc_outbox.admin.bootstrap.connect`.
   Errors raised by the caller's own statements pass through unchanged.
 - :func:`hold` keeps the pool open for a scope (``Service.run``) and closes it when the last
   holder leaves; :func:`close_all` closes every pool (also at interpreter exit).
@@ -37,7 +37,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from cdc_outbox.bootstrap import DatabaseUnavailable
+from cdc_outbox.admin.bootstrap import DatabaseUnavailable
 from cdc_outbox.config import Settings
 from cdc_outbox.redaction import redact_dsn
 

@@ -27,14 +27,14 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdc_outbox.errors import ConfigError, DecodeError
-from cdc_outbox.pgoutput import (
+from cdc_outbox.cdc.pgoutput import (
     UNCHANGED_TOAST,
     ColumnValue,
     Relation,
     RelationColumn,
     TupleData,
 )
+from cdc_outbox.errors import ConfigError, DecodeError
 
 __all__ = [
     "DEBEZIUM_COLUMNS",

@@ -2,11 +2,11 @@
 the persisted phase machine, the relays (CDC, catch-up, polling) and monitoring.
 
 Any number of instances may run against one table and slot: exactly one is the leader
-(:mod:`cdc_outbox.leadership`); the others stand by (``role = standby`` in the metrics) and
+(:mod:`cdc_outbox.ha.leadership`); the others stand by (``role = standby`` in the metrics) and
 take over when the leader dies, loses its connection or stops renewing its lease. Only the
 leader relays, writes the phase and creates or drops the slot.
 
-The leader follows the durable phase (:mod:`cdc_outbox.relay_state`), writing each
+The leader follows the durable phase (:mod:`cdc_outbox.ha.relay_state`), writing each
 transition before it takes effect:
 
 - ``polling`` mode: ``POLLING``, the polling relay.
@@ -34,14 +34,16 @@ from contextlib import ExitStack
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import bootstrap, db_pool, relay_state, schema
+from cdc_outbox import db_pool
+from cdc_outbox.admin import bootstrap, schema
+from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.errors import CdcOutboxError, PreflightError, RelayHalted
-from cdc_outbox.leadership import Leadership
-from cdc_outbox.polling_relay import PollingRelay
-from cdc_outbox.relay import CdcUnavailable, Relay
-from cdc_outbox.relay_state import NotLeader, Phase
+from cdc_outbox.ha import relay_state
+from cdc_outbox.ha.leadership import Leadership
+from cdc_outbox.ha.relay_state import NotLeader, Phase
+from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cdc_outbox import bootstrap
+from cdc_outbox.admin import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service import Service

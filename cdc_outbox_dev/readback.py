@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from cdc_outbox.kafka_publisher import Headers
+from cdc_outbox.kafka.publisher import Headers
 
 __all__ = ["ConsumedRecord", "count_records", "read_topics"]
 

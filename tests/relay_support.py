@@ -16,10 +16,10 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from pydantic import BaseModel, SecretStr
 
-from cdc_outbox import bootstrap
+from cdc_outbox.admin import bootstrap
+from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.relay import Relay
 from cdc_outbox.service import Service
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

@@ -1,4 +1,4 @@
-"""``init``, ``status`` and ``drop`` commands (thin wrappers over cdc_outbox.bootstrap)."""
+"""``init``, ``status`` and ``drop`` commands (thin wrappers over cdc_outbox.admin.bootstrap)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cdc_outbox import bootstrap
-from cdc_outbox.bootstrap import Check
+from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin.bootstrap import Check
 from cdc_outbox.cli.common import print_json, settings_from, stdout
 from cdc_outbox.errors import ConfigError
 

@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cdc_outbox import bootstrap
+from cdc_outbox.admin import bootstrap
 from cdc_outbox.cli.common import print_json, scrub, settings_from, stdout
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError

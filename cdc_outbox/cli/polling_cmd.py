@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cdc_outbox import outbox_admin
+from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.cli.common import print_json, settings_from, stdout
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]

@@ -7,7 +7,7 @@ Contract:
   check thread: a check hanging on a frozen database must not make the process look dead.)
 - Readiness: PostgreSQL answered ``SELECT 1`` (a connection borrowed from
   :mod:`cdc_outbox.db_pool`, so a pool that cannot lend one is not ready) and Kafka returned
-  cluster metadata (:class:`~cdc_outbox.kafka_publisher.KafkaProbe`), both in the latest
+  cluster metadata (:class:`~cdc_outbox.kafka.publisher.KafkaProbe`), both in the latest
   background check, which runs every ``health.check_interval_s`` with ``health.check_timeout_s``
   timeouts. A request only reads cached results, so probes are cheap; results older than a
   few intervals (a check hanging) count as not ready. A standby is ready too: the body names
@@ -25,7 +25,7 @@ from typing import Any
 
 from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka_publisher import KafkaProbe
+from cdc_outbox.kafka.publisher import KafkaProbe
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
 from cdc_outbox.relay_stats import RelayStats

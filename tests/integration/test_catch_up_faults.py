@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaException
 
+from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.config import Settings
-from cdc_outbox.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 from tests.helpers import wait_until
@@ -178,9 +178,9 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
     or relay connection is left, and the records the catch-up had queued were dropped (not
     left in a live producer that would deliver them once the broker is back)."""
     from cdc_outbox import db_pool
-    from cdc_outbox.relay import Relay
+    from cdc_outbox.cdc.relay import Relay
+    from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed
     from cdc_outbox.service import drop_slot_quietly
-    from cdc_outbox.snapshot_catchup import CatchUpFailed
 
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox import outbox_admin
+from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.service import Service

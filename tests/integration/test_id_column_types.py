@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox import bootstrap
-from cdc_outbox.db_inspection import id_column_type
+from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin.inspection import id_column_type
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import outbox_statuses, relay_settings, relay_thread

@@ -22,11 +22,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdc_outbox import bootstrap, relay_state
+from cdc_outbox.admin import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
-from cdc_outbox.leadership import Leadership
-from cdc_outbox.relay_state import NotLeader, Phase
+from cdc_outbox.ha import relay_state
+from cdc_outbox.ha.leadership import Leadership
+from cdc_outbox.ha.relay_state import NotLeader, Phase
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
 from tests.relay_support import relay_settings
@@ -35,12 +36,12 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, threading, time
 from cdc_outbox.config import Settings
-from cdc_outbox.leadership import Leadership
+from cdc_outbox.ha.leadership import Leadership
 settings = Settings.model_validate({"dsn": sys.argv[1], "leader_lease_s": float(sys.argv[2])})
 lead = Leadership(settings, instance_id="child")
 assert lead.acquire(threading.Event())
 if sys.argv[3] == "stream":
-    from cdc_outbox.replication_stream import ReplicationStream
+    from cdc_outbox.cdc.replication_stream import ReplicationStream
     stream = ReplicationStream(sys.argv[1], settings.slot_name, settings.publication_name)
     stream.open(0)
 print("LEADER", flush=True)
@@ -339,7 +340,7 @@ def test_database_down_standby_retries_quietly(caplog: pytest.LogCaptureFixture)
     )
     stop = threading.Event()
     threading.Timer(1.5, stop.set).start()
-    with caplog.at_level(logging.INFO, logger="cdc_outbox.leadership"):
+    with caplog.at_level(logging.INFO, logger="cdc_outbox.ha.leadership"):
         assert Leadership(settings).acquire(stop) is False
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, caplog.text  # one line per outage, not one per retry

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_outbox import schema
+from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.monitoring.heartbeat import Heartbeat

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox import bootstrap, schema
+from cdc_outbox.admin import bootstrap, schema
 from cdc_outbox.config import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics

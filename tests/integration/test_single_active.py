@@ -13,7 +13,7 @@ import time
 
 import psycopg
 
-from cdc_outbox import bootstrap
+from cdc_outbox.admin import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox_dev import workload
 from tests.helpers import wait_until

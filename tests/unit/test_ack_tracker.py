@@ -12,7 +12,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from cdc_outbox.ack_tracker import AckTracker
+from cdc_outbox.cdc.ack_tracker import AckTracker
 
 
 def test_confirms_commit_end_only_after_all_acks() -> None:

@@ -8,7 +8,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from cdc_outbox import db_pool
-from cdc_outbox.bootstrap import DatabaseUnavailable
+from cdc_outbox.admin.bootstrap import DatabaseUnavailable
 from cdc_outbox.config import Settings
 
 

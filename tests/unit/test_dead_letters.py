@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cdc_outbox.dead_letters import dead_letter_record
-from cdc_outbox.kafka_publisher import DeliveryFailure
+from cdc_outbox.delivery.dead_letters import dead_letter_record
+from cdc_outbox.kafka.publisher import DeliveryFailure
 from cdc_outbox.outbox_mapping import DeadLetter
 
 

@@ -7,7 +7,7 @@ from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.delivery_policy import (
+from cdc_outbox.delivery.policy import (
     RECORD_OVERHEAD_BYTES,
     FailureAction,
     KeysInFlight,
@@ -16,7 +16,7 @@ from cdc_outbox.delivery_policy import (
     on_failure,
     precheck,
 )
-from cdc_outbox.kafka_publisher import DeliveryFailure, classify
+from cdc_outbox.kafka.publisher import DeliveryFailure, classify
 
 
 def _failure(code: int, fatal: bool = False) -> DeliveryFailure:
@@ -115,7 +115,7 @@ def test_keys_in_flight_reports_later_records_of_the_same_key(
 
 
 def test_redrive_messages_are_parsed_only_when_transactional_and_ours() -> None:
-    from cdc_outbox.redrive import REDRIVE_MESSAGE_PREFIX, parse_redrive_message
+    from cdc_outbox.delivery.redrive import REDRIVE_MESSAGE_PREFIX, parse_redrive_message
 
     body = b'{"table": "public.outbox", "aggregates": ["a", "b"], "ids": ["e1", "e2"]}'
     request = parse_redrive_message(REDRIVE_MESSAGE_PREFIX, True, body)

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from cdc_outbox.config import Settings
-from cdc_outbox.leadership import Leadership
-from cdc_outbox.leadership_rules import (
+from cdc_outbox.ha.leadership import Leadership
+from cdc_outbox.ha.leadership_rules import (
     LeaseClock,
     connection_params,
     holder_is_stuck,

@@ -13,8 +13,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cdc_outbox.errors import DecodeError
-from cdc_outbox.pgoutput import (
+from cdc_outbox.cdc.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     ColumnValue,
@@ -40,6 +39,7 @@ from cdc_outbox.pgoutput import (
     Update,
     decode,
 )
+from cdc_outbox.errors import DecodeError
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "frames.json").read_text())
 META = GOLDEN["meta"]

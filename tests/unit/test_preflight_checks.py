@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from cdc_outbox.admin.inspection import DatabaseState, PublicationStatus
+from cdc_outbox.admin.preflight import Check, evaluate_checks
 from cdc_outbox.config import Settings
-from cdc_outbox.db_inspection import DatabaseState, PublicationStatus
-from cdc_outbox.preflight_checks import Check, evaluate_checks
 
 SETTINGS = Settings(dsn=SecretStr("host=db.example dbname=shop"))
 COLUMNS = {"id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"}

@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from cdc_outbox.admin.inspection import ColumnType
+from cdc_outbox.cdc.published_marker import PublishedMarker, _statement
 from cdc_outbox.config import Settings
-from cdc_outbox.db_inspection import ColumnType
-from cdc_outbox.published_marker import PublishedMarker, _statement
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")
 TEXT = ColumnType("text", "pg_catalog", "text")

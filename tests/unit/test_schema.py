@@ -7,7 +7,7 @@ from typing import Any
 from psycopg import sql
 from pydantic import SecretStr
 
-from cdc_outbox import schema
+from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 
 DSN = "host=db.example dbname=shop"

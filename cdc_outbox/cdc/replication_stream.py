@@ -20,9 +20,9 @@ from typing import NoReturn
 
 from psycopg import conninfo, pq, sql
 
+from cdc_outbox.cdc.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class ReplicationStream:
         return None if data is None else parse_copy_data(data)
 
     def read_raw(self, timeout: float) -> memoryview | None:
-        """Next CopyData message unparsed (see :mod:`cdc_outbox.walproto`), or ``None``."""
+        """Next CopyData message unparsed (see :mod:`cdc_outbox.cdc.walproto`), or ``None``."""
         conn = self._require()
         nbytes, data = conn.get_copy_data(1)
         if nbytes == 0:

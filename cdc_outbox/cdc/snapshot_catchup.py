@@ -3,7 +3,7 @@
 When a slot is (re)created, rows committed before its consistent point will never be streamed.
 Those still unpublished in the slot's exported snapshot (``PENDING`` or ``PROCESSING``; every
 row for a layout without a status column) are submitted here through the same
-:class:`~cdc_outbox.delivery.Delivery` as the stream, oldest first, and all must be
+:class:`~cdc_outbox.delivery.engine.Delivery` as the stream, oldest first, and all must be
 acknowledged or durably dead-lettered before streaming starts from the consistent point: so
 nothing falls between the two and per-aggregate order holds (backlog first, then the stream
 in commit order). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere.
@@ -23,10 +23,10 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.config import Settings
-from cdc_outbox.delivery import Delivery
+from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.failed_rows import parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
-from cdc_outbox.failed_rows import parked_aggregates
-from cdc_outbox.kafka_publisher import ProduceInterrupted
+from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.outbox_mapping import OutboxMapper
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ class CatchUpFailed(CdcOutboxError):
 
 
 class _Backlog:
-    """Outcome counter of the backlog's events (an :class:`~cdc_outbox.delivery.EventHandle`)."""
+    """Outcome counter of the backlog's events (an
+    :class:`~cdc_outbox.delivery.engine.EventHandle`)."""
 
     __slots__ = ("error", "pending")
 

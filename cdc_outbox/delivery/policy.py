@@ -10,7 +10,7 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
 - **Poison is caught before the broker.** :func:`precheck` rejects what can be judged
   locally (a record larger than ``max_record_bytes``), so the common poison cases never
   reach Kafka and never race with later events of the same key.
-- **Only record-level rejections are permanent.** A :class:`~cdc_outbox.kafka_publisher.
+- **Only record-level rejections are permanent.** A :class:`~cdc_outbox.kafka.publisher.
   DeliveryFailure` of kind ``record`` is dead-lettered (or halts, with the ``halt``
   policy); ``retry`` and ``fatal`` failures are retried from the last confirmed position,
   never dead-lettered (see :func:`on_failure`).
@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from cdc_outbox.kafka_publisher import DeliveryFailure, Headers
+from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
 
 __all__ = ["FailureAction", "KeysInFlight", "Parking", "blocked_reason", "on_failure", "precheck"]
 

@@ -108,7 +108,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
 
 
 def relay_state_ident(settings: Settings) -> sql.Identifier:
-    """``schema.cdc_outbox_relay_state``: one row per slot (see :mod:`cdc_outbox.relay_state`)."""
+    """``schema.cdc_outbox_relay_state``: one row per slot (:mod:`cdc_outbox.ha.relay_state`)."""
     return sql.Identifier(settings.outbox_schema, RELAY_STATE_TABLE)
 
 

@@ -32,10 +32,10 @@ import psycopg
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox import schema
+from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
-from cdc_outbox.leadership_rules import (
+from cdc_outbox.ha.leadership_rules import (
     LeaseClock,
     connection_params,
     holder_is_stuck,

@@ -1,6 +1,7 @@
-"""The outcome handle of one streamed transaction (an :class:`~cdc_outbox.delivery.EventHandle`).
+"""The outcome handle of one streamed transaction (a
+:class:`~cdc_outbox.delivery.engine.EventHandle`).
 
-Every event of the transaction reports to the :class:`~cdc_outbox.ack_tracker.AckTracker` of
+Every event of the transaction reports to the :class:`~cdc_outbox.cdc.ack_tracker.AckTracker` of
 its streaming session when it is published or durably dead-lettered; the handle also times
 the transaction, from its commit timestamp to its last outcome (the commit-to-ack latency).
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from cdc_outbox.ack_tracker import AckTracker
+from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.relay_stats import RelayStats
 
 

@@ -11,7 +11,7 @@ Delivery contract (at-least-once, per-aggregate order):
   of every earlier transaction, Kafka has acknowledged or were durably dead-lettered (record
   on the dead-letter topic *and* row marked FAILED). A crash anywhere re-sends the unconfirmed
   window; nothing is skipped.
-- Every failure follows :mod:`cdc_outbox.delivery_policy`: record-level rejections are
+- Every failure follows :mod:`cdc_outbox.delivery.policy`: record-level rejections are
   dead-lettered and park their aggregate (or halt); anything else drops the stream and the
   producer queue and re-streams from the confirmed position (duplicates, no gaps, no reorder).
 - A ``cdc_outbox.redrive`` logical message (written by ``cdc-outbox redrive`` in the same
@@ -20,7 +20,7 @@ Delivery contract (at-least-once, per-aggregate order):
 - Memory is bounded by ``max_in_flight`` unacknowledged events whatever the transaction size:
   past it the relay stops reading the slot and keeps the connection alive with status updates.
 - The relay runs only while ``is_leader()`` holds; otherwise it drops everything unconfirmed
-  and raises :class:`~cdc_outbox.relay_state.NotLeader`.
+  and raises :class:`~cdc_outbox.ha.relay_state.NotLeader`.
 """
 
 from __future__ import annotations
@@ -31,23 +31,23 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox import pgoutput
-from cdc_outbox.ack_tracker import AckTracker
-from cdc_outbox.checkpoint import Checkpointer
+from cdc_outbox.cdc import pgoutput
+from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.cdc.published_marker import PublishedMarker
+from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
+from cdc_outbox.cdc.snapshot_catchup import publish_backlog
+from cdc_outbox.cdc.txn_handle import TxnHandle
+from cdc_outbox.cdc.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.config import Settings
-from cdc_outbox.delivery import Delivery
+from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
-from cdc_outbox.failed_rows import FailedRows, parked_aggregates
-from cdc_outbox.kafka_publisher import ProduceInterrupted
+from cdc_outbox.ha.relay_state import NotLeader
+from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.published_marker import PublishedMarker
-from cdc_outbox.redrive import parse_redrive_message
-from cdc_outbox.relay_state import NotLeader
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.replication_stream import ReplicationError, ReplicationStream
-from cdc_outbox.snapshot_catchup import publish_backlog
-from cdc_outbox.txn_handle import TxnHandle
-from cdc_outbox.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Relay:
         """Create the slot (exporting a snapshot) and publish every row still unpublished in
         that snapshot, all acknowledged or durably dead-lettered, before :meth:`run` streams
         from the consistent point. Returns ``(consistent_point, rows)``. Raises
-        :class:`~cdc_outbox.snapshot_catchup.CatchUpFailed`, ``RelayHalted`` or ``NotLeader``;
+        :class:`~cdc_outbox.cdc.snapshot_catchup.CatchUpFailed`, ``RelayHalted`` or ``NotLeader``;
         the slot is then left for the caller (its phase stays CATCHING_UP)."""
         from cdc_outbox.crash_points import crash_point
 

@@ -2,8 +2,8 @@
 
 - :func:`preflight` inspects the server and returns :class:`Check` rows (never raises for a
   failed check); ``init`` raises :class:`PreflightFailed` (exit 3) if any check failed.
-  Checks live in :mod:`cdc_outbox.preflight_checks`, catalog queries in
-  :mod:`cdc_outbox.db_inspection`; both are re-exported here.
+  Checks live in :mod:`cdc_outbox.admin.preflight`, catalog queries in
+  :mod:`cdc_outbox.admin.inspection`; both are re-exported here.
 - :func:`init` creates what is missing - the outbox table (only with ``create_table``), a
   publication of the outbox's inserts, a ``pgoutput`` logical slot - and nothing else. An
   existing publication that differs (other tables, other operations) is a failed check, never
@@ -25,18 +25,19 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox import relay_state, schema
-from cdc_outbox.config import Settings
-from cdc_outbox.db_inspection import Conn, PublicationStatus, SlotStatus, inspect_database
-from cdc_outbox.errors import CdcOutboxError, PreflightError
-from cdc_outbox.leadership_rules import application_name
-from cdc_outbox.preflight_checks import (
+from cdc_outbox.admin import schema
+from cdc_outbox.admin.inspection import Conn, PublicationStatus, SlotStatus, inspect_database
+from cdc_outbox.admin.preflight import (
     MIN_SERVER_VERSION,
     Check,
     PreflightFailed,
     evaluate_checks,
     preflight,
 )
+from cdc_outbox.config import Settings
+from cdc_outbox.errors import CdcOutboxError, PreflightError
+from cdc_outbox.ha import relay_state
+from cdc_outbox.ha.leadership_rules import application_name
 from cdc_outbox.redaction import redact_dsn
 
 __all__ = [

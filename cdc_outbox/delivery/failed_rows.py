@@ -1,5 +1,5 @@
 """Dead-lettered rows in the outbox table: mark them ``FAILED``, and read which aggregates are
-parked behind one (the durable side of :class:`cdc_outbox.delivery_policy.Parking`).
+parked behind one (the durable side of :class:`cdc_outbox.delivery.policy.Parking`).
 
 Contract:
 - :meth:`FailedRows.mark` sets ``status = 'FAILED'`` and ``last_error`` for a batch of event
@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import schema
+from cdc_outbox.admin import schema
+from cdc_outbox.admin.inspection import id_column_type
 from cdc_outbox.config import Settings
-from cdc_outbox.db_inspection import id_column_type
 
 logger = logging.getLogger(__name__)
 

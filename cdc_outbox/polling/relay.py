@@ -2,13 +2,13 @@
 
 Contract (at-least-once, per-aggregate order):
 
-- Claim (:mod:`cdc_outbox.polling_sql`): rows go PENDING -> PROCESSING (``locked_by``,
+- Claim (:mod:`cdc_outbox.polling.sql`): rows go PENDING -> PROCESSING (``locked_by``,
   ``locked_at``). Per aggregate only the leading run of unpublished rows (by ``created_at``,
   then physical position) that are all PENDING and due, and only while no row of the aggregate
   is PROCESSING anywhere; a per-aggregate advisory lock held while claiming makes that check
   exact across workers. So an aggregate's next event is never produced while an earlier
   visible one is unpublished or in flight.
-- Publish through the one :class:`~cdc_outbox.delivery.Delivery` policy, in that order; rows
+- Publish through the one :class:`~cdc_outbox.delivery.engine.Delivery` policy, in that order; rows
   are marked PUBLISHED (one UPDATE per batch) only after Kafka acknowledged them.
 - Failure, as in every mode: a record-level rejection (or a row the mapping rejects) is
   dead-lettered on ``dead_letter_topic`` and its row marked FAILED with the reason; the later
@@ -42,13 +42,13 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox import polling_sql
 from cdc_outbox.config import Settings
-from cdc_outbox.delivery import Delivery
+from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted
-from cdc_outbox.failed_rows import FailedRows, parked_aggregates
-from cdc_outbox.kafka_publisher import ProduceInterrupted
-from cdc_outbox.relay_state import NotLeader
+from cdc_outbox.ha.relay_state import NotLeader
+from cdc_outbox.kafka.publisher import ProduceInterrupted
+from cdc_outbox.polling import sql as polling_sql
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def default_worker_id() -> str:
 
 
 class _Row:
-    """One claimed row, and the :class:`~cdc_outbox.delivery.EventHandle` of its event."""
+    """One claimed row, and the :class:`~cdc_outbox.delivery.engine.EventHandle` of its event."""
 
     def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
         (

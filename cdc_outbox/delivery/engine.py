@@ -7,14 +7,14 @@ their loop. Contract:
 - ``handle.published(topic)`` once Kafka acknowledged the event's record.
 - ``handle.dead_lettered()`` once the event was dead-lettered *durably*: its dead-letter record
   acknowledged on ``dead_letter_topic`` and its outbox row marked ``FAILED`` with the reason
-  (:class:`~cdc_outbox.failed_rows.FailedRows`), so ``redrive`` finds it in every mode.
+  (:class:`~cdc_outbox.delivery.failed_rows.FailedRows`), so ``redrive`` finds it in every mode.
 - ``handle.retry(reason)`` when the record failed in a way that is retried (topic missing, not
   authorised, producer fatal, ...): never a dead letter. ``restart_reason`` is set (and the
   alert in the stats): the caller drops the session and re-sends from its durable position.
 - ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``; the
   handle then never completes, so nothing after it is confirmed.
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
-  :mod:`cdc_outbox.delivery_policy`); the mode loads the parked set from the table.
+  :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
 - The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
   the queue is full and calls ``idle`` (e.g. replication status updates) meanwhile.
@@ -30,9 +30,11 @@ from typing import Protocol
 
 import psycopg
 
+from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
-from cdc_outbox.dead_letters import dead_letter_record
-from cdc_outbox.delivery_policy import (
+from cdc_outbox.delivery.dead_letters import dead_letter_record
+from cdc_outbox.delivery.failed_rows import FailedRows
+from cdc_outbox.delivery.policy import (
     FailureAction,
     KeysInFlight,
     Parking,
@@ -40,10 +42,8 @@ from cdc_outbox.delivery_policy import (
     on_failure,
     precheck,
 )
-from cdc_outbox.failed_rows import FailedRows
-from cdc_outbox.kafka_publisher import DeliveryFailure, Headers, KafkaPublisher
+from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
-from cdc_outbox.published_marker import PublishedMarker
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Contract:
 - :func:`redrive` releases the aggregates of the FAILED rows (dead letters, in any mode)
   matching a filter: every FAILED row of those aggregates is published again in its original
-  order (:mod:`cdc_outbox.redrive`); ``last_error`` is kept for the record.
+  order (:mod:`cdc_outbox.delivery.redrive`); ``last_error`` is kept for the record.
 - :func:`cleanup` deletes PUBLISHED rows whose ``published_at`` is older than a cutoff fixed
   at the start, in batches of ``batch_size`` rows, each its own short transaction (locks and
   WAL stay bounded; it can run next to the relay). Other statuses are never deleted.
@@ -22,8 +22,8 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.delivery.redrive import redrive_aggregates
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.redrive import redrive_aggregates
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -148,7 +148,8 @@ def failed_rows(settings: Settings, flt: RedriveFilter, sample: int = 20) -> lis
 
 def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) -> int:
     """Redrive the aggregates of the FAILED rows ``flt`` matches: every FAILED row of each is
-    published again, in order (:mod:`cdc_outbox.redrive`); returns rows (that would be) moved."""
+    published again, in order (:mod:`cdc_outbox.delivery.redrive`); returns rows (that would
+    be) moved."""
     _require_polling_columns(settings, "redrive")
     matching, params = _matching(settings, flt)
     cols = settings.column_names()

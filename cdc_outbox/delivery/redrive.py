@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import schema
+from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 
 __all__ = [

@@ -23,8 +23,8 @@ from collections import deque
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.admin.inspection import ColumnType, id_column_type
 from cdc_outbox.config import Settings
-from cdc_outbox.db_inspection import ColumnType, id_column_type
 from cdc_outbox.errors import CdcOutboxError
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from cdc_outbox.ack_tracker import AckTracker
+from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.replication_stream import ReplicationStream
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.replication_stream import ReplicationStream
 
 MIN_CONFIRM_INTERVAL_S = 0.2
 

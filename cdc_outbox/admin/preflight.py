@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cdc_outbox.admin.inspection import Conn, DatabaseState, inspect_database
 from cdc_outbox.config import Settings
-from cdc_outbox.db_inspection import Conn, DatabaseState, inspect_database
 from cdc_outbox.errors import PreflightError
 
 __all__ = ["MIN_SERVER_VERSION", "Check", "PreflightFailed", "evaluate_checks", "preflight"]

@@ -1,4 +1,4 @@
-"""Pure rules of leader election (no I/O), used by :mod:`cdc_outbox.leadership`.
+"""Pure rules of leader election (no I/O), used by :mod:`cdc_outbox.ha.leadership`.
 
 - :func:`lock_namespace`: the first advisory-lock key, stable across processes and versions.
 - :func:`connection_params`: libpq settings of the lock connection (keepalives, user timeout).

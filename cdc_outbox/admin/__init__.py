@@ -1,0 +1,1 @@
+"""Set-up and inspection: preflight, init/status/drop, DDL, operator actions."""

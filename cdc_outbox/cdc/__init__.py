@@ -1,0 +1,1 @@
+"""CDC streaming: replication stream -> pgoutput decoder -> relay -> ack tracker/checkpoint."""

@@ -1,0 +1,1 @@
+"""The delivery policy and its engine, shared by every mode; dead letters and redrive."""

@@ -1,0 +1,1 @@
+"""One active instance: leader election and the persisted relay phase."""

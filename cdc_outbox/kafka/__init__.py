@@ -1,0 +1,1 @@
+"""Kafka: the one module that talks to the broker."""

@@ -1,0 +1,1 @@
+"""The polling fallback relay (FOR UPDATE SKIP LOCKED) and its SQL."""
