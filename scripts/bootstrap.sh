@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything cdc-outbox needs, from nothing, on Debian 12 (idempotent; re-runs are fast).
 #   - PostgreSQL server binaries, Java 17+ and Maven, Chromium and promtool for the
-#     monitoring tests, Go for the Kubernetes manifest validator (apt-get, only what is
+#     monitoring tests, redis-server for the consumer example, Go for the Kubernetes manifest validator (apt-get, only what is
 #     missing)
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
 #     pyproject.toml changes), and a .pth file that makes the dev harness cdc_outbox_dev
@@ -44,6 +44,8 @@ command -v chromium >/dev/null 2>&1 || packages+=(chromium fonts-dejavu-core)
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
 # docker/k8s/validate (go.mod: go 1.19, so Debian 12's golang-go suffices).
 command -v go >/dev/null 2>&1 || packages+=(golang-go)
+# The consumer tests and the cache-invalidation example run a real Redis.
+command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 python_ok || packages+=(python3 python3-venv)
 
 if [ "${#packages[@]}" -gt 0 ]; then

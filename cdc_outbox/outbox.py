@@ -1,0 +1,222 @@
+"""Write outbox events from application code, inside the caller's transaction.
+
+Importing this module imports no relay code (only psycopg); SQLAlchemy is imported lazily by
+:func:`write_event_sqlalchemy`.
+
+Contract of :func:`write_event` / :func:`write_event_async` / :func:`write_event_sqlalchemy`:
+
+* everything is validated before any SQL is sent: ``aggregate_type`` and ``event_type`` must
+  be 1..200 characters of ``[A-Za-z0-9._-]`` (they end up in topic names and headers),
+  ``aggregate_id`` a non-empty string of at most 1000 characters without NUL, ``payload``
+  JSON-serialisable (``None`` is a NULL payload: a tombstone only with
+  ``null_payload = "tombstone"``), ``headers`` a JSON object of JSON values whose names are
+  not reserved (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``), ``event_id``
+  a UUID; a violation raises :class:`OutboxWriteError` (a ``ValueError``);
+* one ``INSERT`` on the caller's connection/cursor, no commit: the event becomes visible
+  (and is relayed) if and only if the caller's transaction commits;
+* the return value is the event id (``event_id`` if given, else a new ``uuid4``).
+
+Table and column names come from an :class:`OutboxTable` (default: ``public.outbox`` with the
+``default`` column preset); build it from your relay settings with
+``OutboxTable(schema, table, preset="debezium")`` or explicit column names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+__all__ = [
+    "PRESETS",
+    "OutboxTable",
+    "OutboxWriteError",
+    "write_event",
+    "write_event_async",
+    "write_event_sqlalchemy",
+]
+
+#: Column names per preset; equal to ``cdc_outbox.config_models.COLUMN_PRESETS`` (a unit test
+#: checks it) but kept here so that writing events does not import the relay.
+PRESETS: dict[str, dict[str, str | None]] = {
+    "default": {
+        "id": "id",
+        "aggregate_type": "aggregate_type",
+        "aggregate_id": "aggregate_id",
+        "event_type": "event_type",
+        "payload": "payload",
+        "headers": "headers",
+    },
+    "debezium": {
+        "id": "id",
+        "aggregate_type": "aggregatetype",
+        "aggregate_id": "aggregateid",
+        "event_type": "type",
+        "payload": "payload",
+        "headers": None,
+    },
+}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
+_MAX_AGGREGATE_ID = 1000
+
+
+class OutboxWriteError(ValueError):
+    """The event cannot be written (raised before any SQL is sent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxTable:
+    """Where events go: ``schema.table`` and its column names (a preset plus overrides)."""
+
+    schema: str = "public"
+    table: str = "outbox"
+    preset: str = "default"
+    columns: Mapping[str, str | None] = field(default_factory=dict)
+
+    def column(self, name: str) -> str | None:
+        """The column for logical column ``name`` (``headers`` may be None: no such column)."""
+        if self.preset not in PRESETS:
+            raise OutboxWriteError(f"unknown column preset {self.preset!r}")
+        return self.columns.get(name, PRESETS[self.preset][name])
+
+    def insert_sql(self, with_headers: bool) -> sql.Composed:
+        """``INSERT INTO schema.table (id, aggregate_type, ...) VALUES (%s, ...)``."""
+        names = ["id", "aggregate_type", "aggregate_id", "event_type", "payload"]
+        if with_headers:
+            names.append("headers")
+        for name in [self.schema, self.table, *(self.column(n) or "" for n in names)]:
+            if not _IDENT.fullmatch(name):
+                raise OutboxWriteError(f"{name!r} is not a valid SQL identifier")
+        cols = [sql.Identifier(self.column(n) or "") for n in names]
+        return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            sql.Identifier(self.schema, self.table),
+            sql.SQL(", ").join(cols),
+            sql.SQL(", ").join(sql.Placeholder() * len(cols)),
+        )
+
+
+DEFAULT_TABLE = OutboxTable()
+
+
+def _json_text(what: str, value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutboxWriteError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def prepare(
+    table: OutboxTable,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+    event_id: uuid.UUID | str | None,
+) -> tuple[sql.Composed, tuple[Any, ...], uuid.UUID]:
+    """Validate one event; return the INSERT, its parameters and the event id (no I/O)."""
+    for what, name in (("aggregate_type", aggregate_type), ("event_type", event_type)):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise OutboxWriteError(
+                f"{what} must be 1..200 characters of letters, digits, '.', '_' or '-';"
+                f" got {name!r}"
+            )
+    if not isinstance(aggregate_id, str) or not aggregate_id.strip():
+        raise OutboxWriteError(f"aggregate_id must be a non-empty string; got {aggregate_id!r}")
+    if len(aggregate_id) > _MAX_AGGREGATE_ID or "\x00" in aggregate_id:
+        raise OutboxWriteError("aggregate_id must be at most 1000 characters, without NUL")
+    if event_id is None:
+        eid = uuid.uuid4()
+    elif isinstance(event_id, uuid.UUID):
+        eid = event_id
+    else:
+        try:
+            eid = uuid.UUID(str(event_id))
+        except ValueError:
+            raise OutboxWriteError(f"event_id {event_id!r} is not a UUID") from None
+    payload_text = None if payload is None else _json_text("payload", payload)
+    # Text parameters (psycopg sends str untyped): the server casts them to the column types.
+    params: list[Any] = [str(eid), aggregate_type, aggregate_id, event_type, payload_text]
+    if headers:
+        if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
+            raise OutboxWriteError("headers must be a mapping with string keys")
+        bad = [k for k in headers if k in _RESERVED_HEADERS or k.startswith("cdc_outbox.")]
+        if bad:
+            raise OutboxWriteError(f"header name(s) {', '.join(map(repr, bad))} are reserved")
+        if table.column("headers") is None:
+            raise OutboxWriteError("this outbox table has no headers column")
+        params.append(_json_text("headers", dict(headers)))
+    return table.insert_sql(with_headers=bool(headers)), tuple(params), eid
+
+
+def write_event(
+    conn_or_cursor: psycopg.Connection[Any] | psycopg.Cursor[Any],
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    event_id: uuid.UUID | str | None = None,
+    *,
+    table: OutboxTable = DEFAULT_TABLE,
+) -> uuid.UUID:
+    """Insert one event in the caller's (psycopg 3, sync) transaction; return its id."""
+    query, params, eid = prepare(
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id
+    )
+    conn_or_cursor.execute(query, params)
+    return eid
+
+
+async def write_event_async(
+    conn_or_cursor: psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any],
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    event_id: uuid.UUID | str | None = None,
+    *,
+    table: OutboxTable = DEFAULT_TABLE,
+) -> uuid.UUID:
+    """:func:`write_event` for ``psycopg.AsyncConnection`` / ``AsyncCursor``."""
+    query, params, eid = prepare(
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id
+    )
+    await conn_or_cursor.execute(query, params)
+    return eid
+
+
+def write_event_sqlalchemy(
+    conn_or_session: Any,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None = None,
+    event_id: uuid.UUID | str | None = None,
+    *,
+    table: OutboxTable = DEFAULT_TABLE,
+) -> uuid.UUID:
+    """:func:`write_event` for an SQLAlchemy 2 ``Connection`` or ``Session`` (any driver for
+    PostgreSQL); runs in its current transaction (begun if none). Needs ``sqlalchemy``."""
+    from sqlalchemy import text
+
+    query, params, eid = prepare(
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id
+    )
+    names = ["id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"]
+    binds = {f"p_{n}": v for n, v in zip(names, params, strict=False)}
+    rendered = query.as_string(None)
+    for name in binds:  # psycopg placeholders -> SQLAlchemy named binds, in order
+        rendered = rendered.replace("%s", f":{name}", 1)
+    conn_or_session.execute(text(rendered), binds)
+    return eid

@@ -1,0 +1,105 @@
+"""The outbox writer on a real PostgreSQL: transactional, validated before any SQL is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+
+from cdc_outbox.admin.schema import outbox_table_ddl
+from cdc_outbox.config import Settings
+from cdc_outbox.outbox import (
+    OutboxWriteError,
+    write_event,
+    write_event_async,
+    write_event_sqlalchemy,
+)
+
+
+def _create_outbox(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for stmt in outbox_table_ddl(Settings(dsn=dsn)):
+            conn.execute(stmt)
+
+
+def _ids(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {str(r[0]) for r in conn.execute("SELECT id FROM outbox")}
+
+
+def test_events_of_a_rolled_back_transaction_never_appear(pg_dsn: str) -> None:
+    _create_outbox(pg_dsn)
+    with psycopg.connect(pg_dsn) as conn:
+        kept = write_event(conn, "order", "o-1", "OrderCreated", {"total": 5}, {"trace": "t1"})
+        conn.commit()
+        with conn.cursor() as cur:
+            dropped = write_event(cur, "order", "o-2", "OrderCreated", {"total": 6})
+        conn.rollback()
+
+    async def write_async() -> tuple[uuid.UUID, uuid.UUID]:
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as aconn:
+            a_kept = await write_event_async(aconn, "order", "o-3", "OrderCreated", [1, 2])
+            await aconn.commit()
+            a_dropped = await write_event_async(aconn, "order", "o-4", "OrderCreated", None)
+            await aconn.rollback()
+            return a_kept, a_dropped
+
+    a_kept, a_dropped = asyncio.run(write_async())
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(pg_dsn))
+    with Session(engine) as session:
+        s_kept = write_event_sqlalchemy(session, "order", "o-5", "OrderCreated", {"n": 1})
+        session.commit()
+        s_dropped = write_event_sqlalchemy(session, "order", "o-6", "OrderCreated", {"n": 2})
+        session.rollback()
+    with engine.connect() as sa_conn:
+        c_kept = write_event_sqlalchemy(sa_conn, "order", "o-7", "X", {"n": 3}, {"h": [1]})
+        sa_conn.commit()
+    engine.dispose()
+
+    assert _ids(pg_dsn) == {str(kept), str(a_kept), str(s_kept), str(c_kept)}
+    assert not {dropped, a_dropped, s_dropped} & {kept, a_kept, s_kept, c_kept}
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT aggregate_type, aggregate_id, event_type, payload, headers FROM outbox"
+            " WHERE id = %s",
+            [kept],
+        ).fetchone()
+        c_row = conn.execute("SELECT headers FROM outbox WHERE id = %s", [c_kept]).fetchone()
+    assert row == ("order", "o-1", "OrderCreated", {"total": 5}, {"trace": "t1"})
+    assert c_row == ({"h": [1]},)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("order", "1", "OrderCreated", {"when": object()}), "payload is not JSON"),
+        (("order", "", "OrderCreated", {"total": 1}), "aggregate_id must be a non-empty"),
+    ],
+)
+def test_bad_input_raises_before_any_sql_reaches_the_server(
+    pg_dsn: str, args: tuple[object, ...], fragment: str
+) -> None:
+    _create_outbox(pg_dsn)
+    with psycopg.connect(pg_dsn) as conn, psycopg.connect(pg_dsn, autocommit=True) as watcher:
+        # A fresh connection: psycopg would send BEGIN with the first statement.
+        with pytest.raises(OutboxWriteError, match=fragment):
+            write_event(conn, *args)  # type: ignore[arg-type]
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        # Inside a transaction: the server's last statement of this session is still ours.
+        conn.execute("SELECT 'marker-before-write'")
+        with pytest.raises(OutboxWriteError, match=fragment):
+            write_event(conn, *args)  # type: ignore[arg-type]
+        assert conn.info.transaction_status == TransactionStatus.INTRANS  # not INERROR
+        last = watcher.execute(
+            "SELECT query FROM pg_stat_activity WHERE pid = %s", [conn.info.backend_pid]
+        ).fetchone()
+        assert last == ("SELECT 'marker-before-write'",)
+        conn.rollback()
+    assert _ids(pg_dsn) == set()
