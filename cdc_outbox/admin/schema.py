@@ -10,6 +10,8 @@ from __future__ import annotations
 from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.consumer.store import PROCESSED_EVENTS_TABLE as PROCESSED_EVENTS_TABLE
+from cdc_outbox.consumer.store import consumer_tables_ddl
 
 #: Columns the polling relay updates (default preset; never renamed; granted column-wise).
 POLLING_COLUMNS = (
@@ -22,7 +24,6 @@ POLLING_COLUMNS = (
     "last_error",
 )
 STATUSES = ("PENDING", "PROCESSING", "PUBLISHED", "FAILED")
-PROCESSED_EVENTS_TABLE = "processed_events"
 #: The relay's own durable state (phase per slot, leader lease), next to the outbox.
 RELAY_STATE_TABLE = "cdc_outbox_relay_state"
 PHASES = ("POLLING", "CATCHING_UP", "STREAMING")
@@ -131,17 +132,9 @@ def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
 
 
 def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:
-    """Consumer-side de-duplication table: one row per (consumer, event id) handled."""
-    return [
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (\n"
-            "    consumer_name text NOT NULL,\n"
-            "    event_id uuid NOT NULL,\n"
-            "    processed_at timestamptz NOT NULL DEFAULT now(),\n"
-            "    PRIMARY KEY (consumer_name, event_id)\n"
-            ")"
-        ).format(sql.Identifier(schema, PROCESSED_EVENTS_TABLE))
-    ]
+    """Consumer-side tables: ``processed_events`` (de-duplication) and ``consumer_parked_keys``
+    (keys held after a dead letter), from :mod:`cdc_outbox.consumer.store`."""
+    return consumer_tables_ddl(schema)
 
 
 def publication_ddl(settings: Settings) -> sql.Composed:

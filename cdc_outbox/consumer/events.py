@@ -1,0 +1,96 @@
+"""What a handler receives (:class:`Event`) and how records become events (pure, no I/O).
+
+The value decoder is a seam: :func:`decoder_for` maps the ``value_format`` setting to a
+function ``RawRecord -> payload``. Only ``"json"`` exists here; another format (e.g. Avro via
+a schema registry) plugs in by adding a decoder, nothing else changes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cdc_outbox.errors import ConfigError
+from cdc_outbox.kafka.consumer import RawRecord
+
+__all__ = ["BadRecord", "Event", "ValueDecoder", "decoder_for", "event_of", "json_value"]
+
+ValueDecoder = Callable[[RawRecord], Any]
+
+
+class BadRecord(Exception):
+    """The record cannot be handled, ever (no event id, undecodable value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One outbox event as read from Kafka; ``payload`` is the decoded value (None for a
+    tombstone), ``aggregate_id`` the record key."""
+
+    event_id: uuid.UUID
+    aggregate_type: str | None
+    aggregate_id: str | None
+    event_type: str | None
+    payload: Any
+    headers: dict[str, bytes | None]
+    topic: str
+    partition: int
+    offset: int
+
+
+def json_value(record: RawRecord) -> Any:
+    """The record value as JSON (``None`` for a tombstone)."""
+    if record.value is None:
+        return None
+    try:
+        return json.loads(record.value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRecord(f"value is not JSON: {exc}") from None
+
+
+def decoder_for(value_format: str) -> ValueDecoder:
+    """The decoder of ``value_format``; ``ConfigError`` for a format this build lacks."""
+    if value_format == "json":
+        return json_value
+    raise ConfigError(f"consumer: value_format {value_format!r} is not supported")
+
+
+def _text(data: bytes | None) -> str | None:
+    if data is None:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def event_id_of(record: RawRecord) -> uuid.UUID:
+    """The ``id`` header (set by the relay to the outbox row's id) as a UUID."""
+    headers = dict(record.headers)
+    raw = _text(headers.get("id"))
+    if raw is None:
+        raise BadRecord("record has no 'id' header (not an outbox event?)")
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise BadRecord(f"'id' header {raw[:80]!r} is not a UUID") from None
+
+
+def event_of(record: RawRecord, decode: ValueDecoder) -> Event:
+    """The :class:`Event` of ``record``; :class:`BadRecord` if it has none."""
+    event_id = event_id_of(record)
+    headers = dict(record.headers)
+    return Event(
+        event_id=event_id,
+        aggregate_type=_text(headers.get("aggregate_type")),
+        aggregate_id=_text(record.key),
+        event_type=_text(headers.get("event_type")),
+        payload=decode(record),
+        headers=headers,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+    )

@@ -1,0 +1,194 @@
+"""The Kafka side of :mod:`cdc_outbox.consumer`: a manual-commit consumer and a dead-letter sender.
+
+Contract:
+- :class:`KafkaSource` subscribes with ``enable.auto.commit=false`` and
+  ``enable.auto.offset.store=false``: offsets move only through :meth:`KafkaSource.done`
+  (after the record's PostgreSQL transaction committed) and are committed by
+  :meth:`KafkaSource.commit` (periodically, before partitions are revoked, and on close).
+  ``isolation.level`` is ``read_committed`` (records of aborted Kafka transactions are never
+  seen). User config (``kafka.config`` plus consumer overrides) cannot turn auto-commit on.
+- Rebalances call ``on_revoke`` (after committing what is done) and ``on_assign`` on the
+  caller's thread, inside :meth:`KafkaSource.poll`.
+- :class:`DeadLetterSender.send` returns only once Kafka acknowledged the record
+  (``acks=all``, idempotent producer); it raises :class:`DeadLetterError` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeadLetterError", "DeadLetterSender", "KafkaSource", "RawRecord"]
+
+_FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
+_DEFAULTS = {
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+    "enable.partition.eof": "false",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One Kafka record, independent of the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+class DeadLetterError(Exception):
+    """A dead letter could not be written (retry later; the record is not done)."""
+
+
+def _as_bytes(data: str | bytes | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+class KafkaSource:
+    """A consumer-group member reading ``topics`` (names, or regexes starting with ``^``)."""
+
+    def __init__(
+        self,
+        config: Mapping[str, str],
+        group_id: str,
+        topics: Sequence[str],
+        on_assign: Callable[[list[tuple[str, int]]], None],
+        on_revoke: Callable[[list[tuple[str, int]]], None],
+    ) -> None:
+        conf: dict[str, Any] = {**_DEFAULTS, **config, **_FORCED, "group.id": group_id}
+        conf["error_cb"] = self._error
+        self._consumer = Consumer(conf)
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._consumer.subscribe(list(topics), on_assign=self._assigned, on_revoke=self._revoked)
+        self._dirty = False
+
+    @staticmethod
+    def _error(err: KafkaError) -> None:
+        logger.warning("kafka consumer: %s", err)
+
+    def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        logger.info("assigned %d partition(s)", len(parts))
+        self._on_assign([(p.topic, p.partition) for p in parts])
+
+    def _revoked(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        logger.info("revoking %d partition(s): committing what is done first", len(parts))
+        self.commit()
+        self._on_revoke([(p.topic, p.partition) for p in parts])
+
+    def poll(self, timeout_s: float, max_records: int = 500) -> list[RawRecord]:
+        """Up to ``max_records`` records in partition order (may serve rebalance callbacks)."""
+        out: list[RawRecord] = []
+        for msg in self._consumer.consume(max_records, timeout_s):
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                logger.warning("kafka consumer: %s", err)
+                continue
+            out.append(_raw(msg))
+        return out
+
+    def done(self, record: RawRecord) -> None:
+        """Mark ``record`` finished: its next offset is committed by the next :meth:`commit`."""
+        self._consumer.store_offsets(
+            offsets=[TopicPartition(record.topic, record.partition, record.offset + 1)]
+        )
+        self._dirty = True
+
+    def commit(self) -> None:
+        """Synchronously commit the stored offsets (a no-op when nothing new is done)."""
+        if not self._dirty:
+            return
+        try:
+            self._consumer.commit(asynchronous=False)
+            self._dirty = False
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
+                self._dirty = False
+                return
+            logger.warning("offset commit failed (records will be re-read, then skipped): %s", exc)
+
+    def seek(self, record: RawRecord) -> None:
+        """Read ``record`` again next (after an unfinished attempt)."""
+        self._consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records between the position and the high watermark, per assigned partition."""
+        out: dict[tuple[str, int], int] = {}
+        parts = self._consumer.assignment()
+        if not parts:
+            return out
+        for tp in self._consumer.position(parts):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0)
+            except KafkaException:
+                continue
+            if tp.offset >= 0:
+                out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+        return out
+
+    def close(self) -> None:
+        """Commit what is done and leave the group."""
+        self.commit()
+        self._consumer.close()
+
+
+def _raw(msg: Message) -> RawRecord:
+    raw_headers: Any = msg.headers() or []
+    headers = tuple((str(k), _as_bytes(v)) for k, v in raw_headers)
+    return RawRecord(
+        topic=msg.topic() or "",
+        partition=msg.partition() or 0,
+        offset=msg.offset() or 0,
+        key=_as_bytes(msg.key()),
+        value=_as_bytes(msg.value()),
+        headers=headers,
+    )
+
+
+class DeadLetterSender:
+    """Writes dead letters synchronously (each ``send`` waits for Kafka's acknowledgement)."""
+
+    def __init__(self, config: Mapping[str, str], timeout_s: float = 30.0) -> None:
+        consumer_only = ("group.", "session.timeout", "auto.offset", "isolation.level",
+                         "enable.auto", "max.poll", "heartbeat", "partition.assignment",
+                         "fetch.", "enable.partition.eof")  # fmt: skip
+        conf = {k: v for k, v in config.items() if not k.startswith(consumer_only)}
+        self._producer = Producer({**conf, "acks": "all", "enable.idempotence": "true"})
+        self._timeout_s = timeout_s
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]],
+    ) -> None:
+        errors: list[KafkaError] = []
+
+        def report(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                errors.append(err)
+
+        try:
+            self._producer.produce(topic, value, key, headers=headers, on_delivery=report)
+        except (KafkaException, BufferError) as exc:
+            raise DeadLetterError(f"cannot produce to {topic}: {exc}") from None
+        if self._producer.flush(self._timeout_s) > 0:
+            raise DeadLetterError(f"no acknowledgement from {topic} in {self._timeout_s:.0f}s")
+        if errors:
+            raise DeadLetterError(f"cannot write to {topic}: {errors[0]}")
+
+    def close(self) -> None:
+        self._producer.flush(self._timeout_s)
