@@ -8,6 +8,8 @@
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
 - ``kafka_strict_broker`` (session): a second ``LocalKafka`` with topic auto-creation off and
   an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
+- ``redis_server`` (session): running ``LocalRedis`` (loopback, no persistence);
+  ``redis_url``: its URL, with the database flushed before the test.
 - ``kafka_topic_prefix``: a unique ``[a-z0-9-]`` string per test to build topic names from.
 
 Fault tests may stop, kill or reconfigure the session servers: after each test that used them,
@@ -31,6 +33,7 @@ import pytest
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.redis import LocalRedis
 from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")
@@ -119,6 +122,26 @@ def kafka_strict_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
         yield kafka
     finally:
         kafka.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[LocalRedis]:
+    redis = LocalRedis()
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: LocalRedis) -> str:
+    import redis
+
+    redis_server.start()  # a test may have stopped it
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushdb()
+    return redis_server.url
 
 
 @pytest.fixture

@@ -1,29 +1,33 @@
-"""The idempotent consumer loop: Kafka -> one PostgreSQL transaction per record -> offsets.
+"""The idempotent consumer loop: Kafka -> PostgreSQL transaction -> Kafka offsets.
 
-Contract of :class:`IdempotentConsumer`, per record (in partition order, one at a time):
+Contract of :class:`IdempotentConsumer`. Records are handled one at a time in partition order.
+The records of one poll (at most ``poll_batch``) share one PostgreSQL transaction from the
+pool, and each record runs in its own savepoint inside it, so per record:
 
-1. In one transaction from the pool: insert ``(consumer_name, event_id)`` into
-   ``processed_events`` (``ON CONFLICT DO NOTHING``). No row inserted -> a duplicate: skip.
-2. If the record's key is parked (an earlier event of that key on that topic was
-   dead-lettered), dead-letter it with reason ``blocked_by <event id>``, commit, next record.
-3. Otherwise run ``handler(conn, event)`` in that transaction and commit. The handler's
-   changes and the ``processed_events`` row commit together: applied exactly once.
-4. Only then is the record's offset stored; stored offsets are committed to Kafka every
-   ``commit_interval_s``, before partitions are revoked and on shutdown (manual commits only).
-   A crash re-reads at most what was not committed; step 1 skips it.
+1. insert ``(consumer_name, event_id)`` into ``processed_events`` (``ON CONFLICT DO
+   NOTHING``); no row inserted -> a duplicate: skip it;
+2. if the record's key is parked (an earlier event of that key on that topic was
+   dead-lettered), dead-letter it with reason ``blocked_by <event id>``;
+3. otherwise run ``handler(conn, event)``. Its changes and the ``processed_events`` row are
+   kept or rolled back together: applied exactly once.
 
-A handler exception rolls the transaction back and is retried with doubling backoff up to
-``max_attempts`` attempts; then the record goes to ``dead_letter_topic`` (headers
+After the transaction commits, the records' offsets are stored; stored offsets are committed
+to Kafka every ``commit_interval_s``, before partitions are revoked and on shutdown (manual
+commits only). A crash re-reads at most what was not committed; step 1 skips it.
+
+A handler exception rolls back the record's savepoint and is retried with doubling backoff up
+to ``max_attempts`` attempts; then the record goes to ``dead_letter_topic`` (headers
 ``cdc_outbox.error`` = reason, ``cdc_outbox.consumer``, ``cdc_outbox.original_topic`` /
-``_partition`` / ``_offset``) and its key is parked (persisted in ``consumer_parked_keys``),
-its ``processed_events`` row written, and the loop goes on. A record without a valid ``id``
-header or with an undecodable value is dead-lettered at once. The dead letter is acknowledged
-by Kafka before the transaction that records it commits (a crash in between re-sends it: dead
-letters are at-least-once). Database or Kafka trouble (not the handler's fault) is retried
-with backoff indefinitely and never dead-letters anything.
+``_partition`` / ``_offset``), its ``processed_events`` row is written, its key is parked
+(``consumer_parked_keys``, persisted) and the loop goes on. A record without a valid ``id``
+header or with an undecodable value is dead-lettered at once. A dead letter is acknowledged by
+Kafka before the transaction recording it commits (a crash in between re-sends it: dead
+letters are at-least-once). Database or Kafka trouble (a broken connection, no pool
+connection, a dead letter not acknowledged) rolls the whole transaction back and redoes the
+batch after a backoff, indefinitely; it never dead-letters anything.
 
 :meth:`request_stop` (SIGTERM) ends the loop after the current record (an unfinished retry is
-abandoned and rolled back); stored offsets are committed and the group is left.
+abandoned): what is done is committed, offsets are committed, the group is left.
 """
 
 from __future__ import annotations
@@ -102,10 +106,10 @@ class IdempotentConsumer:
         next_commit = next_lag = time.monotonic()
         try:
             while not self._stop.is_set():
-                for record in source.poll(0.5, s.poll_batch):
-                    if not self._process(record):
-                        break  # stopping: this record is not done
-                    source.done(record)
+                records = source.poll(0.5, s.poll_batch)
+                if records:
+                    for record in records[: self._run_batch(records)]:
+                        source.done(record)
                 now = time.monotonic()
                 if now >= next_commit:
                     source.commit()
@@ -120,93 +124,117 @@ class IdempotentConsumer:
 
     # -- rebalances ------------------------------------------------------------------------
     def _assigned(self, parts: list[tuple[str, int]]) -> None:
-        self._parked = self._with_retry(self._load_parked) or {}
-
-    def _load_parked(self) -> dict[tuple[str, str], str]:
-        with self.pool.connection() as conn:
-            return self.store.parked(conn)
+        while True:  # the parked keys of every partition this member may now own
+            try:
+                with self.pool.connection() as conn:
+                    self._parked = self.store.parked(conn)
+                return
+            except _INFRA_ERRORS as exc:
+                logger.warning("consumer: cannot read parked keys: %s; retrying", exc)
+                if self._stop.wait(self.settings.retry_backoff_s):
+                    return
 
     def _revoked(self, parts: list[tuple[str, int]]) -> None:
         self.metrics.forget(parts)
 
-    # -- one record --------------------------------------------------------------------------
-    def _process(self, record: RawRecord) -> bool:
-        """Finish ``record``; False when stopping before it was finished."""
+    # -- one batch, one record -------------------------------------------------------------
+    def _run_batch(self, records: list[RawRecord]) -> int:
+        """Handle a prefix of ``records`` in one transaction; return its length (all of them
+        unless stopping)."""
+        while True:
+            outcomes: list[tuple[str, str]] = []
+            parked: dict[tuple[str, str], str] = {}
+            try:
+                with self.pool.connection() as conn, conn.transaction():
+                    for record in records:
+                        if self._stop.is_set():
+                            break
+                        done = self._one(conn, record, parked)
+                        if done is None:
+                            break
+                        outcomes.append(done)
+            except _INFRA_ERRORS as exc:
+                logger.warning("consumer: %s; redoing the batch", exc)
+                if self._stop.wait(self.settings.retry_backoff_s):
+                    return 0
+                continue
+            self._parked.update(parked)
+            for outcome, reason in outcomes:
+                self.metrics.outcome(outcome, reason)
+            return len(outcomes)
+
+    def _one(
+        self, conn: psycopg.Connection[Any], record: RawRecord, parked: dict[tuple[str, str], str]
+    ) -> tuple[str, str] | None:
+        """Finish ``record`` in a savepoint: (outcome, reason); None when stopping first."""
         try:
             event = event_of(record, self.decode)
         except BadRecord as exc:
-            return self._finish_dead(record, None, str(exc))
+            return self._give_up(conn, record, None, str(exc), parked)
         attempt = 0
         while True:
             try:
-                outcome = self._attempt(record, event)
+                with conn.transaction():
+                    if self.settings.dedupe and not self.store.mark_processed(conn, event.event_id):
+                        return "duplicate", ""
+                    blocker = self._blocker(record, parked)
+                    if blocker is not None:
+                        self._dead_letter(record, f"blocked_by {blocker}")
+                        return "dead_lettered", f"blocked_by {blocker}"
+                    try:
+                        self.handler(conn, event)
+                    except Exception as exc:
+                        if isinstance(exc, _INFRA_ERRORS) and conn.broken:
+                            raise
+                        raise _HandlerFailed() from exc
+                    return "processed", ""
             except _HandlerFailed as exc:
                 attempt += 1
                 cause = exc.__cause__
                 why = f"handler failed after {attempt} attempt(s): {type(cause).__name__}: {cause}"
                 if attempt >= self.settings.max_attempts:
                     logger.error("%s; dead-lettering", why, extra={"event_id": event.event_id})
-                    return self._finish_dead(record, event, why)
+                    return self._give_up(conn, record, event, why, parked)
                 self.metrics.retried()
                 logger.warning("%s; retrying", why, extra={"event_id": event.event_id})
                 s = self.settings
                 if self._stop.wait(
                     backoff_delay(attempt, s.retry_backoff_s, s.retry_backoff_max_s)
                 ):
-                    return False
-                continue
-            except _INFRA_ERRORS as exc:
-                logger.warning("consumer: %s; retrying", exc)
-                if self._stop.wait(self.settings.retry_backoff_s):
-                    return False
-                continue
-            self.metrics.outcome(outcome)
-            return True
+                    return None
 
-    def _finish_dead(self, record: RawRecord, event: Event | None, reason: str) -> bool:
-        return self._with_retry(lambda: self._give_up(record, event, reason)) is not None
-
-    def _attempt(self, record: RawRecord, event: Event) -> str:
-        with self.pool.connection() as conn, conn.transaction():
-            if self.settings.dedupe and not self.store.mark_processed(conn, event.event_id):
-                return "duplicate"
-            blocker = self._blocker(record)
-            if blocker is not None:
-                self._dead_letter(record, f"blocked_by {blocker}")
-                return "dead_lettered"
-            try:
-                with conn.transaction():  # a savepoint: the handler's failure is its own
-                    self.handler(conn, event)
-            except Exception as exc:
-                raise _HandlerFailed() from exc
-            return "processed"
-
-    def _blocker(self, record: RawRecord) -> str | None:
+    def _blocker(self, record: RawRecord, parked: dict[tuple[str, str], str]) -> str | None:
         if record.key is None:
             return None
-        return self._parked.get((record.topic, record.key.decode(errors="replace")))
+        key = (record.topic, record.key.decode(errors="replace"))
+        return parked.get(key) or self._parked.get(key)
 
-    def _give_up(self, record: RawRecord, event: Event | None, reason: str) -> str:
-        """Dead-letter ``record`` and park its key, in one transaction (after Kafka's ack)."""
+    def _give_up(
+        self,
+        conn: psycopg.Connection[Any],
+        record: RawRecord,
+        event: Event | None,
+        reason: str,
+        parked: dict[tuple[str, str], str],
+    ) -> tuple[str, str]:
+        """Dead-letter ``record`` (acknowledged by Kafka) and park its key, in a savepoint."""
         key = None if record.key is None else record.key.decode(errors="replace")
-        with self.pool.connection() as conn, conn.transaction():
+        with conn.transaction():
             if (
                 event is not None
                 and self.settings.dedupe
                 and not self.store.mark_processed(conn, event.event_id)
             ):
-                self.metrics.outcome("duplicate")
-                return "duplicate"
-            blocker = self._blocker(record)
+                return "duplicate", ""
+            blocker = self._blocker(record, parked)
             if blocker is not None:
                 reason = f"blocked_by {blocker}"
             self._dead_letter(record, reason)
             if key is not None and blocker is None:
-                self.store.park(conn, record.topic, key, event.event_id if event else None, reason)
-        if key is not None and blocker is None:
-            self._parked[(record.topic, key)] = str(event.event_id) if event else "unknown"
-        self.metrics.outcome("dead_lettered", reason)
-        return "dead_lettered"
+                event_id = event.event_id if event else None
+                self.store.park(conn, record.topic, key, event_id, reason)
+                parked[(record.topic, key)] = str(event_id) if event_id else "unknown"
+        return "dead_lettered", reason
 
     def _dead_letter(self, record: RawRecord, reason: str) -> None:
         assert self._dlq is not None
@@ -221,13 +249,3 @@ class IdempotentConsumer:
         self._dlq.send(self.settings.dead_letter_topic, record.key, record.value, headers)
         logger.warning("dead-lettered %s[%d]@%d: %s", record.topic, record.partition,
                        record.offset, reason)  # fmt: skip
-
-    def _with_retry(self, step: Callable[[], Any]) -> Any:
-        """Run ``step`` until it gets past database/Kafka trouble; None when stopping first."""
-        while True:
-            try:
-                return step()
-            except _INFRA_ERRORS as exc:
-                logger.warning("consumer: %s; retrying", exc)
-                if self._stop.wait(self.settings.retry_backoff_s):
-                    return None

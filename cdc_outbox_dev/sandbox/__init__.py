@@ -24,10 +24,12 @@ from typing import Any
 
 from cdc_outbox_dev.sandbox.kafka import LocalKafka, cache_root, ensure_kafka_jars
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.redis import LocalRedis
 
 __all__ = [
     "LocalKafka",
     "LocalPostgres",
+    "LocalRedis",
     "SandboxInfo",
     "default_state_dir",
     "down",

@@ -1,0 +1,119 @@
+"""Helpers for consumer tests: ``cdc-outbox consume`` as a real process, outbox-shaped records
+produced straight into Kafka, and the handlers' bookkeeping table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from confluent_kafka import Producer
+
+from tests.relay_support import ARTIFACTS
+
+#: What the handlers in tests/consumer_handlers.py write: one row per application.
+APPLIED_DDL = """
+CREATE TABLE IF NOT EXISTS applied (
+    seq bigserial PRIMARY KEY,
+    event_id uuid NOT NULL,
+    aggregate_id text NOT NULL,
+    n integer NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    event_id: uuid.UUID
+    aggregate_id: str
+    n: int  # 1, 2, 3, ... per aggregate: the order it must be applied in
+    extra: dict[str, object] | None = None
+
+
+def produce_events(bootstrap: str, topic: str, events: Sequence[OutboxEvent]) -> None:
+    """Produce ``events`` in order as the relay would (key = aggregate id, ``id`` header)."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
+    )
+    for e in events:
+        value = {"n": e.n, **(e.extra or {})}
+        headers = [
+            ("id", str(e.event_id).encode()),
+            ("event_type", b"Counted"),
+            ("aggregate_type", b"counter"),
+        ]
+        while True:
+            try:
+                producer.produce(topic, json.dumps(value).encode(), e.aggregate_id.encode(),
+                                 headers=headers)  # fmt: skip
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def applied_rows(dsn: str) -> list[tuple[int, str, str, int]]:
+    with psycopg.connect(dsn) as conn:
+        return [
+            (seq, str(eid), agg, n)
+            for seq, eid, agg, n in conn.execute(
+                "SELECT seq, event_id, aggregate_id, n FROM applied ORDER BY seq"
+            )
+        ]
+
+
+def count_rows(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608 (test)
+        return int(row[0]) if row else 0
+
+
+class ConsumerProcess:
+    """``python -m cdc_outbox consume ...`` as a real child process (kill -9, SIGTERM)."""
+
+    def __init__(self, name: str, dsn: str, bootstrap: str, *args: str) -> None:
+        self.args = args
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
+        self.env.update(CDC_OUTBOX_DSN=dsn, CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS=bootstrap)
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.log_path = ARTIFACTS / f"{name}.log"
+        self.log_path.write_bytes(b"")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cdc_outbox", "consume", *self.args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop_quietly(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
