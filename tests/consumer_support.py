@@ -78,10 +78,13 @@ def count_rows(dsn: str, table: str) -> int:
 class ConsumerProcess:
     """``python -m cdc_outbox consume ...`` as a real child process (kill -9, SIGTERM)."""
 
-    def __init__(self, name: str, dsn: str, bootstrap: str, *args: str) -> None:
+    def __init__(
+        self, name: str, dsn: str, bootstrap: str, *args: str, env: dict[str, str] | None = None
+    ) -> None:
         self.args = args
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
         self.env.update(CDC_OUTBOX_DSN=dsn, CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS=bootstrap)
+        self.env.update(env or {})
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"{name}.log"
         self.log_path.write_bytes(b"")
