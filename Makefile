@@ -18,8 +18,8 @@ test: bootstrap
 	$(VENV)/bin/pytest -p no:cacheprovider -q $(PYTEST_ARGS)
 
 lint: bootstrap
-	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks
-	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev
+	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks examples
+	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev examples
 
 bench: bootstrap
 	$(VENV)/bin/python -m benchmarks relay --events 100000 --txn-size 100 --json benchmarks/out/relay.json

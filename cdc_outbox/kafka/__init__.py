@@ -1,1 +1,1 @@
-"""Kafka: the one module that talks to the broker."""
+"""Kafka: the only package that talks to the broker (the relay's publisher, the consumer's side)."""

@@ -1,4 +1,5 @@
-"""The Kafka producer: the only runtime module that imports confluent-kafka.
+"""The relay's Kafka producer. Only the ``cdc_outbox.kafka`` package imports confluent-kafka
+(this module and :mod:`cdc_outbox.kafka.consumer`, the consumer's side; a unit test checks it).
 
 Reading topics back (demo, tests, benchmarks) is ``cdc_outbox_dev.readback``, not shipped.
 

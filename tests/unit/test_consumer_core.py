@@ -1,0 +1,121 @@
+"""Pure parts of the idempotent consumer: settings, subscription, backoff, handler loading,
+record -> event, and the rule that only the kafka package imports confluent_kafka."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cdc_outbox.config import Settings
+from cdc_outbox.consumer.events import BadRecord, decoder_for, event_of, json_value
+from cdc_outbox.consumer.settings import (
+    ConsumerSettings,
+    backoff_delay,
+    load_handler,
+    topics_from_template,
+)
+from cdc_outbox.errors import ConfigError
+from cdc_outbox.kafka.consumer import RawRecord
+
+PACKAGE = Path(__file__).resolve().parents[2] / "cdc_outbox"
+
+
+def _record(**kw: object) -> RawRecord:
+    values: dict[str, object] = {
+        "topic": "outbox.event.order", "partition": 1, "offset": 7, "key": b"o-1",
+        "value": b'{"total": 5}',
+        "headers": (("id", str(uuid.UUID(int=1)).encode()), ("event_type", b"Created"),
+                    ("aggregate_type", b"order")),
+    }  # fmt: skip
+    values.update(kw)
+    return RawRecord(**values)  # type: ignore[arg-type]
+
+
+def test_subscription_matches_every_topic_of_the_template() -> None:
+    (pattern,) = topics_from_template("outbox.event.{aggregate_type}")
+    assert pattern == r"^outbox\.event\.[A-Za-z0-9._-]+$"
+    assert re.match(pattern, "outbox.event.order")
+    assert not re.match(pattern, "outbox.eventXorder")
+    assert not re.match(pattern, "cdc_outbox.dead_letter")
+    (two,) = topics_from_template("app.{aggregate_type}.{event_type}.v1")
+    assert re.match(two, "app.order.Created.v1") and not re.match(two, "app.order.v1")
+    assert topics_from_template("all-events") == ("all-events",)
+    with pytest.raises(ConfigError, match="no constant prefix"):
+        topics_from_template("{aggregate_type}")
+
+
+def test_settings_default_from_the_relay_and_flags_win() -> None:
+    relay = Settings(
+        dsn="host=db", topic_template="shop.{aggregate_type}",
+        kafka={"bootstrap_servers": "k:9092", "config": {"client.id": "x"}},
+    )  # fmt: skip
+    extra = {"fetch.min.bytes": "1"}
+    s = ConsumerSettings.from_relay(relay, group_id="billing", kafka_config=extra)
+    assert (s.group_id, s.consumer_name, s.bootstrap_servers) == ("billing", "billing", "k:9092")
+    assert s.topics == (r"^shop\.[A-Za-z0-9._-]+$",)
+    assert s.kafka_consumer_config() == {
+        "bootstrap.servers": "k:9092", "client.id": "x", "fetch.min.bytes": "1",
+    }  # fmt: skip
+    assert ConsumerSettings.from_relay(relay, consumer_name="n", topics=("t",)).topics == ("t",)
+    with pytest.raises(ConfigError, match="consumer group"):
+        ConsumerSettings.from_relay(relay)
+    with pytest.raises(ConfigError, match=r"^consumer: dead_letter_topic: .*legal Kafka topic"):
+        ConsumerSettings.from_relay(relay, group_id="g", dead_letter_topic="bad topic")
+    with pytest.raises(ConfigError, match=r"^consumer: max_attempts"):
+        ConsumerSettings.from_relay(relay, group_id="g", max_attempts=0)
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    assert [backoff_delay(n, 0.2, 1.0) for n in range(1, 6)] == [0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+def test_handler_loading_errors_are_one_line() -> None:
+    assert load_handler("tests.consumer_handlers:noop").__name__ == "noop"
+    for spec, fragment in [
+        ("no_colon", "must look like"),
+        ("tests.nope_missing:f", "cannot import"),
+        ("tests.consumer_handlers:missing", "has no attribute"),
+        ("tests.consumer_support:EVENTS_NOT_THERE", "has no attribute"),
+        ("tests.consumer_support:APPLIED_DDL", "not callable"),
+    ]:
+        with pytest.raises(ConfigError, match=fragment):
+            load_handler(spec)
+
+
+def test_record_to_event() -> None:
+    event = event_of(_record(), json_value)
+    assert event.event_id == uuid.UUID(int=1)
+    names = (event.aggregate_type, event.aggregate_id, event.event_type)
+    assert names == ("order", "o-1", "Created")
+    assert event.payload == {"total": 5}
+    assert (event.topic, event.partition, event.offset) == ("outbox.event.order", 1, 7)
+    assert event_of(_record(value=None), json_value).payload is None  # a tombstone
+    with pytest.raises(BadRecord, match="no 'id' header"):
+        event_of(_record(headers=()), json_value)
+    with pytest.raises(BadRecord, match="not a UUID"):
+        event_of(_record(headers=(("id", b"42"),)), json_value)
+    with pytest.raises(BadRecord, match="not JSON"):
+        event_of(_record(value=b"\x00avro"), json_value)
+    assert decoder_for("json") is json_value
+    with pytest.raises(ConfigError, match="value_format 'avro'"):
+        decoder_for("avro")
+    json.dumps(event.payload)
+
+
+def test_only_the_kafka_package_imports_confluent_kafka() -> None:
+    importers = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if any(n.split(".")[0] == "confluent_kafka" for n in names):
+                importers.append(path.relative_to(PACKAGE).as_posix())
+    assert sorted(set(importers)) == ["kafka/consumer.py", "kafka/publisher.py"]
