@@ -30,5 +30,6 @@ def handle(conn: psycopg.Connection[Any], event: Event) -> None:
 
     No plain DELETE of the key: a reader that loaded an older row could put it back after the
     delete. A versioned refresh cannot be undone by an older write."""
-    if event.aggregate_type == "order" and isinstance(event.payload, dict):
-        _cache().put(event.payload)
+    row = event.payload
+    if event.aggregate_type == "order" and isinstance(row, dict) and {"id", "version"} <= set(row):
+        _cache().put(row)

@@ -173,3 +173,18 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
     dashboard = json.loads((DOCKER / "grafana-dashboard.json").read_text())
     variable = dashboard["templating"]["list"][0]  # picks the (default) Prometheus source
     assert variable["type"] == "datasource" and variable["query"] == source["type"]
+
+
+def test_cache_example_consumer_reads_redis_and_runs_the_example_handler() -> None:
+    s = services()
+    consumer = s["order-cache"]
+    assert consumer["command"][:3] == [
+        "consume", "--handler", "examples.cache_invalidation.consumer:handle",
+    ]  # fmt: skip
+    module = consumer["command"][2].split(":")[0].replace(".", "/") + ".py"
+    assert (COMPOSE.parent.parent / module).exists()
+    assert "../examples:/opt/cdc-outbox/examples:ro" in consumer["volumes"]
+    assert consumer["working_dir"] == "/opt/cdc-outbox"
+    assert consumer["environment"]["ORDERS_REDIS_URL"] == "redis://redis:6379/0"
+    assert consumer["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "--save" in s["redis"]["command"]
