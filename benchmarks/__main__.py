@@ -1,5 +1,6 @@
 """Entry point: ``python -m benchmarks relay --events N --txn-size K --json PATH`` and
-``python -m benchmarks compare --events N --json PATH`` (CDC vs polling, writes RESULTS.md)."""
+``python -m benchmarks compare --events N --json PATH`` (CDC vs polling, writes RESULTS.md) and
+``python -m benchmarks consume --events N --json PATH`` (the idempotent consumer)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks import compare_bench, compare_report, relay_bench
+from benchmarks import compare_bench, compare_report, consume_bench, relay_bench
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     compare.add_argument("--json", type=Path, default=Path("benchmarks/out/compare.json"))
     compare.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
+    consume = sub.add_parser("consume", help="idempotent consumer: events/s, dedupe on/off")
+    consume.add_argument("--events", type=int, default=50_000)
+    consume.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
+    consume.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
+    consume.add_argument("--json", type=Path, default=Path("benchmarks/consume.json"))
+    consume.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "relay":
@@ -64,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
         compare_report.write_results(result, args.results, command)
+        print(f"wrote {args.json} and {args.results}")
+    elif args.command == "consume":
+        if args.events <= 0:
+            parser.error("--events must be positive")
+        result = consume_bench.run(args)
+        consume_bench.print_table(result)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
+        consume_bench.write_section(result, args.results, command)
         print(f"wrote {args.json} and {args.results}")
     return 0
 

@@ -134,4 +134,8 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         "",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    # Keep the consumer section (benchmarks/consume_bench.py) that follows its marker.
+    old = path.read_text() if path.exists() else ""
+    marker = "<!-- consume-bench:"
+    kept = old[old.index(marker) :] if marker in old else ""
+    path.write_text("\n".join(lines) + ("\n\n" + kept if kept else ""))
