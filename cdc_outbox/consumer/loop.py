@@ -81,6 +81,8 @@ class IdempotentConsumer:
         self.store = ConsumerStore(settings.consumer_name, settings.schema_name)
         self._stop = threading.Event()
         self._parked: dict[tuple[str, str], str] = {}
+        #: (topic, partition) currently assigned to this member (for health checks and tests).
+        self.assignment: frozenset[tuple[str, int]] = frozenset()
         self._dlq: DeadLetterSender | None = None
 
     def request_stop(self) -> None:
@@ -124,6 +126,7 @@ class IdempotentConsumer:
 
     # -- rebalances ------------------------------------------------------------------------
     def _assigned(self, parts: list[tuple[str, int]]) -> None:
+        self.assignment = self.assignment | frozenset(parts)
         while True:  # the parked keys of every partition this member may now own
             try:
                 with self.pool.connection() as conn:
@@ -135,6 +138,7 @@ class IdempotentConsumer:
                     return
 
     def _revoked(self, parts: list[tuple[str, int]]) -> None:
+        self.assignment = self.assignment - frozenset(parts)
         self.metrics.forget(parts)
 
     # -- one batch, one record -------------------------------------------------------------

@@ -119,3 +119,21 @@ def test_only_the_kafka_package_imports_confluent_kafka() -> None:
             if any(n.split(".")[0] == "confluent_kafka" for n in names):
                 importers.append(path.relative_to(PACKAGE).as_posix())
     assert sorted(set(importers)) == ["kafka/consumer.py", "kafka/publisher.py"]
+
+
+def test_consume_command_bad_input_is_one_line_and_exit_2() -> None:
+    from tests.helpers import run_cli
+
+    for args, fragment in [
+        (("--handler", "tests.consumer_handlers:missing"), "has no attribute 'missing'"),
+        (("--handler", "tests.consumer_handlers:noop", "--kafka-config", "novalue"),
+         "must look like KEY=VALUE"),
+        (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--max-attempts", "0"),
+         "consumer: max_attempts"),
+    ]:  # fmt: skip
+        out = run_cli("consume", *args, dsn="host=127.0.0.1 port=1 password=s3cret")
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("cdc-outbox: error: "), out.stderr
+        assert fragment in lines[0]
+        assert "s3cret" not in out.stderr
