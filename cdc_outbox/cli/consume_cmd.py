@@ -75,7 +75,7 @@ def consume(
     ] = None,
     metrics_port: Annotated[
         int | None,
-        typer.Option("--metrics-port", help="Serve Prometheus /metrics on 127.0.0.1:PORT."),
+        typer.Option("--metrics-port", help="Serve Prometheus /metrics on metrics_host:PORT."),
     ] = None,
 ) -> None:
     """Apply each outbox event once: handler + processed_events row in one transaction, then

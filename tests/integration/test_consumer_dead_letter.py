@@ -8,6 +8,7 @@ import uuid
 from collections import defaultdict
 
 import psycopg
+from prometheus_client import generate_latest
 from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer import ConsumerSettings, IdempotentConsumer
@@ -50,6 +51,14 @@ def test_failing_event_is_retried_then_dead_lettered_and_its_key_stays_blocked(
         assert consumer.metrics.counts == {
             "processed": 11, "duplicate": 0, "dead_lettered": 4, "retried": 2,
         }  # fmt: skip
+        scraped = generate_latest(consumer.metrics.registry).decode()
+        for line in [
+            'cdc_outbox_consumer_processed_total{consumer="dlq-test"} 11.0',
+            'cdc_outbox_consumer_retries_total{consumer="dlq-test"} 2.0',
+            'cdc_outbox_consumer_dead_lettered_total{consumer="dlq-test",reason="failed"} 1.0',
+            'cdc_outbox_consumer_dead_lettered_total{consumer="dlq-test",reason="blocked"} 3.0',
+        ]:
+            assert line in scraped
 
         # A restart: the parked key is read back from PostgreSQL.
         second = _events(["a", "b"], range(6, 7), poison=set())

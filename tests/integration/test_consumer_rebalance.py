@@ -69,6 +69,19 @@ def test_rebalances_commit_finished_work_before_partitions_move(
                 wait_until(lambda: len(second.assignment) == 6, timeout=60)
                 produce_events(bootstrap, topic, phases[2])
                 wait_until(lambda: applied(EVENTS), timeout=60, interval=0.1)
+
+                def lags() -> list[float | None]:
+                    registry = second.metrics.registry
+                    return [
+                        registry.get_sample_value(
+                            "cdc_outbox_consumer_lag",
+                            {"consumer": "rebalance", "topic": topic, "partition": str(p)},
+                        )
+                        for p in range(6)
+                    ]
+
+                # The lag gauge (sampled every 5 s) covers every partition and reaches 0.
+                wait_until(lambda: lags() == [0.0] * 6, timeout=20, message=lambda: str(lags()))
     a, b = first.metrics.counts, second.metrics.counts
     assert a["processed"] > 3_000 and b["processed"] > 1_000
     assert a["processed"] + b["processed"] == EVENTS
