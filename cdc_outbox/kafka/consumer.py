@@ -6,7 +6,7 @@ Contract:
   (after the record's PostgreSQL transaction committed) and are committed by
   :meth:`KafkaSource.commit` (periodically, before partitions are revoked, and on close).
   ``isolation.level`` is ``read_committed`` (records of aborted Kafka transactions are never
-  seen). User config (``kafka.config`` plus consumer overrides) cannot turn auto-commit on.
+  seen). User config (``kafka.config`` plus consumer overrides) cannot change these three.
 - Rebalances call ``on_revoke`` (after committing what is done) and ``on_assign`` on the
   caller's thread, inside :meth:`KafkaSource.poll`.
 - :class:`DeadLetterSender.send` returns only once Kafka acknowledged the record
@@ -26,12 +26,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DeadLetterError", "DeadLetterSender", "KafkaSource", "RawRecord"]
 
-_FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
-_DEFAULTS = {
-    "auto.offset.reset": "earliest",
+_FORCED = {
+    "enable.auto.commit": "false",
+    "enable.auto.offset.store": "false",
     "isolation.level": "read_committed",
-    "enable.partition.eof": "false",
 }
+_DEFAULTS = {"auto.offset.reset": "earliest", "enable.partition.eof": "false"}
 
 
 @dataclass(frozen=True, slots=True)
