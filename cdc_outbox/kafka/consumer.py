@@ -31,7 +31,13 @@ _FORCED = {
     "enable.auto.offset.store": "false",
     "isolation.level": "read_committed",
 }
-_DEFAULTS = {"auto.offset.reset": "earliest", "enable.partition.eof": "false"}
+_DEFAULTS = {
+    "auto.offset.reset": "earliest",
+    "enable.partition.eof": "false",
+    # A ^regex subscription sees topics created later (the relay's first event of a new
+    # aggregate type) at the next metadata refresh: 10 s instead of librdkafka's 5 min.
+    "topic.metadata.refresh.interval.ms": "10000",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from examples.cache_invalidation.cache import OrderCache
 from examples.cache_invalidation.orders import ORDERS_DDL, create_order, load_order, update_order
 from tests.consumer_support import ConsumerProcess, count_rows
-from tests.helpers import wait_until
+from tests.helpers import create_topic, wait_until
 from tests.relay_support import RelayProcess, init_outbox, relay_settings
 
 ORDERS = 40
@@ -33,6 +33,9 @@ def test_cache_equals_database_after_burst_with_relay_and_consumer_kills(
     bootstrap = kafka_broker.bootstrap_servers
     settings = relay_settings(pg_dsn, bootstrap, kafka_topic_prefix)
     init_outbox(settings)
+    # Created up front, as a deployment would: a ^regex subscription only notices a topic
+    # created later at its next metadata refresh (topic.metadata.refresh.interval.ms, 10 s).
+    create_topic(bootstrap, f"{kafka_topic_prefix}.event.order", partitions=3)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(ORDERS_DDL)
     rng = random.Random()
