@@ -12,6 +12,7 @@ from psycopg.pq import TransactionStatus
 from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import (
+    OutboxTable,
     OutboxWriteError,
     write_event,
     write_event_async,
@@ -103,3 +104,23 @@ def test_bad_input_raises_before_any_sql_reaches_the_server(
         assert last == ("SELECT 'marker-before-write'",)
         conn.rollback()
     assert _ids(pg_dsn) == set()
+
+
+def test_writer_follows_the_debezium_preset_and_another_table(pg_dsn: str) -> None:
+    settings = Settings.model_validate(
+        {"dsn": pg_dsn, "outbox_schema": "app", "outbox_table": "events",
+         "columns": {"preset": "debezium", "payload": "body"}, "on_permanent_error": "halt",
+         "cdc_mark_published": "off"}
+    )  # fmt: skip
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA app")
+        for stmt in outbox_table_ddl(settings):
+            conn.execute(stmt)
+    table = OutboxTable("app", "events", preset="debezium", columns={"payload": "body"})
+    with psycopg.connect(pg_dsn) as conn:
+        eid = write_event(conn, "order", "o-9", "OrderShipped", {"n": 9}, table=table)
+        conn.commit()
+        row = conn.execute(
+            "SELECT id, aggregatetype, aggregateid, type, body FROM app.events"
+        ).fetchone()
+    assert row == (eid, "order", "o-9", "OrderShipped", {"n": 9})
