@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from cdc_outbox import __version__
-from cdc_outbox.cli import bootstrap_cmd, lag_cmd, polling_cmd, relay_cmd
+from cdc_outbox.cli import bootstrap_cmd, lag_cmd, polling_cmd, relay_cmd, schemas_cmd
 from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, run_app, set_global
 
 app = typer.Typer(
@@ -85,6 +85,8 @@ relay_cmd.register(app)  # run
 lag_cmd.register(app)  # lag (slot lag, retained WAL, oldest unpublished; --watch)
 
 polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
+
+schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)
 
 
 def _register_dev_commands(app: typer.Typer) -> None:

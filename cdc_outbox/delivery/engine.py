@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
@@ -39,12 +39,16 @@ from cdc_outbox.delivery.policy import (
     KeysInFlight,
     Parking,
     blocked_reason,
+    on_encode_failure,
     on_failure,
     precheck,
 )
 from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
+
+if TYPE_CHECKING:
+    from cdc_outbox.avro.serializer import AvroSerializer
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +155,12 @@ class Delivery:
         self._mark_after = 0.0
         self._replace_producer = False
         self.publisher = self._new_publisher()
+        self.avro: AvroSerializer | None = None
+        if "avro" in (settings.value_format, settings.key_format):
+            from cdc_outbox.avro.serializer import AvroSerializer
+
+            self.avro = AvroSerializer(settings)
+            self.avro.register_all()
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -200,14 +210,29 @@ class Delivery:
             blocker = self.parking.blocked_by(key) if len(self.parking) else None
             if blocker is None:
                 value = result.value
+                wire_key = key
+                if self.avro is not None:
+                    encoded = self.avro.encode(result)
+                    if type(encoded) is tuple:
+                        wire_key, value = encoded
+                    else:
+                        assert not isinstance(encoded, tuple)
+                        if on_encode_failure(encoded.kind, self._halt_policy) is (
+                            FailureAction.RETRY
+                        ):
+                            self.restart(encoded.reason)
+                            handle.retry(encoded.reason)
+                            return
+                        self.reject(handle, _dead(result, encoded.reason))
+                        return
                 problem = None
                 if value is None or len(value) >= self._fast_bytes:
-                    problem = precheck(key, value, result.headers, self._max_bytes)
+                    problem = precheck(wire_key, value, result.headers, self._max_bytes)
                 if problem is None:
                     self.keys.add(key)
                     self.publisher.produce(
                         result.topic,
-                        key,
+                        wire_key,
                         value,
                         result.headers,
                         _Sent(self, handle, key, result.event_id),
@@ -219,14 +244,7 @@ class Delivery:
                 value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
                 result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
             else:
-                result = DeadLetter(
-                    blocked_reason(blocker),
-                    result.event_id,
-                    key,
-                    result.value,
-                    result.headers,
-                    result.topic,
-                )
+                result = _dead(result, blocked_reason(blocker))
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
 
@@ -331,6 +349,13 @@ class Delivery:
                 "topic": topic,
             },
         )
+
+
+def _dead(record: OutboxRecord, reason: str) -> DeadLetter:
+    """The dead letter of ``record`` as mapped (JSON value, plain key)."""
+    return DeadLetter(
+        reason, record.event_id, record.key, record.value, record.headers, record.topic
+    )
 
 
 def _event_id(headers: Headers) -> str | None:
