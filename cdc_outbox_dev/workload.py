@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,12 +275,14 @@ def tally(
     records: Iterable[ConsumedRecord],
     *,
     forbidden_ids: Iterable[str] = (),
+    decode_value: Callable[[bytes | None], Any] | None = None,
 ) -> Tally:
     """Compare Kafka records with the stored events.
 
     Every stored event must arrive at least once with key = aggregate id and value = payload;
     per aggregate, first arrivals must follow ``seq`` (partition order is commit order).
-    ``forbidden_ids`` (e.g. rolled-back events) must not arrive at all.
+    ``forbidden_ids`` (e.g. rolled-back events) must not arrive at all. With
+    ``decode_value`` (e.g. an Avro reader) the decoded value must equal the parsed payload.
     """
     by_id = {e.id: e for e in expected}
     forbidden = set(forbidden_ids)
@@ -301,7 +303,11 @@ def tally(
         seen[event_id] += 1
         if seen[event_id] > 1:
             continue
-        if rec.key != ev.aggregate_id.encode() or rec.value != ev.payload.encode():
+        if decode_value is None:
+            same = rec.value == ev.payload.encode()
+        else:
+            same = decode_value(rec.value) == json.loads(ev.payload)
+        if rec.key != ev.aggregate_id.encode() or not same:
             mismatched.append(event_id)
         prev = last_seq.get(ev.aggregate_id, 0)
         if ev.seq <= prev:

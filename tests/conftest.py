@@ -8,6 +8,10 @@
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
 - ``kafka_strict_broker`` (session): a second ``LocalKafka`` with topic auto-creation off and
   an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
+- ``schema_registry`` (session): running ``LocalRegistry`` (Apicurio, Confluent API at
+  ``.url``, BACKWARD; tests register what they need under subjects of their own). A test may
+  ``stop()``/``start()`` it (same port; on Apicurio 3.x ``durable``: content survives, as in
+  production); a stopped registry is started again after the test.
 - ``kafka_topic_prefix``: a unique ``[a-z0-9-]`` string per test to build topic names from.
 
 Fault tests may stop, kill or reconfigure the session servers: after each test that used them,
@@ -31,6 +35,7 @@ import pytest
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")
@@ -119,6 +124,27 @@ def kafka_strict_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
         yield kafka
     finally:
         kafka.close()
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[LocalRegistry]:
+    registry = LocalRegistry(durable=True)
+    registry.start()
+    try:
+        yield registry
+    finally:
+        registry.close()
+
+
+@pytest.fixture(autouse=True)
+def _heal_registry(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that stopped the session registry leaves it running again (empty)."""
+    yield
+    if "schema_registry" in request.fixturenames:
+        registry = request.getfixturevalue("schema_registry")
+        if not registry.running:
+            logger.warning("session schema registry was left stopped; starting it again")
+            registry.start()
 
 
 @pytest.fixture

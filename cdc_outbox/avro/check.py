@@ -45,9 +45,7 @@ def _topic(settings: Settings, record: str, topics: Mapping[str, str]) -> str:
     return template.format(event_type=record.rpartition(".")[2])
 
 
-def check_schemas(
-    settings: Settings, topics: Mapping[str, str] | None = None
-) -> list[SchemaCheck]:
+def check_schemas(settings: Settings, topics: Mapping[str, str] | None = None) -> list[SchemaCheck]:
     """Check (and with ``auto_register`` register) every local schema; see the module doc.
     Raises ``RegistryUnavailable`` when the registry cannot be asked."""
     sr = settings.schema_registry

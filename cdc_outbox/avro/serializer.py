@@ -180,8 +180,9 @@ class AvroSerializer:
                     schema_id = self.client.register(subject, local.text)
                 else:
                     schema_id = self.client.lookup(subject, local.text)
-                logger.info("event type %s: schema id %d (subject %s)", event_type, schema_id,
-                            subject)
+                logger.info(
+                    "event type %s: schema id %d (subject %s)", event_type, schema_id, subject
+                )
                 return _Writer(schema_id, local.parsed, subject, False, now)
             schema_id, text = self.client.latest(subject)
         except RegistryUnavailable as exc:
@@ -190,15 +191,17 @@ class AvroSerializer:
             if exc.status == 404:
                 how = "registered" if local is not None else "found"
                 return EncodeProblem(
-                    "invalid", f"avro: no schema for event type {event_type!r} ({how} under"
-                    f" subject {subject!r}: {exc.message})"
+                    "invalid",
+                    f"avro: no schema for event type {event_type!r} ({how} under"
+                    f" subject {subject!r}: {exc.message})",
                 )
             return EncodeProblem("invalid", f"avro: subject {subject!r}: {exc.message[:300]}")
         parsed = parse_schema(json.loads(text))
         if event_type not in record_names(parsed):
             return EncodeProblem(
-                "invalid", f"avro: no schema for event type {event_type!r} (latest schema of"
-                f" subject {subject!r} is not a record named so)"
+                "invalid",
+                f"avro: no schema for event type {event_type!r} (latest schema of"
+                f" subject {subject!r} is not a record named so)",
             )
         logger.info("event type %s: schema id %d (subject %s)", event_type, schema_id, subject)
         return _Writer(schema_id, parsed, subject, True, now)

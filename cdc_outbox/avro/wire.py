@@ -74,7 +74,7 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
         try:
             validate(datum, parsed_schema, raise_errors=True)
         except Exception as exc:  # fastavro's ValidationError (a list of messages)
-            problem = " ".join(str(exc).split()).strip("[]\" ")
+            problem = " ".join(str(exc).split()).strip('[]" ')
     if problem is not None:
         raise AvroEncodeError(f"avro: {problem[:500]}")
     buf = io.BytesIO()

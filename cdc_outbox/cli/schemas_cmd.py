@@ -61,4 +61,3 @@ def check(
     problems = [r.problem for r in results if r.problem is not None]
     if problems:
         raise PreflightError("; ".join(problems))
-

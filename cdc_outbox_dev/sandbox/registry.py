@@ -5,9 +5,11 @@ with ``mvn dependency:copy`` and unpacks it under ``$CDC_OUTBOX_CACHE_DIR/apicur
 (default ``~/.cache/cdc-outbox``). Version 3.3.3 needs Java >= 21: it is used when such a JDK is
 found (``/usr/lib/jvm/*``, ``$JAVA_HOME`` or ``java`` on the path), else 2.6.13.Final on Java 17.
 
-``LocalRegistry`` binds HTTP (and, in 3.x, the management port) to 127.0.0.1, uses in-memory
-storage (every start is empty; ids start at 1) and sets BACKWARD global compatibility. ``stop()``
-then ``start()`` reuses the same port, so a client's URL stays valid across an outage.
+``LocalRegistry`` binds HTTP (and, in 3.x, the management port) to 127.0.0.1 and sets BACKWARD
+global compatibility. Storage is in-memory (every start is empty; ids start at 1), unless
+``durable=True`` on 3.x: then an H2 file under ``base_dir`` keeps subjects and ids across
+``stop()``/``start()``, like a production registry (``durable`` tells which one you got).
+``stop()`` then ``start()`` reuses the same port, so a client's URL stays valid across an outage.
 ``url`` is the Confluent API base (``.../apis/ccompat/v7``).
 """
 
@@ -128,13 +130,16 @@ def _runner(dist: Path) -> Path:
 class LocalRegistry(LocalServer):
     """One Apicurio Registry process; ``url`` is the Confluent-compatible API base."""
 
-    def __init__(self, base_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, base_dir: Path | None = None, port: int | None = None, *, durable: bool = False
+    ) -> None:
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="cdc-outbox-registry-"))
         self.port = port or _proc.free_port()
         self.mgmt_port = _proc.free_port()
         self.java, self.version = registry_java()
         self.log_path = self.base_dir / "registry.log"
+        self.durable = durable and self.version == V3
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -180,6 +185,8 @@ class LocalRegistry(LocalServer):
                 "-Dquarkus.management.host=127.0.0.1",
                 f"-Dquarkus.management.port={self.mgmt_port}",
             ]
+        if self.durable:
+            args.append(f"-Dapicurio.datasource.url=jdbc:h2:file:{self.base_dir / 'h2' / 'db'}")
         self.base_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
