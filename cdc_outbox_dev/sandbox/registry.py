@@ -135,8 +135,10 @@ class LocalRegistry(LocalServer):
     ) -> None:
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="cdc-outbox-registry-"))
-        self.port = port or _proc.free_port()
-        self.mgmt_port = _proc.free_port()
+        self._state = self.base_dir / "registry.json"
+        saved = json.loads(self._state.read_text()) if self._state.exists() else {}
+        self.port = port or saved.get("port") or _proc.free_port()
+        self.mgmt_port = saved.get("mgmt_port") or _proc.free_port()
         self.java, self.version = registry_java()
         self.log_path = self.base_dir / "registry.log"
         self.durable = durable and self.version == V3
@@ -147,8 +149,21 @@ class LocalRegistry(LocalServer):
         return f"http://127.0.0.1:{self.port}/apis/ccompat/v7"
 
     @property
+    def pid(self) -> int | None:
+        """The registry's pid if it runs (also one started by another process, e.g.
+        ``cdc-outbox sandbox up``: recorded in ``base_dir/registry.json``)."""
+        if self._proc is not None:
+            return self._proc.pid if self._proc.poll() is None else None
+        if not self._state.exists():
+            return None
+        pid = json.loads(self._state.read_text()).get("pid")
+        if pid and _proc.pid_alive(pid) and "apicurio" in _proc.cmdline(pid):
+            return int(pid)
+        return None
+
+    @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self.pid is not None
 
     def _ready_url(self) -> str:
         port = self.mgmt_port if self.version == V3 else self.port
@@ -196,6 +211,9 @@ class LocalRegistry(LocalServer):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self._state.write_text(
+            json.dumps({"port": self.port, "mgmt_port": self.mgmt_port, "pid": self._proc.pid})
+        )
         _proc.wait_for(self._ready, timeout, "the schema registry to be ready", interval=0.2)
         if self.version == V2:  # 2.x enforces the rule but reports NONE: make it explicit
             self._put_config({"compatibility": "BACKWARD"})
@@ -213,9 +231,9 @@ class LocalRegistry(LocalServer):
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the process (its in-memory content is lost); ``start`` brings it back empty."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            _proc.terminate(proc.pid, signal.SIGTERM, timeout, proc)
+        pid, proc, self._proc = self.pid, self._proc, None
+        if pid is not None:
+            _proc.terminate(pid, signal.SIGTERM, timeout, proc)
 
     def destroy(self) -> None:
         self.stop()
