@@ -85,19 +85,31 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
     return buf.getvalue()
 
 
+_FieldRule = tuple[Any, str, frozenset[str], tuple[str, ...]]
+_rules: dict[int, _FieldRule] = {}
+
+
 def _top_level_fields(schema: Any, datum: Any) -> str | None:
     if not (isinstance(schema, dict) and schema.get("type") == "record"):
         return None
-    name = schema.get("name")
+    rule = _rules.get(id(schema))
+    if rule is None or rule[0] is not schema:  # once per schema: names and required fields
+        fields = schema["fields"]
+        names = frozenset(f["name"] for f in fields)
+        required = tuple(f["name"] for f in fields if "default" not in f)
+        if len(_rules) > 1024:
+            _rules.clear()
+        rule = _rules[id(schema)] = (schema, str(schema.get("name")), names, required)
+    _, name, names, required = rule
     if not isinstance(datum, dict):
         return f"payload is a JSON {type(datum).__name__}, record {name} needs an object"
-    fields = schema["fields"]
-    unknown = datum.keys() - {f["name"] for f in fields}
-    if unknown:
-        return f"record {name} has no field {', '.join(sorted(unknown))}"
-    missing = [f["name"] for f in fields if f["name"] not in datum and "default" not in f]
-    if missing:
-        return f"record {name} field {', '.join(missing)} is missing (and has no default)"
+    if not names.issuperset(datum):
+        unknown = sorted(set(datum) - names)
+        return f"record {name} has no field {', '.join(unknown)}"
+    for field in required:
+        if field not in datum:
+            missing = [f for f in required if f not in datum]
+            return f"record {name} field {', '.join(missing)} is missing (and has no default)"
     return None
 
 
