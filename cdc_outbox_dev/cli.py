@@ -112,6 +112,13 @@ def demo(
     events: Annotated[int, typer.Option("--events", min=1, help="Orders to write.")] = 20_000,
     writers: Annotated[int, typer.Option("--writers", min=1, help="Concurrent writers.")] = 4,
     aggregates: Annotated[int, typer.Option("--aggregates", min=1, help="Distinct orders.")] = 200,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--value-format",
+            help="json or avro (Avro values via a local schema registry, decoded for the tally).",
+        ),
+    ] = "json",
 ) -> None:
     """End-to-end demo on throw-away local PostgreSQL + Kafka: write orders, relay, verify.
 
@@ -120,7 +127,11 @@ def demo(
     """
     from cdc_outbox_dev.demo import run_demo
 
-    ok = run_demo(events=events, writers=writers, aggregates=aggregates)
+    if value_format not in ("json", "avro"):
+        raise typer.BadParameter("must be json or avro", param_hint="--value-format")
+    ok = run_demo(
+        events=events, writers=writers, aggregates=aggregates, value_format=value_format
+    )
     raise typer.Exit(0 if ok else 1)
 
 
