@@ -86,8 +86,13 @@ def print_table(result: dict[str, Any]) -> None:
     )
 
 
+#: RESULTS.md from this line on holds other benchmarks' sections (e.g. Avro vs JSON): kept.
+KEEP_MARKER = "<!-- sections below are kept when `compare` regenerates this file -->"
+
+
 def write_results(result: dict[str, Any], path: Path, command: str) -> None:
-    """benchmarks/RESULTS.md: machine, command, the table, targets and method."""
+    """benchmarks/RESULTS.md: machine, command, the table, targets and method (anything from
+    :data:`KEEP_MARKER` on is kept)."""
     m, p, t = result["machine"], result["params"], result["targets"]
     lines = [
         "# CDC vs polling: benchmark results",
@@ -133,5 +138,8 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         " processes; compare runs made on a quiet machine.",
         "",
     ]
+    old = path.read_text() if path.exists() else ""
+    if KEEP_MARKER in old:
+        lines.append(old[old.index(KEEP_MARKER) :])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
