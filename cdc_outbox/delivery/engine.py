@@ -13,6 +13,9 @@ their loop. Contract:
   alert in the stats): the caller drops the session and re-sends from its durable position.
 - ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``; the
   handle then never completes, so nothing after it is confirmed.
+- Once ``restart_reason`` is set, nothing more is produced until :meth:`new_session`: later
+  events get ``handle.retry`` at once (so an event waiting for its schema is not overtaken by
+  later events of its aggregate).
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
   :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
@@ -204,6 +207,9 @@ class Delivery:
         """Publish one mapped event (or dead-letter/park it); outcome via ``handle``. Once
         halted, nothing more is produced (the handle never completes)."""
         if self.halt_reason is not None:
+            return
+        if self.restart_reason is not None:  # the session is dropped: it is all sent again
+            handle.retry(self.restart_reason)
             return
         if type(result) is OutboxRecord:
             key = result.key

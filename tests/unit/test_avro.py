@@ -153,3 +153,74 @@ def test_schemas_dir(tmp_path: Path) -> None:
     (tmp_path / "b.avsc").write_text("{")
     with pytest.raises(ConfigError, match="not a valid Avro schema"):
         load_schemas_dir(str(tmp_path))
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    def published(self, topic: str) -> None:
+        self.outcomes.append("published")
+
+    def dead_lettered(self) -> None:
+        self.outcomes.append("dead_lettered")
+
+    def retry(self, reason: str) -> None:
+        self.outcomes.append(f"retry: {reason}")
+
+
+def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
+    """Delivery with a registry nobody listens on (and a producer that never connects):
+    the event is retried (restart), not dead-lettered; later events are not produced."""
+    from cdc_outbox.config import Settings
+    from cdc_outbox.delivery.engine import Delivery
+    from cdc_outbox.outbox_mapping import OutboxRecord
+    from cdc_outbox.relay_stats import RelayStats
+    from cdc_outbox_dev.sandbox._proc import free_port
+
+    settings = Settings.model_validate(
+        {
+            "dsn": "host=127.0.0.1",
+            "value_format": "avro",
+            "schema_registry": {"url": f"http://127.0.0.1:{free_port()}", "timeout_s": 1},
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        }
+    )
+    delivery = Delivery(settings, RelayStats())
+    try:
+        headers = [("id", b"1"), ("event_type", b"Paid"), ("aggregate_type", b"order")]
+        first, later = _Handle(), _Handle()
+        delivery.submit(OutboxRecord("t", b"k", b'{"amount": 1}', headers, "1"), first)
+        assert first.outcomes and first.outcomes[0].startswith("retry: no cached schema for Paid")
+        assert delivery.restart_reason is not None and "unreachable" in delivery.restart_reason
+        delivery.submit(OutboxRecord("t", b"k", b'{"amount": 2}', headers, "2"), later)
+        assert later.outcomes == [f"retry: {delivery.restart_reason}"]
+        assert len(delivery.keys) == 0 and not delivery.to_mark  # nothing produced, none dead
+        delivery.service()  # pending dead letters would be produced here
+        assert later.outcomes == [f"retry: {delivery.restart_reason}"] and not delivery.to_mark
+    finally:
+        delivery.close(0)
+
+
+def test_nothing_is_produced_once_a_restart_is_pending() -> None:
+    from cdc_outbox.config import Settings
+    from cdc_outbox.delivery.engine import Delivery
+    from cdc_outbox.outbox_mapping import OutboxRecord
+    from cdc_outbox.relay_stats import RelayStats
+
+    settings = Settings.model_validate(
+        {"dsn": "host=127.0.0.1", "kafka": {"bootstrap_servers": "127.0.0.1:9"}}
+    )
+    delivery = Delivery(settings, RelayStats())
+    try:
+        headers = [("id", b"1"), ("event_type", b"Paid"), ("aggregate_type", b"order")]
+        produced = _Handle()
+        delivery.submit(OutboxRecord("t", b"k", b"{}", headers, "1"), produced)
+        assert len(delivery.keys) == 1 and produced.outcomes == []  # queued
+        delivery.restart("schema registry: unreachable")
+        held = _Handle()
+        delivery.submit(OutboxRecord("t", b"k", b"{}", headers, "2"), held)
+        assert held.outcomes == ["retry: schema registry: unreachable"]
+        assert len(delivery.keys) == 1  # not produced
+    finally:
+        delivery.close(0)
