@@ -13,9 +13,9 @@ their loop. Contract:
   alert in the stats): the caller drops the session and re-sends from its durable position.
 - ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``; the
   handle then never completes, so nothing after it is confirmed.
-- Once ``restart_reason`` is set, nothing more is produced until :meth:`new_session`: later
-  events get ``handle.retry`` at once (so an event waiting for its schema is not overtaken by
-  later events of its aggregate).
+- Once an event waits for its schema (registry unreachable: a retry), nothing more is
+  produced until :meth:`new_session`: later events get ``handle.retry`` at once, so none
+  overtakes it.
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
   :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
@@ -157,6 +157,7 @@ class Delivery:
         self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str]] = deque()
         self._mark_after = 0.0
         self._replace_producer = False
+        self._held: str | None = None
         self.publisher = self._new_publisher()
         self.avro: AvroSerializer | None = None
         if "avro" in (settings.value_format, settings.key_format):
@@ -171,6 +172,7 @@ class Delivery:
         """Forget everything in flight (it will be sent again); a fatal producer is replaced."""
         self.epoch += 1
         self.restart_reason = None
+        self._held = None
         self._dead.clear()
         self.to_mark.clear()
         self.keys.clear()
@@ -208,8 +210,8 @@ class Delivery:
         halted, nothing more is produced (the handle never completes)."""
         if self.halt_reason is not None:
             return
-        if self.restart_reason is not None:  # the session is dropped: it is all sent again
-            handle.retry(self.restart_reason)
+        if self._held is not None:  # an event waits for its schema: nothing may overtake it
+            handle.retry(self._held)
             return
         if type(result) is OutboxRecord:
             key = result.key
@@ -226,6 +228,7 @@ class Delivery:
                         if on_encode_failure(encoded.kind, self._halt_policy) is (
                             FailureAction.RETRY
                         ):
+                            self._held = encoded.reason
                             self.restart(encoded.reason)
                             handle.retry(encoded.reason)
                             return
