@@ -232,7 +232,12 @@ def wait_streamed_past_now(
 
 
 def tally_topics(
-    dsn: str, settings: Settings, bootstrap: str, prefix: str, decode_value: Any = None
+    dsn: str,
+    settings: Settings,
+    bootstrap: str,
+    prefix: str,
+    decode_value: Any = None,
+    decode_key: Any = None,
 ) -> Any:
     """Every committed outbox row against the records of ``<prefix>.event.*`` (printed);
     ``decode_value`` reads values that are not the payload text (Avro)."""
@@ -241,6 +246,6 @@ def tally_topics(
 
     expected = workload.stored_events(dsn, columns=settings.column_names())
     records = read_topics(bootstrap, f"{prefix}.event.", timeout=120)
-    verdict = workload.tally(expected, records, decode_value=decode_value)
+    verdict = workload.tally(expected, records, decode_value=decode_value, decode_key=decode_key)
     print(verdict.summary())
     return verdict

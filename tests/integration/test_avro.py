@@ -52,10 +52,10 @@ def _record(name: str, fields: list[tuple[str, Any]]) -> str:
     )
 
 
-def _reader(registry: LocalRegistry) -> Callable[[bytes | None], Any]:
-    """Decode a value with AvroDeserializer (fresh client: no ids cached across restarts)."""
+def _reader(registry: LocalRegistry, field: str = MessageField.VALUE) -> Callable[[Any], Any]:
+    """Decode with AvroDeserializer (fresh client: no ids cached across restarts)."""
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry.url}))
-    ctx = SerializationContext("any", MessageField.VALUE)
+    ctx = SerializationContext("any", field)
     return lambda value: deserializer(value, ctx)
 
 
@@ -79,8 +79,14 @@ def _write_workload(dsn: str, events: int, settings: Any, aggregate_type: str = 
 
 
 def _ok_tally(pg_dsn: str, settings: Any, kafka: Any, prefix: str, registry: LocalRegistry) -> None:
+    avro_keys = settings.key_format == "avro"
     verdict = tally_topics(
-        pg_dsn, settings, kafka.bootstrap_servers, prefix, decode_value=_reader(registry)
+        pg_dsn,
+        settings,
+        kafka.bootstrap_servers,
+        prefix,
+        decode_value=_reader(registry),
+        decode_key=_reader(registry, MessageField.KEY) if avro_keys else None,
     )
     assert verdict.ok and not verdict.missing, verdict.summary()
     records = read_topics(kafka.bootstrap_servers, f"{prefix}.event.")
@@ -121,13 +127,15 @@ def test_catch_up_and_cdc_tally_in_avro(
     _ok_tally(pg_dsn, settings, kafka_broker, kafka_topic_prefix, schema_registry)
 
 
-def test_polling_tally_in_avro(
+def test_polling_tally_in_avro_with_avro_keys(
     pg_dsn: str,
     kafka_broker: Any,
     kafka_topic_prefix: str,
     schema_registry: LocalRegistry,
     tmp_path: Path,
 ) -> None:
+    """Polling mode, the same serializer: values and keys (``key_format = "avro"``) decode to
+    the payload and the aggregate id; topic_record subjects."""
     shutil.copy(DEMO_SCHEMA, tmp_path)
     settings = _avro_settings(
         pg_dsn,
@@ -137,7 +145,7 @@ def test_polling_tally_in_avro(
         schemas_dir=str(tmp_path),
         auto_register=True,
         subject_name_strategy="topic_record",
-        _top={"mode": "polling"},
+        _top={"mode": "polling", "key_format": "avro"},
     )
     init_outbox(settings)
     with service_thread(settings) as service:
