@@ -69,11 +69,13 @@ class SandboxInfo:
 
     def export_line(self) -> str:
         """A shell line pointing cdc-outbox at the sandbox."""
-        return (
+        line = (
             f"export CDC_OUTBOX_DSN={shlex.quote(self.dsn)}"
             f" CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS={shlex.quote(self.bootstrap_servers)}"
-            f" CDC_OUTBOX_SCHEMA_REGISTRY__URL={shlex.quote(self.registry_url)}"
         )
+        if self.registry_url:
+            line += f" CDC_OUTBOX_SCHEMA_REGISTRY__URL={shlex.quote(self.registry_url)}"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (paths as strings)."""
