@@ -61,10 +61,12 @@ def check_schemas(settings: Settings, topics: Mapping[str, str] | None = None) -
         problem = schema_id = None
         if not ok:
             rule = client.compatibility(subject)
-            detail = "; ".join(messages)[:300] or "it cannot read data of the latest version"
+            # Apicurio 2.x enforces its global rule but reports NONE: do not name a wrong one.
+            rule_text = f"the {rule}" if rule != "NONE" else "the registry's"
+            detail = "; ".join(messages)[:300] or "not compatible with the latest version"
             problem = (
-                f"subject {subject!r}: {schema.path.name} breaks the {rule} compatibility rule"
-                f" ({detail})"
+                f"subject {subject!r}: {schema.path.name} breaks {rule_text} compatibility"
+                f" rule ({detail})"
             )
         elif sr.auto_register:
             try:

@@ -56,12 +56,15 @@ def _java_major(java: str) -> int:
 
 
 def registry_java() -> tuple[str, str]:
-    """``(java binary, Apicurio version)``: 3.3.3 on a Java >= 21 if any, else 2.6.13.Final."""
+    """``(java binary, Apicurio version)``: 3.3.3 on a Java >= 21 if any, else 2.6.13.Final
+    (``CDC_OUTBOX_SANDBOX_REGISTRY_VERSION=2`` forces 2.6.13.Final on ``java`` of the path)."""
+    on_path = shutil.which("java")
+    if os.environ.get("CDC_OUTBOX_SANDBOX_REGISTRY_VERSION", "").startswith("2") and on_path:
+        return on_path, V2
     candidates: list[str] = []
     if os.environ.get("JAVA_HOME"):
         candidates.append(str(Path(os.environ["JAVA_HOME"]) / "bin" / "java"))
     candidates += sorted(str(p) for p in Path("/usr/lib/jvm").glob("*/bin/java"))
-    on_path = shutil.which("java")
     for java in candidates:
         if Path(java).exists() and _java_major(java) >= 21:
             return java, V3
