@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CDC housekeeping of acknowledged rows (the relay's setting; default update)",
     )
     relay.add_argument(
+        "--value-format",
+        choices=["json", "avro"],
+        default="json",
+        help="avro: also relay the same WAL with Avro values (local registry) and compare",
+    )
+    relay.add_argument(
         "--kafka-config",
         action="append",
         default=[],

@@ -86,8 +86,14 @@ def print_table(result: dict[str, Any]) -> None:
     )
 
 
+#: RESULTS.md from this line on holds other benchmarks' sections (Avro vs JSON, the
+#: consumer): kept.
+KEEP_MARKER = "<!-- sections below are kept when `compare` regenerates this file -->"
+
+
 def write_results(result: dict[str, Any], path: Path, command: str) -> None:
-    """benchmarks/RESULTS.md: machine, command, the table, targets and method."""
+    """benchmarks/RESULTS.md: machine, command, the table, targets and method (anything from
+    :data:`KEEP_MARKER` on is kept)."""
     m, p, t = result["machine"], result["params"], result["targets"]
     lines = [
         "# CDC vs polling: benchmark results",
@@ -133,9 +139,7 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         " processes; compare runs made on a quiet machine.",
         "",
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Keep the consumer section (benchmarks/consume_bench.py) that follows its marker.
     old = path.read_text() if path.exists() else ""
-    marker = "<!-- consume-bench:"
-    kept = old[old.index(marker) :] if marker in old else ""
-    path.write_text("\n".join(lines) + ("\n\n" + kept if kept else ""))
+    lines.append(old[old.index(KEEP_MARKER) :] if KEEP_MARKER in old else KEEP_MARKER + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))

@@ -3,6 +3,9 @@
 Two slots are created at the same point before the data is written, so both phases decode
 exactly the same transactions: (a) receive-only drain of slot A (frames counted, nothing
 decoded, nothing published); (b) the relay on slot B until Kafka has acknowledged every event.
+With ``--value-format avro`` a third slot, created at the same point, is relayed again with
+Avro values (Confluent wire format, schema from a local Apicurio registry): (c), compared with
+(b) as ``avro_vs_json``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,20 @@ from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
+AVRO_SLOT = "bench_relay_avro"
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "cdc_outbox_dev" / "schemas"
+
+
+@contextlib.contextmanager
+def registry(wanted: bool) -> Iterator[str]:
+    """A throw-away local schema registry's URL ("" when not ``wanted``)."""
+    if not wanted:
+        yield ""
+        return
+    from cdc_outbox_dev.sandbox.registry import LocalRegistry
+
+    with LocalRegistry() as reg:
+        yield reg.url
 
 
 @contextlib.contextmanager
@@ -86,13 +103,14 @@ def setup(settings: Settings, slots: list[str]) -> None:
         # The slots exist before any row is written: nothing to catch up, the relay streams.
         for stmt in relay_state_ddl(settings):
             conn.execute(stmt)
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (slot_name, phase) VALUES (%s, 'STREAMING')"
-                " ON CONFLICT (slot_name) DO UPDATE SET phase = 'STREAMING'"
-            ).format(relay_state_ident(settings)),
-            (settings.slot_name,),
-        )
+        for slot in slots[1:]:  # the relay slots
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (slot_name, phase) VALUES (%s, 'STREAMING')"
+                    " ON CONFLICT (slot_name) DO UPDATE SET phase = 'STREAMING'"
+                ).format(relay_state_ident(settings)),
+                (slot,),
+            )
 
 
 def current_wal(dsn: str) -> int:
@@ -177,8 +195,13 @@ def relay_phase(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu):
+    avro = args.value_format == "avro"
+    with (
+        services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu),
+        registry(avro) as registry_url,
+    ):
         topic_prefix = f"bench.{int(time.time())}"
+        avro_prefix = topic_prefix.replace("bench.", "bench-avro.")
         settings = Settings.model_validate(
             {
                 "dsn": dsn,
@@ -195,10 +218,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 },
             }
         )
-        setup(settings, [RAW_SLOT, RELAY_SLOT])
+        setup(settings, [RAW_SLOT, RELAY_SLOT, *([AVRO_SLOT] if avro else [])])
         # Create the topic up front so the relay phase does not time topic creation.
         warm = KafkaPublisher(settings.kafka_config())
         warm.produce(f"{topic_prefix}.order", b"warmup", b"{}", [], _WarmupListener())
+        if avro:  # its own topic, also created up front (the count below subtracts it)
+            warm.produce(f"{avro_prefix}.order", b"warmup", b"{}", [], _WarmupListener())
         warm.flush(30)
         spec = workload.WorkloadSpec(
             events=args.events, writers=args.writers, txn_sizes=(args.txn_size,)
@@ -214,7 +239,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         in_kafka = count_records(bootstrap, topic_prefix) - 1
         raw_eps = args.events / raw_s
         relay_eps = args.events / relay_s
+        extra: dict[str, Any] = {}
+        if avro:
+            avro_settings = settings.model_copy(
+                update={
+                    "slot_name": AVRO_SLOT,
+                    "topic_template": avro_prefix + ".{aggregate_type}",
+                    "value_format": "avro",
+                    "schema_registry": settings.schema_registry.model_copy(
+                        update={
+                            "url": registry_url,
+                            "schemas_dir": str(SCHEMAS_DIR),
+                            "auto_register": True,
+                        }
+                    ),
+                }
+            )
+            # Registered before the timed phase, as `cdc-outbox schemas check` does before a
+            # deploy: the relay's own (idempotent) registration then does not time the
+            # registry's cold start. The relay still resolves the id itself, once.
+            from cdc_outbox.avro.check import check_schemas
+
+            check_schemas(avro_settings, {"OrderPlaced": f"{avro_prefix}.order"})
+            avro_profile = args.profile.with_suffix(".avro.prof") if args.profile else None
+            avro_s, avro_cores = relay_phase(avro_settings, args.events, avro_profile, cpu)
+            avro_eps = args.events / avro_s
+            extra = {
+                "avro_relay_s": round(avro_s, 3),
+                "avro_relay_eps": round(avro_eps, 1),
+                "avro_vs_json": round(avro_eps / relay_eps, 3),
+                "avro_relay_thread_us_per_event": round(
+                    avro_cores["relay_thread"] * avro_s / args.events * 1e6, 2
+                ),
+                "avro_records_in_kafka": count_records(bootstrap, avro_prefix) - 1,
+                "cores_avro_relay_phase": avro_cores,
+            }
         return {
+            "value_format": args.value_format,
             "events": args.events,
             "txn_size": args.txn_size,
             "cdc_mark_published": args.cdc_mark_published,
@@ -240,6 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "wal_position_bytes": wal_bytes,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "machine": _machine(),
+            **extra,
         }
 
 
@@ -278,6 +340,12 @@ def print_table(result: dict[str, Any]) -> None:
         ("cores used, relay phase", _cores(result["cores_relay_phase"])),
         ("peak RSS", f"{result['peak_rss_mb']} MB"),
     ]
+    if "avro_relay_eps" in result:
+        rows[5:5] = [
+            ("relay, Avro values (acked)", f"{result['avro_relay_eps']:,.0f} events/s"),
+            ("ratio Avro/JSON relay", f"{result['avro_vs_json']:.2f}"),
+            ("Avro relay thread CPU/event", f"{result['avro_relay_thread_us_per_event']:.1f} us"),
+        ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

@@ -45,6 +45,7 @@ from cdc_outbox.config_models import (
     HealthSettings,
     KafkaSettings,
     PollingSettings,
+    SchemaRegistrySettings,
     check_ident,
 )
 from cdc_outbox.errors import ConfigError
@@ -73,6 +74,7 @@ __all__ = [
     "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
+    "SchemaRegistrySettings",
     "Settings",
     "dsn_password",
     "is_secret_kafka_key",
@@ -155,6 +157,10 @@ class Settings(BaseSettings):
     #: reads/writes, housekeeping, monitor, heartbeat and readiness check borrow from it.
     db_pool_max_size: int = Field(default=4, ge=1, le=32)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    #: Record values: the payload as is ("json") or Avro in the Confluent wire format.
+    value_format: Literal["json", "avro"] = "json"
+    key_format: Literal["string", "avro"] = "string"
+    schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 
@@ -231,6 +237,11 @@ class Settings(BaseSettings):
     def _safe_combination(self) -> Settings:
         """Refuse combinations the relay cannot honour (one line each, exit 2)."""
         explicit = self.model_fields_set
+        if "avro" in (self.value_format, self.key_format) and not self.schema_registry.url:
+            raise ValueError(
+                "value_format/key_format = \"avro\" needs schema_registry.url (schema ids"
+                " come from the registry)"
+            )
         if self.columns.preset != "default":
             preset = self.columns.preset
             if self.on_permanent_error == "dead_letter":
@@ -292,6 +303,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="python")
         data["dsn"] = redact_dsn(self.postgres_dsn())
         data["kafka"]["config"] = self.kafka.redacted_config()
+        data["schema_registry"] = self.schema_registry.redacted()
         return data
 
     def secret_values(self) -> list[str]:
@@ -301,6 +313,9 @@ class Settings(BaseSettings):
         if password:
             out.append(password)
         out.extend(v for k, v in self.kafka.config.items() if is_secret_kafka_key(k) and v)
+        auth = self.schema_registry.basic_auth_user_info.get_secret_value()
+        if auth:
+            out.extend({auth, auth.partition(":")[2]} - {""})
         return out
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:

@@ -1,4 +1,5 @@
-"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]`` and ``[health]``.
+"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]``, ``[health]`` and
+``[schema_registry]``.
 
 Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
 composes them (see docs/configuration.md). :func:`check_ident` is the SQL identifier rule
@@ -12,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
@@ -24,6 +25,7 @@ __all__ = [
     "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
+    "SchemaRegistrySettings",
     "check_ident",
 ]
 
@@ -149,3 +151,34 @@ class HealthSettings(_Strict):
     check_timeout_s: float = Field(default=2.0, gt=0, le=30)
     #: ``/healthz`` fails once the main loop has not turned for this long.
     loop_stale_s: float = Field(default=60.0, ge=5, le=3600)
+
+
+class SchemaRegistrySettings(_Strict):
+    """Where Avro writer schemas come from (``value_format = "avro"``; docs/avro.md).
+
+    ``url`` is a Confluent-compatible API base (e.g. Apicurio's ``.../apis/ccompat/v7``);
+    ``basic_auth_user_info`` (``user:password``) is a secret: never shown or logged.
+    ``schemas_dir`` holds ``*.avsc`` files, one record schema each; with ``auto_register`` they
+    are registered under the subject the ``subject_name_strategy`` gives.
+    """
+
+    url: str = ""
+    basic_auth_user_info: SecretStr = SecretStr("")
+    schemas_dir: str = ""
+    auto_register: bool = False
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    #: HTTP timeout of one registry request; a registry that does not answer is an outage.
+    timeout_s: float = Field(default=5.0, gt=0, le=120)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"schema_registry.url {v!r} must start with http:// or https://")
+        return v
+
+    def redacted(self) -> dict[str, Any]:
+        data = self.model_dump(mode="python")
+        data["basic_auth_user_info"] = MASK if self.basic_auth_user_info.get_secret_value() else ""
+        return data

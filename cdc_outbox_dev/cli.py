@@ -1,9 +1,9 @@
-"""Dev-checkout commands: ``sandbox up|down|status`` (local PostgreSQL + Kafka that outlive
-the command) and ``demo``.
+"""Dev-checkout commands: ``sandbox up|down|status`` (local PostgreSQL, Kafka and schema
+registry that outlive the command) and ``demo``.
 
 Run as ``python -m cdc_outbox_dev ...``; in a checkout where ``cdc_outbox_dev`` is importable
 ``cdc-outbox`` registers the same commands (:func:`register`). They are not in the wheel.
-Exit codes: 0 ok (``sandbox status``: both servers running; ``demo``: clean tally),
+Exit codes: 0 ok (``sandbox status``: all servers running; ``demo``: clean tally),
 1 failure (``sandbox status``: not running).
 """
 
@@ -54,17 +54,22 @@ def _describe(info: SandboxInfo) -> None:
     typer.echo(f"state dir:  {info.state_dir}")
     typer.echo(f"postgresql: {pg_state}, port {info.postgres_port}, data {info.postgres_datadir}")
     typer.echo(f"kafka:      {kafka_state}, port {info.kafka_port}, data {info.kafka_dir}")
+    registry_state = f"running (pid {info.registry_pid})" if info.registry_pid else "stopped"
+    typer.echo(f"registry:   {registry_state}, {info.registry_url}")
     typer.echo(f"dsn:        {info.dsn}")
     typer.echo(f"bootstrap:  {info.bootstrap_servers}")
 
 
 @sandbox_app.command()
 def up(state_dir: DirOption = None) -> None:
-    """Start PostgreSQL and Kafka in the background (idempotent) and print how to use them."""
+    """Start PostgreSQL, Kafka and a schema registry in the background (idempotent) and print
+    how to use them."""
     from cdc_outbox_dev import sandbox
 
     typer.echo(
-        "starting PostgreSQL and Kafka (the first run fetches Kafka with Maven)...", err=True
+        "starting PostgreSQL, Kafka and the schema registry (the first run fetches Kafka and"
+        " Apicurio with Maven)...",
+        err=True,
     )
     info = _guard(lambda: sandbox.up(state_dir))
     _describe(info)
@@ -76,7 +81,7 @@ def down(
     state_dir: DirOption = None,
     purge: Annotated[bool, typer.Option("--purge", help="Also delete all data.")] = False,
 ) -> None:
-    """Stop both servers (data kept unless --purge)."""
+    """Stop the servers (data kept unless --purge)."""
     from cdc_outbox_dev import sandbox
 
     _guard(lambda: sandbox.down(state_dir, purge=purge))
@@ -107,6 +112,13 @@ def demo(
     events: Annotated[int, typer.Option("--events", min=1, help="Orders to write.")] = 20_000,
     writers: Annotated[int, typer.Option("--writers", min=1, help="Concurrent writers.")] = 4,
     aggregates: Annotated[int, typer.Option("--aggregates", min=1, help="Distinct orders.")] = 200,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--value-format",
+            help="json or avro (Avro values via a local schema registry, decoded for the tally).",
+        ),
+    ] = "json",
 ) -> None:
     """End-to-end demo on throw-away local PostgreSQL + Kafka: write orders, relay, verify.
 
@@ -115,7 +127,11 @@ def demo(
     """
     from cdc_outbox_dev.demo import run_demo
 
-    ok = run_demo(events=events, writers=writers, aggregates=aggregates)
+    if value_format not in ("json", "avro"):
+        raise typer.BadParameter("must be json or avro", param_hint="--value-format")
+    ok = run_demo(
+        events=events, writers=writers, aggregates=aggregates, value_format=value_format
+    )
     raise typer.Exit(0 if ok else 1)
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,12 +275,16 @@ def tally(
     records: Iterable[ConsumedRecord],
     *,
     forbidden_ids: Iterable[str] = (),
+    decode_value: Callable[[bytes | None], Any] | None = None,
+    decode_key: Callable[[bytes | None], Any] | None = None,
 ) -> Tally:
     """Compare Kafka records with the stored events.
 
     Every stored event must arrive at least once with key = aggregate id and value = payload;
     per aggregate, first arrivals must follow ``seq`` (partition order is commit order).
-    ``forbidden_ids`` (e.g. rolled-back events) must not arrive at all.
+    ``forbidden_ids`` (e.g. rolled-back events) must not arrive at all. With
+    ``decode_value`` (e.g. an Avro reader) the decoded value must equal the parsed payload;
+    with ``decode_key`` the decoded key must equal the aggregate id (text).
     """
     by_id = {e.id: e for e in expected}
     forbidden = set(forbidden_ids)
@@ -301,7 +305,15 @@ def tally(
         seen[event_id] += 1
         if seen[event_id] > 1:
             continue
-        if rec.key != ev.aggregate_id.encode() or rec.value != ev.payload.encode():
+        if decode_value is None:
+            same = rec.value == ev.payload.encode()
+        else:
+            same = decode_value(rec.value) == json.loads(ev.payload)
+        if decode_key is None:
+            same_key = rec.key == ev.aggregate_id.encode()
+        else:
+            same_key = decode_key(rec.key) == ev.aggregate_id
+        if not same_key or not same:
             mismatched.append(event_id)
         prev = last_seq.get(ev.aggregate_id, 0)
         if ev.seq <= prev:

@@ -6,7 +6,8 @@
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
 #     pyproject.toml changes), and a .pth file that makes the dev harness cdc_outbox_dev
 #     (not part of the wheel) importable from this checkout
-#   - the Kafka broker jars and its class-data-sharing archive, and the Go modules of
+#   - the Kafka broker jars and its class-data-sharing archive, the Apicurio schema registry
+#     (3.3.3 when a Java >= 21 is installed, else 2.6.13.Final), and the Go modules of
 #     docker/k8s/validate (from the Go module proxy), cached in
 #     ${CDC_OUTBOX_CACHE_DIR:-~/.cache/cdc-outbox}
 # Runs as root, or as a user with sudo for apt-get. PYTHON selects the interpreter (>= 3.11).
@@ -83,6 +84,13 @@ logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
 from cdc_outbox_dev.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
 ensure_kafka_jars()
 ensure_cds_archive()
+'
+log "checking the schema registry (Apicurio) cache"
+.venv/bin/python -c '
+import logging
+logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
+from cdc_outbox_dev.sandbox.registry import ensure_registry_dist
+ensure_registry_dist()
 '
 log "checking the Go modules of the Kubernetes manifest validator"
 cache="${CDC_OUTBOX_CACHE_DIR:-$HOME/.cache/cdc-outbox}"

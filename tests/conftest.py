@@ -10,6 +10,10 @@
   an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
 - ``redis_server`` (session): running ``LocalRedis`` (loopback, no persistence);
   ``redis_url``: its URL, with the database flushed before the test.
+- ``schema_registry`` (session): running ``LocalRegistry`` (Apicurio, Confluent API at
+  ``.url``, BACKWARD; tests register what they need under subjects of their own). A test may
+  ``stop()``/``start()`` it (same port; on Apicurio 3.x ``durable``: content survives, as in
+  production); a stopped registry is started again after the test.
 - ``kafka_topic_prefix``: a unique ``[a-z0-9-]`` string per test to build topic names from.
 
 Fault tests may stop, kill or reconfigure the session servers: after each test that used them,
@@ -34,6 +38,7 @@ from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
+from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")
@@ -142,6 +147,24 @@ def redis_url(redis_server: LocalRedis) -> str:
     with redis.Redis.from_url(redis_server.url) as client:
         client.flushdb()
     return redis_server.url
+def schema_registry() -> Iterator[LocalRegistry]:
+    registry = LocalRegistry(durable=True)
+    registry.start()
+    try:
+        yield registry
+    finally:
+        registry.close()
+
+
+@pytest.fixture(autouse=True)
+def _heal_registry(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that stopped the session registry leaves it running again (empty)."""
+    yield
+    if "schema_registry" in request.fixturenames:
+        registry = request.getfixturevalue("schema_registry")
+        if not registry.running:
+            logger.warning("session schema registry was left stopped; starting it again")
+            registry.start()
 
 
 @pytest.fixture

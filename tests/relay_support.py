@@ -231,12 +231,21 @@ def wait_streamed_past_now(
     wait_until(done, timeout=timeout, interval=0.2, message=message)
 
 
-def tally_topics(dsn: str, settings: Settings, bootstrap: str, prefix: str) -> Any:
-    """Every committed outbox row against the records of ``<prefix>.event.*`` (printed)."""
+def tally_topics(
+    dsn: str,
+    settings: Settings,
+    bootstrap: str,
+    prefix: str,
+    decode_value: Any = None,
+    decode_key: Any = None,
+) -> Any:
+    """Every committed outbox row against the records of ``<prefix>.event.*`` (printed);
+    ``decode_value`` reads values that are not the payload text (Avro)."""
     from cdc_outbox_dev import workload
     from cdc_outbox_dev.readback import read_topics
 
     expected = workload.stored_events(dsn, columns=settings.column_names())
-    verdict = workload.tally(expected, read_topics(bootstrap, f"{prefix}.event.", timeout=120))
+    records = read_topics(bootstrap, f"{prefix}.event.", timeout=120)
+    verdict = workload.tally(expected, records, decode_value=decode_value, decode_key=decode_key)
     print(verdict.summary())
     return verdict

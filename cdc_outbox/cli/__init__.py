@@ -13,7 +13,14 @@ from typing import Annotated
 import typer
 
 from cdc_outbox import __version__
-from cdc_outbox.cli import bootstrap_cmd, consume_cmd, lag_cmd, polling_cmd, relay_cmd
+from cdc_outbox.cli import (
+    bootstrap_cmd,
+    consume_cmd,
+    lag_cmd,
+    polling_cmd,
+    relay_cmd,
+    schemas_cmd,
+)
 from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, run_app, set_global
 
 app = typer.Typer(
@@ -87,6 +94,7 @@ lag_cmd.register(app)  # lag (slot lag, retained WAL, oldest unpublished; --watc
 polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 
 consume_cmd.register(app)  # consume (the idempotent consumer, cdc_outbox.consumer)
+schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)
 
 
 def _register_dev_commands(app: typer.Typer) -> None:

@@ -13,6 +13,9 @@ their loop. Contract:
   alert in the stats): the caller drops the session and re-sends from its durable position.
 - ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``; the
   handle then never completes, so nothing after it is confirmed.
+- Once an event waits for its schema (registry unreachable: a retry), nothing more is
+  produced until :meth:`new_session`: later events get ``handle.retry`` at once, so none
+  overtakes it.
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
   :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
@@ -26,7 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
@@ -39,12 +42,16 @@ from cdc_outbox.delivery.policy import (
     KeysInFlight,
     Parking,
     blocked_reason,
+    on_encode_failure,
     on_failure,
     precheck,
 )
 from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
+
+if TYPE_CHECKING:
+    from cdc_outbox.avro.serializer import AvroSerializer
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +157,14 @@ class Delivery:
         self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str]] = deque()
         self._mark_after = 0.0
         self._replace_producer = False
+        self._held: str | None = None
         self.publisher = self._new_publisher()
+        self.avro: AvroSerializer | None = None
+        if "avro" in (settings.value_format, settings.key_format):
+            from cdc_outbox.avro.serializer import AvroSerializer
+
+            self.avro = AvroSerializer(settings)
+            self.avro.register_all()
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -158,6 +172,7 @@ class Delivery:
         """Forget everything in flight (it will be sent again); a fatal producer is replaced."""
         self.epoch += 1
         self.restart_reason = None
+        self._held = None
         self._dead.clear()
         self.to_mark.clear()
         self.keys.clear()
@@ -195,19 +210,38 @@ class Delivery:
         halted, nothing more is produced (the handle never completes)."""
         if self.halt_reason is not None:
             return
+        if self._held is not None:  # an event waits for its schema: nothing may overtake it
+            handle.retry(self._held)
+            return
         if type(result) is OutboxRecord:
             key = result.key
             blocker = self.parking.blocked_by(key) if len(self.parking) else None
             if blocker is None:
                 value = result.value
+                wire_key = key
+                if self.avro is not None:
+                    encoded = self.avro.encode(result)
+                    if type(encoded) is tuple:
+                        wire_key, value = encoded
+                    else:
+                        assert not isinstance(encoded, tuple)
+                        if on_encode_failure(encoded.kind, self._halt_policy) is (
+                            FailureAction.RETRY
+                        ):
+                            self._held = encoded.reason
+                            self.restart(encoded.reason)
+                            handle.retry(encoded.reason)
+                            return
+                        self.reject(handle, _dead(result, encoded.reason))
+                        return
                 problem = None
                 if value is None or len(value) >= self._fast_bytes:
-                    problem = precheck(key, value, result.headers, self._max_bytes)
+                    problem = precheck(wire_key, value, result.headers, self._max_bytes)
                 if problem is None:
                     self.keys.add(key)
                     self.publisher.produce(
                         result.topic,
-                        key,
+                        wire_key,
                         value,
                         result.headers,
                         _Sent(self, handle, key, result.event_id),
@@ -219,14 +253,7 @@ class Delivery:
                 value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
                 result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
             else:
-                result = DeadLetter(
-                    blocked_reason(blocker),
-                    result.event_id,
-                    key,
-                    result.value,
-                    result.headers,
-                    result.topic,
-                )
+                result = _dead(result, blocked_reason(blocker))
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
 
@@ -331,6 +358,13 @@ class Delivery:
                 "topic": topic,
             },
         )
+
+
+def _dead(record: OutboxRecord, reason: str) -> DeadLetter:
+    """The dead letter of ``record`` as mapped (JSON value, plain key)."""
+    return DeadLetter(
+        reason, record.event_id, record.key, record.value, record.headers, record.topic
+    )
 
 
 def _event_id(headers: Headers) -> str | None:

@@ -14,6 +14,11 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
   DeliveryFailure` of kind ``record`` is dead-lettered (or halts, with the ``halt``
   policy); ``retry`` and ``fatal`` failures are retried from the last confirmed position,
   never dead-lettered (see :func:`on_failure`).
+- **A schema problem is the record's; a registry outage is not.** Avro encoding
+  (:mod:`cdc_outbox.avro.serializer`) that fails because the payload does not match its
+  schema, or no schema exists for the event type, is permanent (dead letter or halt); a
+  registry that cannot be asked is retried (:func:`on_encode_failure`), so the slot never
+  passes an event that only waits for its schema.
 - **Order broken is never silent.** A broker-side rejection that arrives after later records
   of the same key were already produced cannot be undone: :class:`KeysInFlight` notices it
   and the caller counts ``cdc_outbox_order_broken_total``.
@@ -26,7 +31,15 @@ from collections.abc import Iterable
 
 from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
 
-__all__ = ["FailureAction", "KeysInFlight", "Parking", "blocked_reason", "on_failure", "precheck"]
+__all__ = [
+    "FailureAction",
+    "KeysInFlight",
+    "Parking",
+    "blocked_reason",
+    "on_encode_failure",
+    "on_failure",
+    "precheck",
+]
 
 #: Record overhead counted on top of key, value and headers (Kafka record framing).
 RECORD_OVERHEAD_BYTES = 64
@@ -64,6 +77,14 @@ def on_failure(failure: DeliveryFailure, halt_policy: bool) -> FailureAction:
     if failure.kind == "fatal":
         return FailureAction.NEW_PRODUCER
     return FailureAction.RETRY
+
+
+def on_encode_failure(kind: str, halt_policy: bool) -> FailureAction:
+    """What to do when a record could not be serialized: ``kind`` is ``"invalid"`` (the
+    record's own fault) or ``"unavailable"`` (the schema registry could not be asked)."""
+    if kind == "unavailable":
+        return FailureAction.RETRY
+    return FailureAction.HALT if halt_policy else FailureAction.DEAD_LETTER
 
 
 class Parking:

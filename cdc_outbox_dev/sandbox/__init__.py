@@ -7,9 +7,13 @@ In-process use (servers stop and their temporary directories vanish on exit)::
 
 Background use (servers outlive the caller; state in ``state_dir/sandbox.json``)::
 
-    info = up()          # idempotent; info.dsn, info.bootstrap_servers, info.export_line()
+    info = up()          # idempotent; info.dsn, info.bootstrap_servers, info.registry_url,
+                         # info.export_line()
     status()             # SandboxInfo or None
-    down(purge=True)     # stop both; purge deletes their data
+    down(purge=True)     # stop all three; purge deletes their data
+
+The background sandbox also runs a schema registry (Apicurio, ``registry.LocalRegistry``,
+durable on 3.x) for ``value_format = "avro"``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from typing import Any
 from cdc_outbox_dev.sandbox.kafka import LocalKafka, cache_root, ensure_kafka_jars
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
+from cdc_outbox_dev.sandbox.registry import LocalRegistry
 
 __all__ = [
     "LocalKafka",
     "LocalPostgres",
     "LocalRedis",
+    "LocalRegistry",
     "SandboxInfo",
     "default_state_dir",
     "down",
@@ -55,18 +61,23 @@ class SandboxInfo:
     kafka_controller_port: int
     kafka_pid: int | None
     kafka_dir: Path
+    registry_url: str = ""
+    registry_pid: int | None = None
 
     @property
     def running(self) -> bool:
-        """True when both servers run."""
-        return self.postgres_pid is not None and self.kafka_pid is not None
+        """True when all servers run."""
+        return None not in (self.postgres_pid, self.kafka_pid, self.registry_pid)
 
     def export_line(self) -> str:
         """A shell line pointing cdc-outbox at the sandbox."""
-        return (
+        line = (
             f"export CDC_OUTBOX_DSN={shlex.quote(self.dsn)}"
             f" CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS={shlex.quote(self.bootstrap_servers)}"
         )
+        if self.registry_url:
+            line += f" CDC_OUTBOX_SCHEMA_REGISTRY__URL={shlex.quote(self.registry_url)}"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (paths as strings)."""
@@ -85,6 +96,7 @@ class SandboxInfo:
                 "pid": self.kafka_pid,
                 "dir": str(self.kafka_dir),
             },
+            "registry": {"url": self.registry_url, "pid": self.registry_pid},
         }
 
 
@@ -93,11 +105,17 @@ def default_state_dir() -> Path:
     return cache_root() / "sandbox"
 
 
-def _servers(state_dir: Path) -> tuple[LocalPostgres, LocalKafka]:
-    return LocalPostgres(state_dir / "postgres"), LocalKafka(state_dir / "kafka")
+def _servers(state_dir: Path) -> tuple[LocalPostgres, LocalKafka, LocalRegistry]:
+    return (
+        LocalPostgres(state_dir / "postgres"),
+        LocalKafka(state_dir / "kafka"),
+        LocalRegistry(state_dir / "registry", durable=True),
+    )
 
 
-def _info(state_dir: Path, pg: LocalPostgres, kafka: LocalKafka) -> SandboxInfo:
+def _info(
+    state_dir: Path, pg: LocalPostgres, kafka: LocalKafka, registry: LocalRegistry
+) -> SandboxInfo:
     return SandboxInfo(
         state_dir=state_dir,
         dsn=pg.dsn,
@@ -109,19 +127,22 @@ def _info(state_dir: Path, pg: LocalPostgres, kafka: LocalKafka) -> SandboxInfo:
         kafka_controller_port=kafka.controller_port,
         kafka_pid=kafka.pid,
         kafka_dir=kafka.base_dir,
+        registry_url=registry.url,
+        registry_pid=registry.pid,
     )
 
 
 def up(state_dir: Path | None = None) -> SandboxInfo:
-    """Start PostgreSQL and Kafka in the background (no-op for those already running)."""
+    """Start PostgreSQL, Kafka and the schema registry in the background (no-op for those
+    already running)."""
     state_dir = (state_dir or default_state_dir()).absolute()
     state_dir.mkdir(parents=True, exist_ok=True)
-    pg, kafka = _servers(state_dir)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # Kafka's JVM start-up dominates
-        started = [pool.submit(pg.start), pool.submit(kafka.start)]
+    pg, kafka, registry = _servers(state_dir)
+    with ThreadPoolExecutor(max_workers=3) as pool:  # the JVMs' start-up dominates
+        started = [pool.submit(pg.start), pool.submit(kafka.start), pool.submit(registry.start)]
     for future in started:
         future.result()
-    info = _info(state_dir, pg, kafka)
+    info = _info(state_dir, pg, kafka, registry)
     (state_dir / STATE_FILE).write_text(json.dumps(info.to_json(), indent=2) + "\n")
     return info
 
@@ -131,19 +152,20 @@ def status(state_dir: Path | None = None) -> SandboxInfo | None:
     state_dir = (state_dir or default_state_dir()).absolute()
     if not (state_dir / STATE_FILE).exists():
         return None
-    pg, kafka = _servers(state_dir)
-    return _info(state_dir, pg, kafka)
+    return _info(state_dir, *_servers(state_dir))
 
 
 def down(state_dir: Path | None = None, purge: bool = False) -> None:
-    """Stop both servers; with ``purge`` also delete their data and the state directory."""
+    """Stop the servers; with ``purge`` also delete their data and the state directory."""
     state_dir = (state_dir or default_state_dir()).absolute()
     if not state_dir.exists():
         return
-    pg, kafka = _servers(state_dir)
+    pg, kafka, registry = _servers(state_dir)
+    registry.stop()
     kafka.stop()
     pg.stop()
     if purge:
+        registry.destroy()
         kafka.destroy()
         pg.destroy()
         shutil.rmtree(state_dir, ignore_errors=True)

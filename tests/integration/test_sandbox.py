@@ -12,10 +12,12 @@ from confluent_kafka import Producer
 from psycopg import pq
 from typer.testing import CliRunner
 
+from cdc_outbox.avro.registry import RegistryClient
 from cdc_outbox_dev import sandbox
 from cdc_outbox_dev.cli import sandbox_app
 from cdc_outbox_dev.sandbox.kafka import LocalKafka, api_versions_ok
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from tests.helpers import consume_all, wait_until
 
 
@@ -203,6 +205,8 @@ def test_sandbox_cli_up_status_down(tmp_path: Path) -> None:
         assert info.export_line() in first.output
         assert scalar(info.dsn, "SHOW wal_level") == "logical"
         produce(info.bootstrap_servers, "cli-topic", b"k", b"v")
+        registry = RegistryClient(info.registry_url)
+        schema_id = registry.register("cli-value", '{"type": "record", "name": "R", "fields": []}')
 
         again = runner.invoke(sandbox_app, ["up", "--dir", str(state)])  # idempotent
         assert again.exit_code == 0, again.output
@@ -223,6 +227,9 @@ def test_sandbox_cli_up_status_down(tmp_path: Path) -> None:
         )
         records = consume_all(restarted.bootstrap_servers, ["cli-topic"], expected_count=1)
         assert records[0].value == b"v"
+        assert restarted.registry_url == info.registry_url
+        if LocalRegistry(state / "registry", durable=True).durable:  # Apicurio 3.x
+            assert registry.latest("cli-value")[0] == schema_id
     finally:
         purged = runner.invoke(sandbox_app, ["down", "--dir", str(state), "--purge"])
     assert purged.exit_code == 0

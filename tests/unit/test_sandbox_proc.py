@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import signal
 import socket
@@ -108,6 +109,10 @@ def test_export_line_is_shell_safe() -> None:
         "CDC_OUTBOX_DSN=host=127.0.0.1 port=5 user=postgres dbname=postgres",
         "CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9",
     ]
+    with_registry = dataclasses.replace(info, registry_url="http://127.0.0.1:8/apis/ccompat/v7")
+    assert shlex.split(with_registry.export_line())[-1] == (
+        "CDC_OUTBOX_SCHEMA_REGISTRY__URL=http://127.0.0.1:8/apis/ccompat/v7"
+    )
     assert not info.running
 
 

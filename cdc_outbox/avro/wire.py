@@ -1,0 +1,143 @@
+"""Avro in the Confluent wire format, pure (no I/O): reusable by producers and consumers.
+
+Wire format: byte 0 (magic), the writer schema id as 4 bytes big-endian, then the Avro binary
+encoding of the datum (``fastavro.schemaless_writer``).
+
+- :func:`encode_json` turns a JSON payload into Avro binary against a parsed schema, or raises
+  :class:`AvroEncodeError` whose text is fastavro's reason (wrong type, missing field, a field
+  the schema does not have, invalid JSON). Never a partial result.
+- :func:`frame` / :func:`unframe` add and split the 5-byte header.
+- :func:`decode` reads a framed value back with the writer schema looked up by id (``schemas``:
+  any ``id -> parsed schema`` callable, e.g. a dict's ``__getitem__``).
+- :func:`subject_name` is the Confluent subject naming: ``topic`` (``<topic>-value``),
+  ``record`` (``<record full name>-value``), ``topic_record`` (``<topic>-<record>-value``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.validation import validate
+
+__all__ = [
+    "MAGIC",
+    "AvroEncodeError",
+    "decode",
+    "encode_json",
+    "frame",
+    "parse",
+    "record_names",
+    "subject_name",
+    "unframe",
+]
+
+MAGIC = 0
+_HEADER = struct.Struct(">bI")
+_from_json = json.JSONDecoder().decode
+
+
+class AvroEncodeError(ValueError):
+    """The payload cannot be written with the schema (the text says why)."""
+
+
+def parse(schema_text: str) -> Any:
+    """Parse Avro schema JSON text (``ValueError``/fastavro errors for an invalid schema)."""
+    return parse_schema(json.loads(schema_text))
+
+
+def record_names(schema: Any) -> set[str]:
+    """Names a record schema answers to: its full name and its simple name."""
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        name = str(schema.get("name", ""))
+        return {name, name.rpartition(".")[2]}
+    return set()
+
+
+def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
+    """Avro binary of the JSON ``payload`` under ``parsed_schema`` (see the module contract).
+
+    Checked: JSON syntax, the top-level record's fields (none unknown, none without default
+    missing), then every value's type (``fastavro.validation.validate``). Unknown fields of
+    nested records are not checked (fastavro drops them).
+    """
+    try:
+        datum = _from_json(payload.decode())
+    except (ValueError, RecursionError) as exc:
+        raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
+    problem = _top_level_fields(parsed_schema, datum)
+    if problem is None:
+        try:
+            validate(datum, parsed_schema, raise_errors=True)
+        except Exception as exc:  # fastavro's ValidationError (a list of messages)
+            problem = " ".join(str(exc).split()).strip('[]" ')
+    if problem is not None:
+        raise AvroEncodeError(f"avro: {problem[:500]}")
+    buf = io.BytesIO()
+    try:
+        schemaless_writer(buf, parsed_schema, datum)
+    except Exception as exc:  # what validate let through (fastavro raises various types)
+        raise AvroEncodeError(f"avro: {type(exc).__name__}: {exc}"[:500]) from None
+    return buf.getvalue()
+
+
+_FieldRule = tuple[Any, str, frozenset[str], tuple[str, ...]]
+_rules: dict[int, _FieldRule] = {}
+
+
+def _top_level_fields(schema: Any, datum: Any) -> str | None:
+    if not (isinstance(schema, dict) and schema.get("type") == "record"):
+        return None
+    rule = _rules.get(id(schema))
+    if rule is None or rule[0] is not schema:  # once per schema: names and required fields
+        fields = schema["fields"]
+        names = frozenset(f["name"] for f in fields)
+        required = tuple(f["name"] for f in fields if "default" not in f)
+        if len(_rules) > 1024:
+            _rules.clear()
+        rule = _rules[id(schema)] = (schema, str(schema.get("name")), names, required)
+    _, name, names, required = rule
+    if not isinstance(datum, dict):
+        return f"payload is a JSON {type(datum).__name__}, record {name} needs an object"
+    if not names.issuperset(datum):
+        unknown = sorted(set(datum) - names)
+        return f"record {name} has no field {', '.join(unknown)}"
+    for field in required:
+        if field not in datum:
+            missing = [f for f in required if f not in datum]
+            return f"record {name} field {', '.join(missing)} is missing (and has no default)"
+    return None
+
+
+def frame(schema_id: int, body: bytes) -> bytes:
+    """Confluent wire format: magic byte, 4-byte big-endian schema id, Avro body."""
+    return _HEADER.pack(MAGIC, schema_id) + body
+
+
+def unframe(data: bytes) -> tuple[int, bytes]:
+    """``(schema id, Avro body)`` of a framed value (``ValueError`` if it is not one)."""
+    if len(data) < _HEADER.size or data[0] != MAGIC:
+        raise ValueError("not Confluent wire format (magic byte 0 + 4-byte schema id)")
+    _, schema_id = _HEADER.unpack_from(data)
+    return schema_id, data[_HEADER.size :]
+
+
+def decode(data: bytes, schemas: Callable[[int], Any]) -> Any:
+    """Read a framed Avro value with its writer schema ``schemas(id)`` (parsed)."""
+    schema_id, body = unframe(data)
+    return schemaless_reader(io.BytesIO(body), schemas(schema_id), None)
+
+
+def subject_name(strategy: str, topic: str, record: str, part: str = "value") -> str:
+    """The subject of ``record`` on ``topic`` under ``strategy`` (topic/record/topic_record)."""
+    if strategy == "topic":
+        return f"{topic}-{part}"
+    if strategy == "record":
+        return f"{record}-{part}"
+    if strategy == "topic_record":
+        return f"{topic}-{record}-{part}"
+    raise ValueError(f"unknown subject name strategy {strategy!r}")

@@ -1,0 +1,206 @@
+"""Avro pure cores: the wire format, the JSON -> Avro encoding checks, subject names, the
+delivery policy for encoding failures, the ``[schema_registry]`` settings and schemas_dir."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from fastavro import schemaless_reader
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc_outbox.avro.serializer import _avro_string, load_schemas_dir
+from cdc_outbox.avro.wire import (
+    AvroEncodeError,
+    decode,
+    encode_json,
+    frame,
+    parse,
+    record_names,
+    subject_name,
+    unframe,
+)
+from cdc_outbox.config import load_settings
+from cdc_outbox.delivery.policy import FailureAction, on_encode_failure
+from cdc_outbox.errors import ConfigError
+
+SCHEMA = parse(
+    json.dumps(
+        {
+            "type": "record",
+            "name": "shop.Paid",
+            "fields": [
+                {"name": "amount", "type": "long"},
+                {"name": "note", "type": ["null", "string"], "default": None},
+                {
+                    "name": "item",
+                    "type": {
+                        "type": "record",
+                        "name": "Item",
+                        "fields": [{"name": "sku", "type": "string"}],
+                    },
+                },
+            ],
+        }
+    )
+)
+
+
+def test_wire_format_round_trip() -> None:
+    body = encode_json(SCHEMA, b'{"amount": 5, "note": "n", "item": {"sku": "a"}}')
+    framed = frame(258, body)
+    assert framed[:5] == b"\x00\x00\x00\x01\x02"  # magic 0, id 258 big-endian
+    assert unframe(framed) == (258, body)
+    assert decode(framed, {258: SCHEMA}.__getitem__) == {
+        "amount": 5,
+        "note": "n",
+        "item": {"sku": "a"},
+    }
+
+
+def test_default_fields_may_be_omitted() -> None:
+    framed = frame(1, encode_json(SCHEMA, b'{"amount": 1, "item": {"sku": "a"}}'))
+    assert decode(framed, lambda _: SCHEMA)["note"] is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b'{"amount": "ten", "item": {"sku": "a"}}', "shop.Paid.amount is <ten>"),
+        (b'{"amount": 1.5, "item": {"sku": "a"}}', "expected long"),
+        (b'{"amount": true, "item": {"sku": "a"}}', "expected long"),
+        (b'{"amount": 1, "item": {"sku": 7}}', "shop.Item.sku is <7>"),
+        (b'{"amount": 1, "extra": 2, "item": {"sku": "a"}}', "has no field extra"),
+        (b'{"item": {"sku": "a"}}', "field amount is missing"),
+        (b"[1, 2]", "JSON list"),
+        (b"{not json", "not valid JSON"),
+    ],
+)
+def test_mismatches_are_refused_with_fastavros_reason(payload: bytes, reason: str) -> None:
+    with pytest.raises(AvroEncodeError, match=r"^avro: ") as err:
+        encode_json(SCHEMA, payload)
+    assert reason in str(err.value)
+
+
+@given(st.integers(-(2**63), 2**63 - 1), st.text(max_size=50))
+def test_any_valid_payload_round_trips(amount: int, sku: str) -> None:
+    payload = json.dumps({"amount": amount, "note": None, "item": {"sku": sku}}).encode()
+    assert decode(frame(9, encode_json(SCHEMA, payload)), lambda _: SCHEMA) == json.loads(payload)
+
+
+def test_unframe_refuses_other_bytes() -> None:
+    with pytest.raises(ValueError, match="wire format"):
+        unframe(b"{}")
+
+
+def test_subject_names_and_record_names() -> None:
+    assert subject_name("topic", "t", "a.B") == "t-value"
+    assert subject_name("record", "t", "a.B") == "a.B-value"
+    assert subject_name("topic_record", "t", "a.B", "key") == "t-a.B-key"
+    assert record_names(SCHEMA) == {"shop.Paid", "Paid"}
+
+
+def test_avro_string_key_is_readable() -> None:
+    for key in (b"", b"order-1", "é".encode() * 100):
+        assert schemaless_reader(io.BytesIO(_avro_string(key)), "string", None) == key.decode()
+
+
+def test_policy_outage_retries_mismatch_dead_letters() -> None:
+    assert on_encode_failure("unavailable", False) is FailureAction.RETRY
+    assert on_encode_failure("unavailable", True) is FailureAction.RETRY
+    assert on_encode_failure("invalid", False) is FailureAction.DEAD_LETTER
+    assert on_encode_failure("invalid", True) is FailureAction.HALT
+
+
+def test_schema_registry_settings_env_and_redaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_OUTBOX_DSN", "host=db")
+    monkeypatch.setenv("CDC_OUTBOX_VALUE_FORMAT", "avro")
+    monkeypatch.setenv("CDC_OUTBOX_SCHEMA_REGISTRY__URL", "http://reg:8080/apis/ccompat/v7/")
+    monkeypatch.setenv("CDC_OUTBOX_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO", "bob:s3cr3tpw")
+    monkeypatch.setenv("CDC_OUTBOX_SCHEMA_REGISTRY__SUBJECT_NAME_STRATEGY", "topic_record")
+    s = load_settings()
+    assert s.schema_registry.url == "http://reg:8080/apis/ccompat/v7"
+    assert s.schema_registry.subject_name_strategy == "topic_record"
+    assert s.schema_registry.basic_auth_user_info.get_secret_value() == "bob:s3cr3tpw"
+    for text in (repr(s), str(s), str(s.redacted())):
+        assert "s3cr3tpw" not in text
+    assert s.redacted()["schema_registry"]["basic_auth_user_info"] == "***"
+    assert "s3cr3tpw" in s.secret_values()
+
+
+def test_avro_needs_a_registry_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_OUTBOX_DSN", "host=db")
+    monkeypatch.setenv("CDC_OUTBOX_VALUE_FORMAT", "avro")
+    with pytest.raises(ConfigError, match=r"needs schema_registry\.url"):
+        load_settings()
+    monkeypatch.setenv("CDC_OUTBOX_SCHEMA_REGISTRY__SUBJECT_NAME_STRATEGY", "nope")
+    with pytest.raises(ConfigError, match=r"subject_name_strategy must be"):
+        load_settings()
+
+
+def test_schemas_dir(tmp_path: Path) -> None:
+    (tmp_path / "a.avsc").write_text(
+        json.dumps({"type": "record", "name": "x.Paid", "fields": [{"name": "a", "type": "int"}]})
+    )
+    found = load_schemas_dir(str(tmp_path))
+    assert set(found) == {"x.Paid", "Paid"} and found["Paid"].name == "x.Paid"
+    (tmp_path / "b.avsc").write_text('"string"')
+    with pytest.raises(ConfigError, match="one Avro record schema"):
+        load_schemas_dir(str(tmp_path))
+    (tmp_path / "b.avsc").write_text("{")
+    with pytest.raises(ConfigError, match="not a valid Avro schema"):
+        load_schemas_dir(str(tmp_path))
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    def published(self, topic: str) -> None:
+        self.outcomes.append("published")
+
+    def dead_lettered(self) -> None:
+        self.outcomes.append("dead_lettered")
+
+    def retry(self, reason: str) -> None:
+        self.outcomes.append(f"retry: {reason}")
+
+
+def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
+    """Delivery with a registry nobody listens on (and a producer that never connects):
+    the event is retried (restart), not dead-lettered; later events are not produced."""
+    from cdc_outbox.config import Settings
+    from cdc_outbox.delivery.engine import Delivery
+    from cdc_outbox.outbox_mapping import OutboxRecord
+    from cdc_outbox.relay_stats import RelayStats
+    from cdc_outbox_dev.sandbox._proc import free_port
+
+    settings = Settings.model_validate(
+        {
+            "dsn": "host=127.0.0.1",
+            "value_format": "avro",
+            "schema_registry": {"url": f"http://127.0.0.1:{free_port()}", "timeout_s": 1},
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        }
+    )
+    delivery = Delivery(settings, RelayStats())
+    try:
+        headers = [("id", b"1"), ("event_type", b"Paid"), ("aggregate_type", b"order")]
+        first, later = _Handle(), _Handle()
+        delivery.submit(OutboxRecord("t", b"k", b'{"amount": 1}', headers, "1"), first)
+        assert first.outcomes and first.outcomes[0].startswith("retry: no cached schema for Paid")
+        assert delivery.restart_reason is not None and "unreachable" in delivery.restart_reason
+        delivery.submit(OutboxRecord("t", b"k", b'{"amount": 2}', headers, "2"), later)
+        assert later.outcomes == [f"retry: {delivery.restart_reason}"]
+        # a later event of a type that needs no registry (a tombstone) is held back too
+        tomb = _Handle()
+        delivery.submit(OutboxRecord("t", b"k", None, headers, "3"), tomb)
+        assert tomb.outcomes == [f"retry: {delivery.restart_reason}"]
+        assert len(delivery.keys) == 0 and not delivery.to_mark  # nothing produced, none dead
+        delivery.service()  # pending dead letters would be produced here
+        assert later.outcomes == [f"retry: {delivery.restart_reason}"] and not delivery.to_mark
+    finally:
+        delivery.close(0)
