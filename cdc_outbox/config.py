@@ -42,6 +42,7 @@ from cdc_outbox.config_models import (
     COLUMN_PRESETS,
     IDENT_RE,
     ColumnSettings,
+    EosSettings,
     HealthSettings,
     KafkaSettings,
     PollingSettings,
@@ -70,6 +71,7 @@ __all__ = [
     "TOPIC_FIELDS",
     "WAL_SENDER_TIMEOUT_DEFAULT_S",
     "ColumnSettings",
+    "EosSettings",
     "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
@@ -133,6 +135,9 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     max_in_flight: int = Field(default=50_000, gt=0)
     mode: Literal["auto", "cdc", "polling"] = "auto"
+    #: exactly_once: Kafka transactions in CDC streaming and catch-up (polling: at-least-once).
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    eos: EosSettings = Field(default_factory=EosSettings)
     #: CDC housekeeping: after Kafka acknowledges an event, mark its row PUBLISHED ("update"),
     #: delete it ("delete") or leave it ("off"; a later polling pass would republish it).
     cdc_mark_published: Literal["update", "delete", "off"] = "update"
@@ -231,6 +236,11 @@ class Settings(BaseSettings):
     def _safe_combination(self) -> Settings:
         """Refuse combinations the relay cannot honour (one line each, exit 2)."""
         explicit = self.model_fields_set
+        if self.delivery == "exactly_once" and self.columns.preset != "default":
+            raise ValueError(
+                'delivery = "exactly_once" needs the status columns of the default column preset'
+                " (its catch-up marks rows as each Kafka transaction commits)"
+            )
         if self.columns.preset != "default":
             preset = self.columns.preset
             if self.on_permanent_error == "dead_letter":

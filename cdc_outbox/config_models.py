@@ -1,4 +1,4 @@
-"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]`` and ``[health]``.
+"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]``, ``[health]``, ``[eos]``.
 
 Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
 composes them (see docs/configuration.md). :func:`check_ident` is the SQL identifier rule
@@ -21,6 +21,7 @@ __all__ = [
     "COLUMN_PRESETS",
     "IDENT_RE",
     "ColumnSettings",
+    "EosSettings",
     "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
@@ -149,3 +150,30 @@ class HealthSettings(_Strict):
     check_timeout_s: float = Field(default=2.0, gt=0, le=30)
     #: ``/healthz`` fails once the main loop has not turned for this long.
     loop_stale_s: float = Field(default=60.0, ge=5, le=3600)
+
+
+class EosSettings(_Strict):
+    """Exactly-once delivery (``delivery = "exactly_once"``): Kafka transactions."""
+
+    #: ``transactional.id`` of the producer; empty: ``cdc-outbox.<system id>.<database>.<slot>``.
+    #: Two relays with the same id fence each other: the newer one wins.
+    transactional_id: str = ""
+    #: A Kafka transaction is committed this often (at a PostgreSQL transaction boundary) ...
+    commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    #: ... or once it holds this many events (a PostgreSQL transaction is never split).
+    max_events: int = Field(default=10_000, ge=1)
+    #: Compacted topic of the checkpoint records (created if missing).
+    checkpoint_topic: str = "cdc_outbox.checkpoints"
+    #: librdkafka ``transaction.timeout.ms``: the broker aborts a transaction open longer than
+    #: this, so it must cover the largest PostgreSQL transaction (at most the broker's
+    #: ``transaction.max.timeout.ms``, 15 min by default).
+    transaction_timeout_ms: int = Field(default=600_000, ge=1_000)
+
+    @field_validator("checkpoint_topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        from cdc_outbox.outbox_mapping import is_legal_topic
+
+        if not is_legal_topic(v):
+            raise ValueError(f"eos.checkpoint_topic {v!r} is not a legal Kafka topic name")
+        return v
