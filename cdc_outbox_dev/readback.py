@@ -38,7 +38,8 @@ def read_topics(
     Reads each partition from its beginning up to the high watermark seen at the start, in
     offset order per partition. librdkafka's default ``isolation.level`` is ``read_committed``
     (aborted records and transaction markers are stepped over); pass
-    ``extra_config={"isolation.level": "read_uncommitted"}`` to see aborted records too. Raises ``TimeoutError`` if that takes longer than ``timeout``.
+    ``extra_config={"isolation.level": "read_uncommitted"}`` to see aborted records too.
+    Raises ``TimeoutError`` if that takes longer than ``timeout``.
     """
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,

@@ -18,6 +18,13 @@ their loop. Contract:
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
 - The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
   the queue is full and calls ``idle`` (e.g. replication status updates) meanwhile.
+
+Exactly-once (``delivery = "exactly_once"``): the producer is transactional and everything,
+dead letters included, goes into the open Kafka transaction; outcomes then mean "written in
+the transaction". The mode waits until nothing is :attr:`busy` (so dead-lettered rows are
+already FAILED in PostgreSQL), then :meth:`commit` adds its checkpoint record and commits;
+only then are ids handed to the published-marker. Any failure aborts (:meth:`abandon`): a
+record the broker rejected is remembered and dead-lettered up front when it is re-sent.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from cdc_outbox.delivery.policy import (
     on_failure,
     precheck,
 )
+from cdc_outbox.kafka import checkpoints
 from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
@@ -80,7 +88,10 @@ class _Sent:
         d.keys.done(self.key)
         d.stats.count_published(topic)
         if d.marker is not None:
-            d.marker.add(headers[0][1])  # the mapper puts the event id first
+            if d.eos:  # only once the Kafka transaction has committed
+                d.marks.append(headers[0][1])
+            else:
+                d.marker.add(headers[0][1])  # the mapper puts the event id first
         self.handle.published(topic)
 
     def failed(self, failure: DeliveryFailure) -> None:
@@ -131,8 +142,14 @@ class Delivery:
         *,
         marker: PublishedMarker | None = None,
         failed_rows: FailedRows | None = None,
+        transactional_id: str | None = None,
     ) -> None:
         self.settings = settings
+        self.transactional_id = transactional_id
+        self.eos = transactional_id is not None
+        self.marks: list[bytes] = []  # exactly-once: acknowledged ids, marked after commit
+        self.rejected: dict[str, str] = {}  # exactly-once: event id -> broker rejection
+        self._txn_ready = False
         self.stats = stats
         self.marker = marker
         self.failed_rows = failed_rows
@@ -161,23 +178,66 @@ class Delivery:
         self._dead.clear()
         self.to_mark.clear()
         self.keys.clear()
+        self.marks.clear()
         if self.publisher.fatal_error or self._replace_producer:
             reason = self.publisher.fatal_error or "produce raised a fatal error"
             logger.warning("new Kafka producer after a fatal error: %s", reason)
             self.publisher.close(timeout=0)
             self.publisher = self._new_publisher()
             self._replace_producer = False
+            self._txn_ready = False
+        if self.eos and not self._txn_ready:
+            # Fences any older producer with our transactional.id and aborts its transaction.
+            self.publisher.init_transactions(self._txn_timeout_s())
+            self._txn_ready = True
+            logger.info("Kafka transactions ready (transactional.id %s)", self.transactional_id)
+
+    def commit(self, checkpoint: checkpoints.Checkpoint) -> None:
+        """Exactly-once: add ``checkpoint`` to the open Kafka transaction and commit it (nothing
+        may be :attr:`busy`); raises ``TransactionFailed``. Then the acknowledged ids go to the
+        published-marker."""
+        from cdc_outbox.crash_points import crash_point
+
+        topic = self.settings.eos.checkpoint_topic
+        self.publisher.produce(
+            topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(self)
+        )
+        crash_point("eos.in_kafka_commit")
+        self.publisher.commit(self._txn_timeout_s())
+        self.stats.eos_commits += 1
+        crash_point("eos.after_kafka_commit")
+        if self.marker is not None:
+            for event_id in self.marks:
+                self.marker.add(event_id)
+        self.marks.clear()
+
+    def _txn_timeout_s(self) -> float:
+        return max(30.0, self.settings.eos.transaction_timeout_ms / 1000)
 
     def abandon(self) -> None:
-        """Drop what is queued in the producer (its reports are ignored) and start over."""
+        """Drop what is queued in the producer (its reports are ignored), abort the open Kafka
+        transaction (exactly-once) and start over."""
+        from cdc_outbox.kafka.publisher import TransactionFailed
+
         self.epoch += 1
-        if len(self.publisher):
+        if self.eos and self._txn_ready:
+            self.stats.eos_aborts += 1
+            try:
+                self.publisher.abort(10.0)
+            except TransactionFailed as exc:
+                logger.warning("aborting the Kafka transaction failed (%s): new producer", exc)
+                self._replace_producer = True
+        elif len(self.publisher):
             self.publisher.purge()
         self.publisher.poll(0)
         self.new_session()
 
     def close(self, timeout: float = 0.5) -> int:
-        """Flush up to ``timeout`` s, then drop the producer; returns records left unsent."""
+        """Flush up to ``timeout`` s, then drop the producer; returns records left unsent.
+        Exactly-once: the open Kafka transaction is aborted (never left to time out)."""
+        if self.eos and self._txn_ready:
+            self.abandon()
+            self._txn_ready = False
         left = self.publisher.close(timeout)
         if self.failed_rows is not None:
             self.failed_rows.close()
@@ -195,6 +255,11 @@ class Delivery:
         halted, nothing more is produced (the handle never completes)."""
         if self.halt_reason is not None:
             return
+        if self.rejected and type(result) is OutboxRecord and result.event_id in self.rejected:
+            reason = self.rejected.pop(result.event_id)
+            result = DeadLetter(
+                reason, result.event_id, result.key, result.value, result.headers, result.topic
+            )
         if type(result) is OutboxRecord:
             key = result.key
             blocker = self.parking.blocked_by(key) if len(self.parking) else None
@@ -246,7 +311,12 @@ class Delivery:
         later = self.keys.done(sent.key)
         self.stats.delivery_errors += 1
         action = on_failure(failure, self._halt_policy)
-        if action is FailureAction.DEAD_LETTER:
+        if action is FailureAction.DEAD_LETTER and self.eos:
+            # The transaction is now abortable: abort, re-send, dead-letter this one up front.
+            self.rejected[sent.event_id] = f"{failure.name}: {failure.reason}"
+            self.restart(f"Kafka rejected event {sent.event_id} in a transaction", failure)
+            sent.handle.retry(failure.reason)
+        elif action is FailureAction.DEAD_LETTER:
             if later:
                 self.stats.order_broken += 1
                 logger.error(
@@ -316,6 +386,12 @@ class Delivery:
             self.restart_reason = reason
 
     def _new_publisher(self) -> KafkaPublisher:
+        if self.eos:
+            config = {
+                "transaction.timeout.ms": str(self.settings.eos.transaction_timeout_ms),
+                **self.settings.kafka_config(),
+            }
+            return KafkaPublisher(config, transactional_id=self.transactional_id)
         return KafkaPublisher(self.settings.kafka_config(), gapless=self._halt_policy)
 
     def _log_dead(
@@ -331,6 +407,23 @@ class Delivery:
                 "topic": topic,
             },
         )
+
+
+class _CheckpointSent:
+    """Delivery listener of a checkpoint record: a failure aborts the transaction."""
+
+    __slots__ = ("delivery", "epoch")
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.delivery = delivery
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        pass
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        if self.epoch == self.delivery.epoch:
+            self.delivery.restart(f"checkpoint record failed: {failure.reason}", failure)
 
 
 def _event_id(headers: Headers) -> str | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,18 @@ class Checkpoint:
         )
 
 
+def _quiet(err: Any) -> None:
+    """librdkafka errors are the caller's: they surface as exceptions."""
+
+
 def checkpoint_key(system_id: str, database: str, slot: str) -> bytes:
     return f"{system_id}/{database}/{slot}".encode()
 
 
 def ensure_topic(config: Mapping[str, Any], topic: str, timeout: float = 10.0) -> None:
     """Create the compacted checkpoint topic if it does not exist (see the module contract)."""
-    admin = AdminClient({**config, "error_cb": lambda err: None})
+    admin_config: dict[str, Any] = {**config, "error_cb": _quiet}
+    admin = AdminClient(admin_config)
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:

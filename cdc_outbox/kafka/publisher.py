@@ -274,7 +274,9 @@ class KafkaPublisher:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self._txn_call(self._producer.commit_transaction, max(0.1, deadline - time.monotonic()))
+                self._txn_call(
+                    self._producer.commit_transaction, max(0.1, deadline - time.monotonic())
+                )
                 break
             except TransactionFailed as exc:
                 if exc.fatal or exc.abortable or time.monotonic() >= deadline:
