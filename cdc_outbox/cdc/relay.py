@@ -128,9 +128,11 @@ class Relay:
         self._start()
         self._catching_up = True
         try:
+            if self.eos is not None:
+                self._settle_last_catch_up(self.eos)
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
-            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper)
+            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper, self.eos)
         except BaseException:
             self.delivery.abandon()
             self.close()
@@ -138,6 +140,21 @@ class Relay:
         finally:
             self._catching_up = False
         return point, rows
+
+    def _settle_last_catch_up(self, eos: EosCommitter) -> None:
+        """Exactly-once: fence older producers, read the last checkpoint and mark the rows of
+        a catch-up batch it committed (before the new snapshot is taken: they are skipped)."""
+        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_published
+
+        try:
+            self.delivery.new_session()
+            last = eos.load()
+        except (TransactionFailed, ConnectionError, TimeoutError) as exc:
+            raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
+        if last is not None and last.catch_up_ids:
+            with psycopg.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
+                marked = mark_published(conn, self.settings, last.catch_up_ids)
+            logger.info("marked %d rows of the last committed catch-up batch published", marked)
 
     def run(self) -> None:
         """Stream until stopped (see the module contract).
