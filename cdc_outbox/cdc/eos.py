@@ -11,9 +11,11 @@ EosBatch` for the rules):
   then FAILED in PostgreSQL) and :meth:`EosCommitter.commit` writes the checkpoint (end LSN of
   the batch's last PostgreSQL transaction) and commits.
 - The slot is confirmed only up to the last committed end LSN (:meth:`EosCommitter.ceiling`).
-- On start :meth:`EosCommitter.load` reads the last committed checkpoint (``read_committed``);
-  PostgreSQL transactions that Kafka already holds are skipped (:meth:`EosCommitter.skip`);
-  the position also survives re-streams in memory.
+- Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
+  checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
+  the outcome of a commit that failed midway is known only there); PostgreSQL transactions
+  that Kafka already holds are skipped (:meth:`EosCommitter.skip`). The position never goes
+  back (kept in memory too).
 - Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
   fenced producer (a newer instance took over) never commits.
 """
@@ -52,7 +54,6 @@ class EosCommitter:
         self.system_id, self.database = identity
         self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
         self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
-        self.loaded = False
 
     def load(self) -> checkpoints.Checkpoint | None:
         """Create the checkpoint topic if missing and read the last committed checkpoint (call
@@ -65,7 +66,6 @@ class EosCommitter:
         last = checkpoints.read_last(config, topic, key)
         if last is not None and last.end_lsn > self.batch.committed_lsn:
             self.batch.committed_lsn = self.batch.end_lsn = last.end_lsn
-        self.loaded = True
         logger.info(
             "exactly-once: Kafka holds PostgreSQL transactions up to %s",
             Lsn(self.batch.committed_lsn),

@@ -148,6 +148,7 @@ class Relay:
 
         try:
             self.delivery.new_session()
+            self.delivery.ensure_transactions()
             last = eos.load()
         except (TransactionFailed, ConnectionError, TimeoutError) as exc:
             raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
@@ -248,14 +249,14 @@ class Relay:
         if eos is not None and not self._is_leader():
             self._stop_requested = True  # never fence the leader's producer
             return
-        delivery.new_session()  # exactly-once: init_transactions (fences older producers)
+        delivery.new_session()
         if eos is not None:
+            delivery.ensure_transactions()  # fences older producers with our id
             eos.reset()
-            if not eos.loaded:
-                try:
-                    eos.load()
-                except (ConnectionError, TimeoutError) as exc:
-                    raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
+            try:  # every session: a failed commit's outcome is only known from Kafka
+                eos.load()
+            except (ConnectionError, TimeoutError) as exc:
+                raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
         start = self._stream.open(self._tracker.confirmed)
         self._session_opened = True
         if self._bookkept:

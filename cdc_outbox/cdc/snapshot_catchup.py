@@ -97,6 +97,8 @@ def publish_backlog(
     ids: list[str] = []
     delivery.new_session()
     try:
+        if eos is not None:
+            delivery.ensure_transactions()
         with (
             psycopg.connect(settings.postgres_dsn()) as conn,
             psycopg.connect(settings.postgres_dsn(), autocommit=True) as marks,
@@ -127,6 +129,8 @@ def publish_backlog(
     except ProduceInterrupted as exc:
         _check(delivery, backlog)
         raise CatchUpFailed(f"catch-up interrupted: {exc.args[0]}") from None
+    except TransactionFailed as exc:
+        raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
 

@@ -186,8 +186,12 @@ class Delivery:
             self.publisher = self._new_publisher()
             self._replace_producer = False
             self._txn_ready = False
+
+    def ensure_transactions(self) -> None:
+        """Exactly-once, once per producer and only as the leader: ``init_transactions`` fences
+        any older producer with our transactional.id and aborts its open transaction. Raises
+        ``TransactionFailed``."""
         if self.eos and not self._txn_ready:
-            # Fences any older producer with our transactional.id and aborts its transaction.
             self.publisher.init_transactions(self._txn_timeout_s())
             self._txn_ready = True
             logger.info("Kafka transactions ready (transactional.id %s)", self.transactional_id)
@@ -203,7 +207,7 @@ class Delivery:
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(self)
         )
         crash_point("eos.in_kafka_commit")
-        self.publisher.commit(self._txn_timeout_s())
+        self.publisher.commit(min(60.0, self._txn_timeout_s()))
         self.stats.eos_commits += 1
         crash_point("eos.after_kafka_commit")
         if self.marker is not None:

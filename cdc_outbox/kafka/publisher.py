@@ -233,12 +233,26 @@ class KafkaPublisher:
                 return
 
     def poll(self, timeout: float = 0.0) -> int:
-        """Serve delivery reports; returns how many were served."""
-        return int(self._producer.poll(timeout))
+        """Serve delivery reports; returns how many were served. A fatal error (e.g. a fenced
+        transactional producer) is not raised: it is in :attr:`fatal_error`."""
+        try:
+            return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            self._note_fatal(exc)
+            return 0
 
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` s for all queued records; returns how many are left."""
-        return int(self._producer.flush(timeout))
+        try:
+            return int(self._producer.flush(timeout))
+        except KafkaException as exc:
+            self._note_fatal(exc)
+            return len(self._producer)
+
+    def _note_fatal(self, exc: KafkaException) -> None:
+        err = exc.args[0]
+        if self.fatal_error is None:
+            self.fatal_error = err.str()
 
     def purge(self) -> None:
         """Drop queued records; their listeners get transient failures on the next poll."""

@@ -17,11 +17,12 @@ from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,
-    current_wal_lsn,
     init_outbox,
+    relay_phase,
     relay_settings,
     relay_thread,
     slot_position,
+    wait_streamed_past_now,
 )
 
 COMMITTED = {"isolation.level": "read_committed"}
@@ -59,12 +60,14 @@ def _tally(dsn: str, settings: Any, bootstrap: str, prefix: str, config: dict[st
 
 
 def _wait_relayed(dsn: str, settings: Any, relay: RelayProcess | None, timeout: float) -> None:
-    done = current_wal_lsn(dsn)
-    wait_until(
-        lambda: slot_position(dsn, settings.slot_name)[0] >= done,
-        timeout=timeout,
-        interval=0.2,
+    """Every transaction committed so far is relayed: the phase is STREAMING (for a process)
+    and the slot is confirmed past the WAL end as of now."""
+    wait_streamed_past_now(
+        dsn,
+        settings.slot_name,
+        timeout,
         message=lambda: relay.log_tail() if relay else "",
+        phase=relay is not None,
     )
 
 
@@ -97,35 +100,49 @@ def test_streaming_in_kafka_transactions_with_checkpoints(
 def test_kill_9_at_random_points_and_in_commit_exactly_once(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
 ) -> None:
-    """kill -9 at 10 random points under a 4-writer load (mixed transaction sizes), plus named
-    crash points in the Kafka commit (records written, commit not sent) and between the Kafka
-    commit and the slot confirmation: read_committed sees every event exactly once, in
-    per-aggregate order; read_uncommitted sees the aborted records too."""
+    """Under a 4-writer load (mixed transaction sizes): named crash points in the Kafka commit
+    (records written, commit not sent) and between the Kafka commit and the slot confirmation
+    (catch-up: before the rows are marked), each once in the catch-up and once while
+    streaming, and kill -9 at 10 random points. read_committed sees every event exactly once,
+    in per-aggregate order; read_uncommitted sees the aborted records too."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     init_outbox(settings)
+    total = 24_000
     spec = workload.WorkloadSpec(
-        events=20_000, writers=4, aggregates=200, txn_sizes=(1, 5, 50, 200), rate=1_200
+        events=total, writers=4, aggregates=200, txn_sizes=(1, 5, 50, 200), rate=1_200
     )
     rng = random.Random(9)
     writers = _writer(pg_dsn, settings, spec)
-    plan: list[str | float] = [rng.uniform(0.3, 2.5) for _ in range(10)]
-    plan.insert(3, "eos.in_kafka_commit")
-    plan.insert(7, "eos.after_kafka_commit")
     relay: RelayProcess | None = None
     crashed: list[str] = []
+
+    def crash_at(step: str, name: str) -> None:
+        nonlocal relay
+        relay = RelayProcess(settings, name, CDC_OUTBOX_CRASH_AT=step)
+        relay.start()
+        assert relay.wait(90) == -signal.SIGKILL, relay.log_tail()
+        assert f"crash point {step}" in relay.log_tail(50_000)
+        crashed.append(f"{relay_phase(pg_dsn, settings.slot_name)[0]}:{step}")
+
     try:
-        for i, step in enumerate(plan):
-            if isinstance(step, str):
-                relay = RelayProcess(settings, f"eos-kill-{i}", CDC_OUTBOX_CRASH_AT=step)
-                relay.start()
-                assert relay.wait(90) == -signal.SIGKILL, relay.log_tail()
-                assert f"crash point {step}" in relay.log_tail(20_000)
-                crashed.append(step)
-            else:
-                relay = RelayProcess(settings, f"eos-kill-{i}")
-                relay.start()
-                time.sleep(step)  # a random point: starting, catching up or streaming
-                relay.kill()
+        wait_until(lambda: workload_rows(pg_dsn) >= 1_000, timeout=30)  # a backlog
+        crash_at("eos.in_kafka_commit", "eos-kill-catch-up-1")
+        crash_at("eos.after_kafka_commit", "eos-kill-catch-up-2")
+        relay = RelayProcess(settings, "eos-kill-0")
+        relay.start()
+        wait_until(
+            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
+            timeout=90,
+            message=relay.log_tail,
+        )
+        for i in range(1, 11):
+            time.sleep(rng.uniform(0.3, 2.0))  # a random point: starting or streaming
+            relay.kill()
+            relay = RelayProcess(settings, f"eos-kill-{i}")
+            relay.start()
+        relay.kill()
+        crash_at("eos.in_kafka_commit", "eos-kill-stream-1")
+        crash_at("eos.after_kafka_commit", "eos-kill-stream-2")
         writers.join()
         relay = RelayProcess(settings, "eos-kill-final")
         relay.start()
@@ -133,12 +150,194 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     finally:
         if relay is not None:
             relay.stop_quietly()
-    assert crashed == ["eos.in_kafka_commit", "eos.after_kafka_commit"]
+        writers.join()
+    assert crashed == [
+        "CATCHING_UP:eos.in_kafka_commit",
+        "CATCHING_UP:eos.after_kafka_commit",
+        "STREAMING:eos.in_kafka_commit",
+        "STREAMING:eos.after_kafka_commit",
+    ]
     bootstrap = kafka_broker.bootstrap_servers
     committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
     assert committed.ok, committed.summary()
-    assert committed.expected == 20_000
-    assert committed.duplicates == 0 and committed.received == 20_000
+    assert committed.expected == total
+    assert committed.duplicates == 0 and committed.received == total
     uncommitted = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
     assert not uncommitted.missing
     assert uncommitted.received > committed.received  # aborted records are in the log
+
+
+def workload_rows(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _slot_holder(dsn: str, slot: str) -> int | None:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active",
+            (slot,),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def test_a_zombie_leader_woken_after_takeover_commits_nothing(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """The leader (commit interval 3 s: its Kafka transaction holds records most of the time)
+    is SIGSTOPped under load; the standby takes over, and its init_transactions fences the old
+    producer and aborts its open transaction. Woken with SIGCONT, the old leader commits
+    nothing: read_committed sees every event once, read_uncommitted also the zombie's records."""
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
+    init_outbox(settings)
+    zombie = RelayProcess(settings, "eos-zombie", CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="3000")
+    heir = RelayProcess(settings, "eos-heir")
+    spec = workload.WorkloadSpec(
+        events=6_000, writers=2, aggregates=60, txn_sizes=(1, 10), rate=600
+    )
+    writers = None
+    try:
+        zombie.start()
+        wait_until(
+            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            timeout=60,
+            message=zombie.log_tail,
+        )
+        heir.start()
+        writers = _writer(pg_dsn, settings, spec)
+        time.sleep(2.0)  # under load: the zombie's open transaction holds records
+        assert zombie.proc is not None and heir.proc is not None
+        zombie.proc.send_signal(signal.SIGSTOP)
+        wait_until(
+            lambda: (
+                "Kafka transactions ready" in heir.log_tail(20_000)
+                and _slot_holder(pg_dsn, settings.slot_name) is not None
+            ),
+            timeout=60,
+            interval=0.1,
+            message=heir.log_tail,
+        )
+        time.sleep(1.0)  # the heir commits while the zombie sleeps
+        zombie.proc.send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: any(
+                text in zombie.log_tail(50_000)
+                for text in ("lease not renewed", "lost leadership", "no longer the leader")
+            ),
+            timeout=60,
+            message=zombie.log_tail,
+        )
+        writers.join(300)
+        _wait_relayed(pg_dsn, settings, heir, 180)
+        # The woken zombie stands by (it never re-registers the transactional.id as a
+        # non-leader, which would fence the heir).
+        assert zombie.alive and "Traceback" not in zombie.log_tail(200_000), zombie.log_tail()
+        assert "fenced" not in heir.log_tail(200_000)
+    finally:
+        for relay in (zombie, heir):
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.proc.send_signal(signal.SIGCONT)
+            relay.stop_quietly()
+        if writers is not None:
+            writers.join(300)
+    bootstrap = kafka_broker.bootstrap_servers
+    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
+    assert committed.ok, committed.summary()
+    assert committed.expected == 6_000
+    assert committed.duplicates == 0 and committed.received == 6_000
+    uncommitted = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
+    assert uncommitted.received > committed.received  # the zombie's aborted records
+
+
+def test_broker_and_postgres_restarts_mid_load_exactly_once(
+    pg_dsn: str, pg_server: Any, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """The broker restarts under load, then PostgreSQL crashes (immediate shutdown: the slot
+    may come back behind what Kafka holds, so PostgreSQL re-sends transactions the checkpoint
+    skips): 0 missing, 0 duplicates for read_committed."""
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
+    init_outbox(settings)
+    spec = workload.WorkloadSpec(
+        events=8_000, writers=4, aggregates=80, txn_sizes=(1, 10, 50), rate=500
+    )
+    relay = RelayProcess(settings, "eos-restarts")
+    relay.start()
+    writers = None
+    try:
+        wait_until(
+            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            timeout=60,
+            message=relay.log_tail,
+        )
+        writers = _writer(pg_dsn, settings, spec)
+        time.sleep(2.0)
+        kafka_broker.restart()
+        print("broker restarted")
+        time.sleep(3.0)
+        pg_server.crash()
+        pg_server.start()
+        print("PostgreSQL crashed and restarted")
+        writers.join(300)
+        _wait_relayed(pg_dsn, settings, relay, 240)
+        assert relay.alive, relay.log_tail()
+    finally:
+        relay.stop_quietly()
+        if writers is not None:
+            writers.join(300)
+    bootstrap = kafka_broker.bootstrap_servers
+    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
+    assert committed.ok, committed.summary()
+    assert committed.expected == 8_000
+    assert committed.duplicates == 0 and committed.received == 8_000
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_a_200k_row_transaction_exactly_once_with_bounded_memory(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """One 200,000-row PostgreSQL transaction (~80 MB of payload) is one Kafka transaction,
+    never split; the relay holds at most its in-flight window (max_in_flight = 5,000 events)
+    plus librdkafka's queue of the same records, so its peak RSS grows far less than the
+    transaction's size."""
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, max_in_flight=5_000)
+    init_outbox(settings)
+    relay = RelayProcess(settings, "eos-huge-txn")
+    relay.start()
+    try:
+        wait_until(
+            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            timeout=60,
+            message=relay.log_tail,
+        )
+        assert relay.proc is not None
+        baseline_kb = _vm_hwm_kb(relay.proc.pid)
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+                " SELECT gen_random_uuid(), 'order', 'agg-' || (g % 100), 'Bulk',"
+                " jsonb_build_object('seq', g, 'pad', repeat(md5(g::text), 12))"
+                " FROM generate_series(1, 200000) g"
+            )
+            conn.commit()
+        _wait_relayed(pg_dsn, settings, relay, 300)
+        peak_kb = _vm_hwm_kb(relay.proc.pid)
+    finally:
+        relay.stop_quietly()
+    grew_mb = (peak_kb - baseline_kb) / 1024
+    print(f"relay RSS: baseline {baseline_kb / 1024:.0f} MB, peak {peak_kb / 1024:.0f} MB")
+    records = read_topics(
+        kafka_broker.bootstrap_servers,
+        f"{kafka_topic_prefix}.event.",
+        timeout=120,
+        extra_config=COMMITTED,
+    )
+    ids = [dict(r.headers)["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 200_000
+    assert grew_mb < 80, (baseline_kb, peak_kb)
