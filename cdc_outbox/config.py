@@ -241,6 +241,8 @@ class Settings(BaseSettings):
                 'delivery = "exactly_once" needs the status columns of the default column preset'
                 " (its catch-up marks rows as each Kafka transaction commits)"
             )
+        if self.delivery == "exactly_once" and self.mode == "polling":
+            raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
         if self.columns.preset != "default":
             preset = self.columns.preset
             if self.on_permanent_error == "dead_letter":

@@ -133,3 +133,12 @@ class KeysInFlight:
 
     def clear(self) -> None:
         self._counts.clear()
+
+
+def guarantee_in_effect(delivery: str, phase: str | None) -> str:
+    """The delivery guarantee a relay gives in ``phase``: ``exactly_once`` only when so
+    configured and not POLLING (a status update in PostgreSQL cannot commit atomically with
+    a Kafka transaction, so polling is at-least-once in every case)."""
+    if delivery == "exactly_once" and phase != "POLLING":
+        return "exactly_once"
+    return "at_least_once"
