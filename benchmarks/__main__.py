@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CDC housekeeping of acknowledged rows (the relay's setting; default update)",
     )
     relay.add_argument(
+        "--delivery",
+        choices=["at_least_once", "exactly_once"],
+        default="at_least_once",
+        help="the relay's delivery guarantee (exactly_once: until Kafka committed every event)",
+    )
+    relay.add_argument(
         "--kafka-config",
         action="append",
         default=[],

@@ -40,6 +40,8 @@ class RelayStats:
     delivery_guarantee: str = "at_least_once"
     eos_commits: int = 0
     eos_aborts: int = 0
+    #: Events in committed Kafka transactions (visible to read_committed consumers).
+    eos_committed_events: int = 0
     #: Retried delivery problems by alert (topic_missing, not_authorized, ...): count and when
     #: last seen (unix time).
     retries_by_alert: dict[str, int] = field(default_factory=dict)

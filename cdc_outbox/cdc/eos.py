@@ -14,7 +14,7 @@ EosBatch` for the rules):
 - Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
   checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
   the outcome of a commit that failed midway is known only there); PostgreSQL transactions
-  that Kafka already holds are skipped (:meth:`EosCommitter.skip`). The position never goes
+  that Kafka already holds are skipped (:meth:`EosCommitter.on_begin`). The position never goes
   back (kept in memory too).
 - Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
   fenced producer (a newer instance took over) never commits.
@@ -24,12 +24,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
+import psycopg
+
+from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
+from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.eos_batch import EosBatch
 from cdc_outbox.kafka import checkpoints
+from cdc_outbox.kafka.publisher import (
+    DeliveryFailure,
+    Headers,
+    ProduceInterrupted,
+    TransactionFailed,
+)
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
 
@@ -73,13 +84,30 @@ class EosCommitter:
         )
         return last
 
-    def reset(self) -> None:
-        """A new session (after an abort): the open batch is forgotten and re-streamed."""
+    def start_session(self) -> None:
+        """A streaming session starts (only as the leader): fence older producers with our
+        transactional.id, forget the aborted batch (it is re-streamed) and read the last
+        checkpoint (every session: a failed commit's outcome is only known from Kafka).
+        Raises ``TransactionFailed``, ``ConnectionError``, ``TimeoutError``."""
+        self.delivery.ensure_transactions()
         self.batch.aborted()
         self.txns.clear()
+        self.load()
 
-    def skip(self, final_lsn: int) -> bool:
-        return self.batch.skip(final_lsn)
+    def on_begin(self, payload: bytes) -> bool:
+        """A Begin message: True if Kafka already holds this transaction (skip it)."""
+        begin = pgoutput.decode(payload)
+        assert isinstance(begin, pgoutput.Begin)
+        if self.batch.skip(begin.final_lsn):
+            return True
+        self.batch.begin()
+        return False
+
+    def on_commit(self, end_lsn: int, txn: TxnHandle) -> None:
+        """The Commit of a transaction that was not skipped."""
+        self.batch.end(end_lsn, had_events=txn.events > 0)
+        if txn.events:
+            self.txns.append(txn)
 
     def ceiling(self) -> int | None:
         return self.batch.ceiling()
@@ -97,9 +125,19 @@ class EosCommitter:
         )
 
     def commit(self, catch_up_ids: list[str] | None = None) -> None:
-        """Commit the open Kafka transaction with its checkpoint (nothing may be busy);
-        raises ``TransactionFailed``."""
-        self.delivery.commit(self.checkpoint(catch_up_ids))
+        """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
+        be busy); raises ``TransactionFailed``."""
+        delivery = self.delivery
+        checkpoint = self.checkpoint(catch_up_ids)
+        topic = self.settings.eos.checkpoint_topic
+        delivery.publisher.produce(
+            topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
+        )
+        crash_point("eos.in_kafka_commit")
+        delivery.publisher.commit(delivery.txn_timeout_s())
+        crash_point("eos.after_kafka_commit")
+        delivery.committed()
+        self.stats.eos_committed_events += self.batch.events + len(catch_up_ids or ())
         self.batch.committed()
         if self.stats.latency_observers and self.txns:
             now = time.time()
@@ -107,3 +145,63 @@ class EosCommitter:
                 if txn.commit_unix:
                     self.stats.observe_latency(now - txn.commit_unix, txn.events)
         self.txns.clear()
+
+    def settle_and_commit(
+        self,
+        in_flight: Callable[[], int],
+        interrupted: Callable[[], str | None],
+        idle: Callable[[], None],
+    ) -> bool:
+        """Wait until every event of the batch has its outcome, then :meth:`commit`. Returns
+        False, committing nothing, once ``interrupted()`` gives a reason (stop, restart, halt,
+        leadership lost: the caller's loop deals with it); raises ``TransactionFailed``."""
+        delivery = self.delivery
+        while delivery.busy or in_flight():
+            self.stats.beat()
+            if interrupted() is not None:
+                return False
+            delivery.publisher.poll(0.01)
+            try:
+                delivery.service()
+            except ProduceInterrupted:
+                return False
+            idle()
+        if interrupted() is not None:
+            return False
+        self.commit()
+        idle()
+        return True
+
+    def settle_last_catch_up(self) -> None:
+        """Before a catch-up takes its snapshot: fence older producers, read the last
+        checkpoint and mark the rows of the catch-up batch it committed (they are then skipped).
+        Raises ``CatchUpFailed``."""
+        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_published
+
+        try:
+            self.delivery.new_session()
+            self.delivery.ensure_transactions()
+            last = self.load()
+        except (TransactionFailed, ConnectionError, TimeoutError) as exc:
+            raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
+        if last is not None and last.catch_up_ids:
+            with psycopg.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
+                marked = mark_published(conn, self.settings, last.catch_up_ids)
+            logger.info("marked %d rows of the last committed catch-up batch published", marked)
+
+
+class _CheckpointSent:
+    """Delivery listener of a checkpoint record: a failure aborts the transaction."""
+
+    __slots__ = ("delivery", "epoch")
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.delivery = delivery
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        pass
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        if self.epoch == self.delivery.epoch:
+            self.delivery.restart(f"checkpoint record failed: {failure.reason}", failure)

@@ -129,7 +129,7 @@ class Relay:
         self._catching_up = True
         try:
             if self.eos is not None:
-                self._settle_last_catch_up(self.eos)
+                self.eos.settle_last_catch_up()
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
             rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper, self.eos)
@@ -140,22 +140,6 @@ class Relay:
         finally:
             self._catching_up = False
         return point, rows
-
-    def _settle_last_catch_up(self, eos: EosCommitter) -> None:
-        """Exactly-once: fence older producers, read the last checkpoint and mark the rows of
-        a catch-up batch it committed (before the new snapshot is taken: they are skipped)."""
-        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_published
-
-        try:
-            self.delivery.new_session()
-            self.delivery.ensure_transactions()
-            last = eos.load()
-        except (TransactionFailed, ConnectionError, TimeoutError) as exc:
-            raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
-        if last is not None and last.catch_up_ids:
-            with psycopg.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
-                marked = mark_published(conn, self.settings, last.catch_up_ids)
-            logger.info("marked %d rows of the last committed catch-up batch published", marked)
 
     def run(self) -> None:
         """Stream until stopped (see the module contract).
@@ -251,10 +235,8 @@ class Relay:
             return
         delivery.new_session()
         if eos is not None:
-            delivery.ensure_transactions()  # fences older producers with our id
-            eos.reset()
-            try:  # every session: a failed commit's outcome is only known from Kafka
-                eos.load()
+            try:
+                eos.start_session()
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
         start = self._stream.open(self._tracker.confirmed)
@@ -363,22 +345,15 @@ class Relay:
                 self.eos.batch.add_event(time.monotonic())
             self.delivery.submit(self._mapper.map_insert(rel, row), txn)
         elif kind == _BEGIN:
-            eos = self.eos
-            self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=eos is None)
-            if eos is not None:
-                begin = pgoutput.decode(payload)
-                assert isinstance(begin, pgoutput.Begin)
-                self._skipping = eos.skip(begin.final_lsn)
-                if not self._skipping:
-                    eos.batch.begin()
+            self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)
+            if self.eos is not None:
+                self._skipping = self.eos.on_begin(payload)
         elif kind == _COMMIT:
             msg = pgoutput.decode(payload)
             assert isinstance(msg, pgoutput.Commit)
             tracker.commit(self._txn.txn_id, msg.end_lsn)
             if self.eos is not None and not self._skipping:
-                self.eos.batch.end(msg.end_lsn, had_events=self._txn.events > 0)
-                if self._txn.events:
-                    self.eos.txns.append(self._txn)
+                self.eos.on_commit(msg.end_lsn, self._txn)
             self._skipping = False
             self._txn.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
             self._require_checkpoint().note_written(msg.end_lsn)
@@ -416,29 +391,14 @@ class Relay:
 
     # -- confirmation ------------------------------------------------------------------------
 
-    def _commit_kafka_transaction(self, eos: EosCommitter, checkpoint: Checkpointer) -> bool:
-        """Wait for every outcome of the batch, then commit it (see cdc_outbox.cdc.eos).
-        Returns False (nothing committed) when a stop, restart, halt or lost leadership
-        interrupts the wait; the main loop then deals with it."""
+    def _commit_kafka_transaction(self, eos: EosCommitter, checkpoint: Checkpointer) -> None:
         delivery = self.delivery
-        while delivery.busy or self._tracker.in_flight:
-            self.stats.beat()
-            if delivery.halt_reason or delivery.restart_reason or self._interrupted():
-                return False
-            delivery.publisher.poll(0.01)
-            try:
-                delivery.service()
-            except ProduceInterrupted:
-                return False
-            checkpoint.maybe_send()
-        if not self._is_leader():
-            return False
-        try:
-            eos.commit()
-        except TransactionFailed as exc:
-            raise _Restart(f"Kafka transaction commit failed: {exc}") from exc
-        checkpoint.maybe_send()
-        return True
+
+        def interrupted() -> str | None:
+            reason = delivery.halt_reason or delivery.restart_reason or self._interrupted()
+            return reason or (None if self._is_leader() else "leadership lost")
+
+        eos.settle_and_commit(lambda: self._tracker.in_flight, interrupted, checkpoint.maybe_send)
 
     def _finish(self) -> None:
         """Flush Kafka until the grace deadline, confirm what is acknowledged, wait for the
@@ -461,7 +421,7 @@ class Relay:
         if eos is not None and eos.batch.events and not eos.batch.in_txn:
             try:
                 self._commit_kafka_transaction(eos, checkpoint)
-            except _Restart as exc:
+            except TransactionFailed as exc:
                 logger.warning("final Kafka commit failed (%s): it will be re-sent", exc)
         checkpoint.send(reply_requested=True)
         reply_deadline = time.monotonic() + max(0.2, min(1.0, deadline - time.monotonic()))

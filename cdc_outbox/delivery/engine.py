@@ -22,9 +22,10 @@ their loop. Contract:
 Exactly-once (``delivery = "exactly_once"``): the producer is transactional and everything,
 dead letters included, goes into the open Kafka transaction; outcomes then mean "written in
 the transaction". The mode waits until nothing is :attr:`busy` (so dead-lettered rows are
-already FAILED in PostgreSQL), then :meth:`commit` adds its checkpoint record and commits;
-only then are ids handed to the published-marker. Any failure aborts (:meth:`abandon`): a
-record the broker rejected is remembered and dead-lettered up front when it is re-sent.
+already FAILED in PostgreSQL), then commits (:mod:`cdc_outbox.cdc.eos`) and calls
+:meth:`committed`: only then are ids handed to the published-marker. Any failure aborts
+(:meth:`abandon`): a record the broker rejected is remembered and dead-lettered up front
+when it is re-sent.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from cdc_outbox.delivery.policy import (
     on_failure,
     precheck,
 )
-from cdc_outbox.kafka import checkpoints
 from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
@@ -192,31 +192,21 @@ class Delivery:
         any older producer with our transactional.id and aborts its open transaction. Raises
         ``TransactionFailed``."""
         if self.eos and not self._txn_ready:
-            self.publisher.init_transactions(self._txn_timeout_s())
+            self.publisher.init_transactions(self.txn_timeout_s())
             self._txn_ready = True
             logger.info("Kafka transactions ready (transactional.id %s)", self.transactional_id)
 
-    def commit(self, checkpoint: checkpoints.Checkpoint) -> None:
-        """Exactly-once: add ``checkpoint`` to the open Kafka transaction and commit it (nothing
-        may be :attr:`busy`); raises ``TransactionFailed``. Then the acknowledged ids go to the
-        published-marker."""
-        from cdc_outbox.crash_points import crash_point
-
-        topic = self.settings.eos.checkpoint_topic
-        self.publisher.produce(
-            topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(self)
-        )
-        crash_point("eos.in_kafka_commit")
-        self.publisher.commit(min(60.0, self._txn_timeout_s()))
+    def committed(self) -> None:
+        """Exactly-once: the Kafka transaction committed; acknowledged ids go to the marker."""
         self.stats.eos_commits += 1
-        crash_point("eos.after_kafka_commit")
         if self.marker is not None:
             for event_id in self.marks:
                 self.marker.add(event_id)
         self.marks.clear()
 
-    def _txn_timeout_s(self) -> float:
-        return max(30.0, self.settings.eos.transaction_timeout_ms / 1000)
+    def txn_timeout_s(self) -> float:
+        """How long a Kafka transaction call may block."""
+        return min(60.0, max(30.0, self.settings.eos.transaction_timeout_ms / 1000))
 
     def abandon(self) -> None:
         """Drop what is queued in the producer (its reports are ignored), abort the open Kafka
@@ -411,23 +401,6 @@ class Delivery:
                 "topic": topic,
             },
         )
-
-
-class _CheckpointSent:
-    """Delivery listener of a checkpoint record: a failure aborts the transaction."""
-
-    __slots__ = ("delivery", "epoch")
-
-    def __init__(self, delivery: Delivery) -> None:
-        self.delivery = delivery
-        self.epoch = delivery.epoch
-
-    def delivered(self, topic: str, headers: Headers) -> None:
-        pass
-
-    def failed(self, failure: DeliveryFailure) -> None:
-        if self.epoch == self.delivery.epoch:
-            self.delivery.restart(f"checkpoint record failed: {failure.reason}", failure)
 
 
 def _event_id(headers: Headers) -> str | None:
