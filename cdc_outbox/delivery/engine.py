@@ -148,7 +148,7 @@ class Delivery:
         self.transactional_id = transactional_id
         self.eos = transactional_id is not None
         self.marks: list[bytes] = []  # exactly-once: acknowledged ids, marked after commit
-        self.rejected: dict[str, str] = {}  # exactly-once: event id -> broker rejection
+        self.rejected: dict[str, DeliveryFailure] = {}  # exactly-once: broker rejections
         self._txn_ready = False
         self.stats = stats
         self.marker = marker
@@ -250,10 +250,8 @@ class Delivery:
         if self.halt_reason is not None:
             return
         if self.rejected and type(result) is OutboxRecord and result.event_id in self.rejected:
-            reason = self.rejected.pop(result.event_id)
-            result = DeadLetter(
-                reason, result.event_id, result.key, result.value, result.headers, result.topic
-            )
+            self._dead_letter_rejected(handle, result.event_id, self.rejected.pop(result.event_id))
+            return
         if type(result) is OutboxRecord:
             key = result.key
             blocker = self.parking.blocked_by(key) if len(self.parking) else None
@@ -307,7 +305,7 @@ class Delivery:
         action = on_failure(failure, self._halt_policy)
         if action is FailureAction.DEAD_LETTER and self.eos:
             # The transaction is now abortable: abort, re-send, dead-letter this one up front.
-            self.rejected[sent.event_id] = f"{failure.name}: {failure.reason}"
+            self.rejected[sent.event_id] = failure
             self.restart(f"Kafka rejected event {sent.event_id} in a transaction", failure)
             sent.handle.retry(failure.reason)
         elif action is FailureAction.DEAD_LETTER:
@@ -330,6 +328,15 @@ class Delivery:
         else:
             self.restart(f"delivery failed ({failure.name}): {failure.reason}", failure)
             sent.handle.retry(f"{failure.name}: {failure.reason}")
+
+    def _dead_letter_rejected(
+        self, handle: EventHandle, event_id: str, failure: DeliveryFailure
+    ) -> None:
+        """Exactly-once: the re-sent event the broker rejected in an aborted transaction."""
+        self.parking.park(failure.key, event_id)
+        reason = f"{failure.name}: {failure.reason}"
+        self._log_dead(event_id, failure.key, failure.topic, reason)
+        self._dead.append((handle, failure, reason))
 
     # -- the loop's turn ---------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -341,3 +342,60 @@ def test_a_200k_row_transaction_exactly_once_with_bounded_memory(
     ids = [dict(r.headers)["id"] for r in records]
     assert len(ids) == len(set(ids)) == 200_000
     assert grew_mb < 80, (baseline_kb, peak_kb)
+
+
+def test_dead_letters_are_exactly_once_and_a_broker_rejection_aborts_first(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """A 2 MB record reaches the broker (max_record_bytes above its 1 MB limit) and is
+    rejected inside the Kafka transaction: the relay aborts, re-streams and dead-letters it
+    up front, so the event right behind it is parked (never published out of order), and a
+    later one too. read_committed: each dead letter once, none of them on the main topic."""
+    import base64
+    import json
+
+    settings = eos_settings(
+        pg_dsn,
+        kafka_broker,
+        kafka_topic_prefix,
+        max_record_bytes=8_000_000,
+        kafka={
+            "bootstrap_servers": kafka_broker.bootstrap_servers,
+            "config": {"message.max.bytes": "8000000"},
+        },
+    )
+    init_outbox(settings)
+    blob = base64.b64encode(os.urandom(1_500_000)).decode()
+
+    def insert(conn: psycopg.Connection[Any], agg: str, payload: str) -> str:
+        row = conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (gen_random_uuid(), 'order', %s, 'E', %s::jsonb) RETURNING id::text",
+            (agg, payload),
+        ).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:
+        ok = insert(conn, "agg-0", '{"n": 0}')
+        big = insert(conn, "agg-1", json.dumps({"blob": blob}))
+        right_behind = insert(conn, "agg-1", '{"n": 2}')
+        conn.commit()
+        later = insert(conn, "agg-1", '{"n": 3}')
+        conn.commit()
+        _wait_relayed(pg_dsn, settings, None, 90)
+        stats = relay.stats
+        assert stats.eos_aborts >= 1 and stats.order_broken == 0
+    with psycopg.connect(pg_dsn) as conn:
+        failed = {
+            r[0]
+            for r in conn.execute("SELECT id::text FROM outbox WHERE status = 'FAILED'").fetchall()
+        }
+    assert failed == {big, right_behind, later}
+    bootstrap = kafka_broker.bootstrap_servers
+    main = read_topics(bootstrap, f"{kafka_topic_prefix}.event.", extra_config=COMMITTED)
+    dlq = read_topics(bootstrap, f"{kafka_topic_prefix}.dlq", extra_config=COMMITTED)
+    assert [dict(r.headers)["id"].decode() for r in main] == [ok]
+    dlq_ids = [dict(r.headers)["id"].decode() for r in dlq]
+    assert sorted(dlq_ids) == sorted([big, right_behind, later])  # each exactly once
+    assert b"MSG_SIZE_TOO_LARGE" in dict(dlq[dlq_ids.index(big)].headers)["cdc_outbox.error"]
