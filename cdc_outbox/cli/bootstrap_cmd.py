@@ -134,12 +134,9 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
             leader += " (lease expired)"
         table.add_row("relay phase", str(relay["phase"]))
         in_effect = relay["delivery_in_effect"]
-        note = (
-            " (polling: a status update cannot be exactly-once)"
-            if in_effect != relay["delivery"]
-            else ""
-        )
-        table.add_row("delivery", f"{relay['delivery']} configured, {in_effect} in effect{note}")
+        table.add_row("delivery", f"{relay['delivery']} configured, {in_effect} in effect")
+        if in_effect != relay["delivery"]:
+            table.add_row("", "polling is at-least-once whatever is configured")
         table.add_row("leader", leader)
         table.add_row(
             "instances",

@@ -215,7 +215,8 @@ class Delivery:
 
         self.epoch += 1
         if self.eos and self._txn_ready:
-            self.stats.eos_aborts += 1
+            if self.publisher.txn_records:
+                self.stats.eos_aborts += 1
             try:
                 self.publisher.abort(10.0)
             except TransactionFailed as exc:

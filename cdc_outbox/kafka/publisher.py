@@ -188,6 +188,8 @@ class KafkaPublisher:
             required["transactional.id"] = transactional_id
         merged: dict[str, Any] = {**DEFAULT_CONFIG, **config, **required}
         self.transactional = transactional_id is not None
+        #: Records produced in the open transaction (transactional only).
+        self.txn_records = 0
         for key, value in required.items():
             if str(config.get(key, value)).lower() != value:
                 logger.warning("kafka setting %s=%s overridden to %s", key, config[key], value)
@@ -221,6 +223,7 @@ class KafkaPublisher:
         while True:
             try:
                 produce(topic, value, key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
+                self.txn_records += 1
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -281,6 +284,7 @@ class KafkaPublisher:
     def begin(self) -> None:
         """Open the next transaction (local: the broker learns of it at the first record)."""
         self._txn_call(self._producer.begin_transaction)
+        self.txn_records = 0
 
     def commit(self, timeout: float) -> None:
         """Flush and commit the open transaction (retried while retriable, up to ``timeout``),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -15,7 +16,7 @@ import psycopg
 from cdc_outbox.kafka import checkpoints
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 from tests.relay_support import (
     RelayProcess,
     init_outbox,
@@ -96,6 +97,17 @@ def test_streaming_in_kafka_transactions_with_checkpoints(
     bootstrap = kafka_broker.bootstrap_servers
     verdict = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
     assert verdict.ok and verdict.duplicates == 0 and verdict.expected == 2_000
+    # `status` shows the configured and the effective guarantee; polling is at-least-once.
+    env = {"CDC_OUTBOX_DELIVERY": "exactly_once"}
+    report = json.loads(run_cli("status", "--json", dsn=pg_dsn, **env).stdout)["relay"]
+    assert (report["delivery"], report["delivery_in_effect"]) == ("exactly_once",) * 2
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("UPDATE cdc_outbox_relay_state SET phase = 'POLLING'")
+    human = run_cli("status", dsn=pg_dsn, **env)
+    assert "at_least_once in effect" in human.stdout, human.stdout
+    refused = run_cli("run", "--delivery", "twice", dsn=pg_dsn)
+    assert refused.returncode == 2
+    assert "delivery must be 'at_least_once' or 'exactly_once'" in refused.stderr
 
 
 def test_kill_9_at_random_points_and_in_commit_exactly_once(
@@ -352,7 +364,6 @@ def test_dead_letters_are_exactly_once_and_a_broker_rejection_aborts_first(
     up front, so the event right behind it is parked (never published out of order), and a
     later one too. read_committed: each dead letter once, none of them on the main topic."""
     import base64
-    import json
 
     settings = eos_settings(
         pg_dsn,
