@@ -15,8 +15,9 @@ the whole catch-up is redone (rows acknowledged and already marked PUBLISHED are
 others are sent again: duplicates, never losses).
 
 Exactly-once (``eos`` given): the rows go in Kafka transactions of about ``eos.max_events``
-rows; each carries a checkpoint record with the ids of its rows, and after each commit those
-rows are marked PUBLISHED before the next batch starts. A crash loses at most the marking of
+rows (fewer if their ids would exceed 400 kB); each carries a checkpoint record with the ids
+of its rows, and after each commit those rows are marked PUBLISHED before the next batch
+starts. A crash loses at most the marking of
 the last committed batch: :func:`mark_published` of the last checkpoint's ids, before the
 next catch-up takes its snapshot, makes the redo skip them (no duplicates).
 """
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _FETCH = 1_000
+#: Exactly-once: a catch-up batch's ids (in its checkpoint record) stay well below Kafka's
+#: default 1 MB record limit.
+_MAX_ID_BYTES = 400_000
 
 
 class CatchUpFailed(CdcOutboxError):
@@ -95,6 +99,7 @@ def publish_backlog(
     backlog = _Backlog()
     count = 0
     ids: list[str] = []
+    id_bytes = 0
     delivery.new_session()
     try:
         if eos is not None:
@@ -116,13 +121,17 @@ def publish_backlog(
                         record = mapper.map_row(values)
                         if eos is not None and record.event_id is not None:
                             ids.append(record.event_id)
+                            id_bytes += len(record.event_id) + 3
                         delivery.submit(record, backlog)
                         count += 1
                         if count % _FETCH == 0:
                             delivery.service()
                             _check(delivery, backlog)
-                            if eos is not None and len(ids) >= settings.eos.max_events:
+                            if eos is not None and (
+                                len(ids) >= settings.eos.max_events or id_bytes >= _MAX_ID_BYTES
+                            ):
                                 _commit(settings, delivery, backlog, eos, ids, marks)
+                                id_bytes = 0
             _settle(delivery, backlog)
             if eos is not None and ids:
                 _commit(settings, delivery, backlog, eos, ids, marks)
