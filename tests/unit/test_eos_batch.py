@@ -105,3 +105,53 @@ def test_model_every_transaction_lands_whole_in_one_commit_in_order(
     for c in commits[:-1]:  # a closed batch reached a limit at a boundary
         assert c
     assert b.ceiling() is None
+
+
+class _Stream:
+    """Records the standby status updates (the Checkpointer's only use of the stream)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
+        self.sent.append((written, flushed))
+
+
+def test_the_slot_is_never_confirmed_past_the_kafka_commit() -> None:
+    from cdc_outbox.cdc.ack_tracker import AckTracker
+    from cdc_outbox.cdc.checkpoint import Checkpointer
+    from cdc_outbox.relay_stats import RelayStats
+
+    tracker = AckTracker(100)
+    batch = EosBatch(0.1, 10, committed_lsn=100)
+    stream = _Stream()
+    cp = Checkpointer(
+        stream,  # type: ignore[arg-type]
+        tracker,
+        RelayStats(),
+        start=100,
+        interval_s=10.0,
+        ceiling=batch.ceiling,
+    )
+    txn = tracker.begin()
+    batch.begin()
+    tracker.add_event(txn)
+    batch.add_event(0.0)
+    tracker.ack(txn)  # written in the open Kafka transaction
+    tracker.commit(txn, 200)
+    batch.end(200, had_events=True)
+    tracker.keepalive(300)
+    assert tracker.confirmed == 300
+    cp.send()
+    assert stream.sent[-1][1] == 100  # acked, but not committed in Kafka
+    batch.committed()
+    cp.send()
+    assert stream.sent[-1][1] == 300
+
+
+def test_checkpoint_record_round_trip() -> None:
+    from cdc_outbox.kafka.checkpoints import Checkpoint, checkpoint_key
+
+    ckpt = Checkpoint("slot", "7714", "shop", 123456, ["a", "b"])
+    assert Checkpoint.decode(ckpt.encode()) == ckpt
+    assert ckpt.key == checkpoint_key("7714", "shop", "slot") == b"7714/shop/slot"
