@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             phase["records_in_kafka"] = count_records(bootstrap, prefix) - 1
             out[mode][f"throughput_txn{EOS_TXN_SIZE}"] = phase
         alo, eos = out["cdc"], out["cdc_eos"]
-        interval_ms = float(Settings.model_validate({}).eos.commit_interval_ms)
+        interval_ms = float(settings.eos.commit_interval_ms)
         key = f"throughput_txn{EOS_TXN_SIZE}"
         out["eos"] = {
             "throughput_ratio": round(eos[key]["events_per_s"] / alo[key]["events_per_s"], 3),
