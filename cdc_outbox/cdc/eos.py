@@ -160,7 +160,7 @@ class EosCommitter:
             self.stats.beat()
             if interrupted() is not None:
                 return False
-            delivery.publisher.poll(0.01)
+            delivery.publisher.flush(0.01)  # sends at once, without waiting for linger.ms
             try:
                 delivery.service()
             except ProduceInterrupted:

@@ -303,8 +303,10 @@ class Relay:
     def _read_turn(self) -> None:
         """Handle the frames available now (waiting briefly if there are none)."""
         publisher = self.delivery.publisher
-        busy = self._tracker.in_flight or len(publisher) or (self.eos and self.eos.batch.events)
-        wait = 0.0 if busy else 0.1
+        wait = 0.0 if self._tracker.in_flight or len(publisher) else 0.1
+        if wait and self.eos is not None:  # wake up when the Kafka transaction is due
+            due_in = self.eos.batch.seconds_to_due(time.monotonic())
+            wait = wait if due_in is None else min(wait, due_in)
         read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
         for _ in range(_FRAMES_PER_TURN):

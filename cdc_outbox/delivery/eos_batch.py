@@ -82,6 +82,12 @@ class EosBatch:
             return False
         return self.events >= self._max_events or now - self._started >= self._interval_s
 
+    def seconds_to_due(self, now: float) -> float | None:
+        """How long until :meth:`due` by the interval (``None``: no event waiting)."""
+        if self.events == 0:
+            return None
+        return max(0.0, self._started + self._interval_s - now)
+
     def ceiling(self) -> int | None:
         """Highest LSN the slot may be confirmed to (``None``: no bound)."""
         return self.committed_lsn if self.events else None

@@ -155,3 +155,12 @@ def test_checkpoint_record_round_trip() -> None:
     ckpt = Checkpoint("slot", "7714", "shop", 123456, ["a", "b"])
     assert Checkpoint.decode(ckpt.encode()) == ckpt
     assert ckpt.key == checkpoint_key("7714", "shop", "slot") == b"7714/shop/slot"
+
+
+def test_seconds_to_due_counts_from_the_first_event() -> None:
+    b = EosBatch(interval_s=0.1, max_events=10)
+    assert b.seconds_to_due(5.0) is None
+    b.begin()
+    b.add_event(5.0)
+    assert b.seconds_to_due(5.04) == pytest.approx(0.06)
+    assert b.seconds_to_due(6.0) == 0.0
