@@ -86,7 +86,7 @@ def _eos_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     for q in ("p50", "p95", "p99"):
         a, e = alo["latency"]["latency_ms"][q], eos["latency"]["latency_ms"][q]
         rows.append(
-            (f"commit->visible latency {q} (ms)", f"{a:,.1f}", f"{e:,.1f}", f"+{e - a:,.1f}")
+            (f"commit->visible latency {q} (ms)", f"{a:,.1f}", f"{e:,.1f}", f"{e - a:+,.1f}")
         )
     for phase in ("throughput", "latency"):
         label = f"cores used, {phase} phase (relay / postgres / kafka)"
