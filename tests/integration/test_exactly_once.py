@@ -410,3 +410,48 @@ def test_dead_letters_are_exactly_once_and_a_broker_rejection_aborts_first(
     dlq_ids = [dict(r.headers)["id"].decode() for r in dlq]
     assert sorted(dlq_ids) == sorted([big, right_behind, later])  # each exactly once
     assert b"MSG_SIZE_TOO_LARGE" in dict(dlq[dlq_ids.index(big)].headers)["cdc_outbox.error"]
+
+
+def test_sigterm_commits_the_open_kafka_transaction_and_confirms_it(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """SIGTERM after the writers finished (commit interval 60 s, so the last Kafka transaction
+    is still open): the relay commits it, confirms the slot past every event and exits 0;
+    read_committed already sees every event once, before any restart."""
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
+    init_outbox(settings)
+    relay = RelayProcess(settings, "eos-sigterm", CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="60000")
+    relay.start()
+    try:
+        wait_until(
+            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
+            timeout=60,
+            message=relay.log_tail,
+        )
+        spec = workload.WorkloadSpec(events=1_000, writers=2, aggregates=20, txn_sizes=(1, 10))
+        _writer(pg_dsn, settings, spec).join()
+        records = lambda: len(  # noqa: E731
+            read_topics(
+                kafka_broker.bootstrap_servers,
+                f"{kafka_topic_prefix}.event.",
+                extra_config=UNCOMMITTED,
+            )
+        )
+        wait_until(lambda: records() >= 1_000, timeout=60, message=relay.log_tail)
+        relay.terminate()
+        assert relay.wait(30) == 0, relay.log_tail()
+    finally:
+        relay.stop_quietly()
+    bootstrap = kafka_broker.bootstrap_servers
+    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
+    assert committed.ok and committed.duplicates == 0 and committed.received == 1_000
+    # The final commit's checkpoint covers the last transaction; the slot was confirmed to it.
+    from cdc_outbox.cdc.replication_stream import ReplicationStream
+
+    system_id, database = ReplicationStream(pg_dsn, "unused", "unused").identify()
+    key = checkpoints.checkpoint_key(system_id, database, settings.slot_name)
+    last = checkpoints.read_last(settings.kafka_config(), settings.eos.checkpoint_topic, key)
+    assert last is not None
+    confirmed, active = slot_position(pg_dsn, settings.slot_name)
+    assert not active and int(confirmed) >= last.end_lsn > 0
+    assert "stopped; confirmed" in relay.log_tail(50_000)
