@@ -455,3 +455,38 @@ def test_sigterm_commits_the_open_kafka_transaction_and_confirms_it(
     confirmed, active = slot_position(pg_dsn, settings.slot_name)
     assert not active and int(confirmed) >= last.end_lsn > 0
     assert "stopped; confirmed" in relay.log_tail(50_000)
+
+
+def test_auto_mode_polls_at_least_once_and_says_so(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str, caplog: Any
+) -> None:
+    """delivery = exactly_once in auto mode, with a publication that does not cover the
+    outbox: the relay polls, at-least-once, with a WARNING line and the guarantee in its stats
+    (what the delivery_guarantee metric and the dashboard show)."""
+    import logging
+
+    from psycopg import sql
+
+    from tests.relay_support import outbox_statuses, service_thread
+
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="auto")
+    init_outbox(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE not_the_outbox (id int)")
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} SET TABLE not_the_outbox").format(
+                sql.Identifier(settings.publication_name)
+            )
+        )
+    caplog.set_level(logging.WARNING, logger="cdc_outbox.service")
+    spec = workload.WorkloadSpec(events=300, writers=1, aggregates=10, txn_sizes=(1, 10))
+    with service_thread(settings) as service:
+        _writer(pg_dsn, settings, spec).join()
+        wait_until(
+            lambda: outbox_statuses(pg_dsn) == {"PUBLISHED": 300},
+            timeout=90,
+            message=lambda: f"{outbox_statuses(pg_dsn)} {service.stats.mode}",
+        )
+        assert service.stats.mode == "polling"
+        assert service.stats.delivery_guarantee == "at_least_once"
+    assert any("polling is at-least-once" in r.getMessage() for r in caplog.records)
