@@ -278,7 +278,7 @@ class Delivery:
                 result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
             else:
                 result = DeadLetter(
-                    blocked_reason(blocker),
+                    blocked_reason(blocker, result.event_id),
                     result.event_id,
                     key,
                     result.value,

@@ -32,8 +32,12 @@ __all__ = ["FailureAction", "KeysInFlight", "Parking", "blocked_reason", "on_fai
 RECORD_OVERHEAD_BYTES = 64
 
 
-def blocked_reason(event_id: str) -> str:
-    """The dead-letter reason of an event parked behind ``event_id``."""
+def blocked_reason(event_id: str, own_id: str | None = None) -> str:
+    """The dead-letter reason of event ``own_id`` parked behind ``event_id``; the blocker
+    itself comes back only when its dead letter was not confirmed before a restart (an
+    aborted Kafka transaction, a crash): it is dead-lettered again."""
+    if event_id == own_id:
+        return "already FAILED: dead-lettered again after a restart"
     return f"blocked_by {event_id}"
 
 

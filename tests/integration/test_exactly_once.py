@@ -490,3 +490,57 @@ def test_auto_mode_polls_at_least_once_and_says_so(
         assert service.stats.mode == "polling"
         assert service.stats.delivery_guarantee == "at_least_once"
     assert any("polling is at-least-once" in r.getMessage() for r in caplog.records)
+
+
+def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """The row is marked FAILED before the Kafka commit; the relay dies in the commit
+    (eos.in_kafka_commit). The next relay finds the row FAILED (its aggregate parked) and
+    dead-letters it again in its own transaction: read_committed sees one dead letter, the
+    row keeps its first reason, and the other event is published once."""
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
+    init_outbox(settings)
+    first = RelayProcess(settings, "eos-dlq-first")
+    first.start()
+    try:
+        wait_until(
+            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
+            timeout=60,
+            message=first.log_tail,
+        )
+    finally:
+        first.kill()
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES"
+            " (gen_random_uuid(), 'order', 'agg-1', 'E', NULL),"
+            " (gen_random_uuid(), 'order', 'agg-2', 'E', '{}') RETURNING id::text"
+        ).fetchall()
+        conn.commit()
+    poison, fine = str(rows[0][0]), str(rows[1][0])
+    crashing = RelayProcess(settings, "eos-dlq-crash", CDC_OUTBOX_CRASH_AT="eos.in_kafka_commit")
+    crashing.start()
+    assert crashing.wait(90) == -signal.SIGKILL, crashing.log_tail()
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT status, last_error FROM outbox WHERE id = %s", (poison,)
+        ).fetchone()
+    assert row is not None and row[0] == "FAILED"  # durable before the (aborted) commit
+    first_reason = row[1]
+    relay = RelayProcess(settings, "eos-dlq-again")
+    relay.start()
+    try:
+        _wait_relayed(pg_dsn, settings, relay, 90)
+    finally:
+        relay.stop_quietly()
+    bootstrap = kafka_broker.bootstrap_servers
+    dlq = read_topics(bootstrap, f"{kafka_topic_prefix}.dlq", extra_config=COMMITTED)
+    main = read_topics(bootstrap, f"{kafka_topic_prefix}.event.", extra_config=COMMITTED)
+    assert [dict(r.headers)["id"].decode() for r in dlq] == [poison]
+    assert [dict(r.headers)["id"].decode() for r in main] == [fine]
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT last_error FROM outbox WHERE id = %s", (poison,)).fetchone()
+    assert row is not None and row[0] == first_reason
+    aborted = read_topics(bootstrap, f"{kafka_topic_prefix}.dlq", extra_config=UNCOMMITTED)
+    assert len(aborted) == 2  # the first dead letter is in the log, aborted
