@@ -9,8 +9,8 @@ lag behind it).
 
 Contract: :func:`ensure_topic` creates the topic (1 partition, ``cleanup.policy=compact``) if
 it is missing and raises ``ConnectionError`` if Kafka cannot be asked; :func:`read_last`
-returns the newest committed :class:`Checkpoint` for a key (``None`` if there is none) or
-raises ``TimeoutError``.
+returns the newest committed :class:`Checkpoint` for a key (``None`` if there is none),
+reading backwards from the end, or raises ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 logger = logging.getLogger(__name__)
 
-TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
+#: Compacted; small segments so that compaction (which skips the active segment) keeps up.
+TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "min.compaction.lag.ms": "60000",
+    "segment.ms": "3600000",
+    "segment.bytes": "16777216",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,40 +109,72 @@ def ensure_topic(config: Mapping[str, Any], topic: str, timeout: float = 10.0) -
 
 
 def read_last(
-    config: Mapping[str, Any], topic: str, key: bytes, timeout: float = 30.0
+    config: Mapping[str, Any],
+    topic: str,
+    key: bytes,
+    timeout: float = 30.0,
+    *,
+    window: int = 1_000,
 ) -> Checkpoint | None:
-    """The newest committed checkpoint with ``key`` (read_committed), or ``None``."""
-    consumer = Consumer(
+    """The newest committed checkpoint with ``key`` (read_committed), or ``None``.
+
+    Reads backwards from the end in growing windows (``window``, then 4x, ...), so the time
+    does not grow with the topic's uncompacted history."""
+    deadline = time.monotonic() + timeout
+    consumer = _consumer(config)
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout)
+        partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
+        marks = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            for p in partitions
+        }
+    finally:
+        consumer.close()
+    for p, (low, end) in marks.items():  # our key's records are all in one partition
+        size = window
+        while end > low:
+            start = max(low, end - size)
+            found = _last_in_range(config, TopicPartition(topic, p, start), end, key, deadline)
+            if found is not None:
+                return found
+            end, size = start, size * 4
+    return None
+
+
+def _consumer(config: Mapping[str, Any]) -> Consumer:
+    return Consumer(
         {
             **config,
             "group.id": "cdc-outbox-checkpoint-reader",
             "enable.auto.commit": "false",
             "enable.partition.eof": "false",
             "isolation.level": "read_committed",
-            "error_cb": lambda err: None,
+            "error_cb": _quiet,
         }
     )
+
+
+def _last_in_range(
+    config: Mapping[str, Any], first: TopicPartition, end: int, key: bytes, deadline: float
+) -> Checkpoint | None:
+    """The last committed record with ``key`` in ``[first.offset, end)``: a fresh consumer
+    per range, so its position is never one left over from another range."""
+    consumer = _consumer(config)
     try:
-        deadline = time.monotonic() + timeout
-        metadata = consumer.list_topics(topic, timeout=timeout)
-        partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
-        ends: dict[int, int] = {}
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            if high > low:
-                ends[p] = high
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        consumer.assign([first])
         last: Checkpoint | None = None
-        while ends:
+        while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"reading checkpoint topic {topic} took over {timeout}s")
+                raise TimeoutError(f"reading checkpoint topic {first.topic} took too long")
             for msg in consumer.consume(1000, 0.2):
-                if msg.error() is None and msg.key() == key and msg.value():
-                    last = Checkpoint.decode(msg.value() or b"")
-            # Positions step over transaction markers and aborted records too.
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(ends)]):
-                if tp.offset >= ends[tp.partition]:
-                    del ends[tp.partition]
-        return last
+                offset = msg.offset()
+                ours = msg.error() is None and msg.key() == key
+                if ours and offset is not None and offset < end:
+                    last = Checkpoint.decode(msg.value() or b"{}")
+            # The position steps over transaction markers and aborted records too.
+            [position] = consumer.position([TopicPartition(first.topic, first.partition)])
+            if position.offset >= end:
+                return last
     finally:
         consumer.close()

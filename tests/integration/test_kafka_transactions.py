@@ -56,6 +56,16 @@ def test_checkpoint_read_committed_sees_only_committed_and_newer_instance_fences
         first.commit(10)
     assert failed.value.fatal
 
+    # Checkpoints of other slots after ours: found by reading backwards in growing windows.
+    for n in range(7):
+        other = checkpoints.Checkpoint(f"other{n}", "42", "db", 999)
+        second.produce(topic, other.key, other.encode(), [], count)
+    second.commit(30)
+    for window in (2, 1000):
+        found = checkpoints.read_last(config, topic, key, timeout=30, window=window)
+        assert found is not None and found.end_lsn == 200, window
+    assert checkpoints.read_last(config, topic, b"nobody", timeout=30, window=8) is None
+
     committed = read_topics(
         kafka_broker.bootstrap_servers, data, extra_config={"isolation.level": "read_committed"}
     )
