@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         help="avro: also relay the same WAL with Avro values (local registry) and compare",
     )
     relay.add_argument(
+        "--delivery",
+        choices=["at_least_once", "exactly_once"],
+        default="at_least_once",
+        help="the relay's delivery guarantee (exactly_once: until Kafka committed every event)",
+    )
+    relay.add_argument(
         "--kafka-config",
         action="append",
         default=[],

@@ -39,15 +39,20 @@ from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 
 SLOT, PUBLICATION, TABLE = "bench_compare", "bench_compare_pub", "bench_compare_outbox"
-MODES = ("cdc", "polling")
+#: ``cdc_eos``: CDC with ``delivery = "exactly_once"`` (Kafka transactions, defaults).
+MODES = ("cdc", "cdc_eos", "polling")
 TARGET_THROUGHPUT_RATIO, TARGET_P99_RATIO = 3.0, 0.2
+#: Exactly-once vs at-least-once: throughput at 100-row transactions, p99 + commit interval.
+EOS_THROUGHPUT_RATIO, EOS_TXN_SIZE = 0.8, 100
 
 
 def _settings(dsn: str, bootstrap: str, mode: str, topic_prefix: str) -> Settings:
     return Settings.model_validate(
         {
             "dsn": dsn,
-            "mode": mode,
+            "mode": "cdc" if mode == "cdc_eos" else mode,
+            "delivery": "exactly_once" if mode == "cdc_eos" else "at_least_once",
+            "eos": {"checkpoint_topic": topic_prefix + ".checkpoints"},
             "slot_name": SLOT,
             "publication_name": PUBLICATION,
             "outbox_table": TABLE,
@@ -110,6 +115,7 @@ class _Running:
     """A Service on a thread; stopped (errors re-raised) by :meth:`stop`."""
 
     def __init__(self, settings: Settings) -> None:
+        self.eos = settings.delivery == "exactly_once"
         self.service = Service(settings)
         self.stats = self.service.stats
         self._errors: list[BaseException] = []
@@ -127,9 +133,13 @@ class _Running:
         self._thread.start()
         return self
 
+    def visible(self) -> int:
+        """Events a consumer can read (exactly-once: committed in a Kafka transaction)."""
+        return self.stats.eos_committed_events if self.eos else self.stats.events_published
+
     def wait_published(self, events: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while self.stats.events_published < events:
+        while self.visible() < events:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(
@@ -272,6 +282,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "cdc_mark_published": settings.cdc_mark_published,
             }
             out[mode] = results
+        for mode in ("cdc", "cdc_eos"):
+            print(f"-- {mode}: throughput phase, {EOS_TXN_SIZE}-row transactions", flush=True)
+            prefix = f"bench.{stamp}.{mode}.txn{EOS_TXN_SIZE}"
+            settings = _settings(dsn, bootstrap, mode, prefix)
+            _create_topic(settings, f"{prefix}.order")
+            spec100 = workload.WorkloadSpec(
+                events=args.events, writers=args.writers, txn_sizes=(EOS_TXN_SIZE,)
+            )
+            phase = throughput_phase(settings, spec100, cpu, timeout=600)
+            phase["records_in_kafka"] = count_records(bootstrap, prefix) - 1
+            out[mode][f"throughput_txn{EOS_TXN_SIZE}"] = phase
+        alo, eos = out["cdc"], out["cdc_eos"]
+        interval_ms = float(settings.eos.commit_interval_ms)
+        key = f"throughput_txn{EOS_TXN_SIZE}"
+        out["eos"] = {
+            "throughput_ratio": round(eos[key]["events_per_s"] / alo[key]["events_per_s"], 3),
+            "throughput_ratio_min": EOS_THROUGHPUT_RATIO,
+            "p99_ms": eos["latency"]["latency_ms"]["p99"],
+            "p99_max_ms": round(alo["latency"]["latency_ms"]["p99"] + interval_ms, 1),
+            "commit_interval_ms": interval_ms,
+        }
+        out["eos"]["throughput_met"] = out["eos"]["throughput_ratio"] >= EOS_THROUGHPUT_RATIO
+        out["eos"]["p99_met"] = out["eos"]["p99_ms"] <= out["eos"]["p99_max_ms"]
         cdc, polling = out["cdc"], out["polling"]
         out["ratios"] = {
             "throughput": round(

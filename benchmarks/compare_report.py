@@ -74,6 +74,27 @@ def _rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _eos_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    alo, eos = result["cdc"], result["cdc_eos"]
+    rows = []
+    for key, label in (
+        ("throughput_txn100", "throughput, 100-row transactions (events/s)"),
+        ("throughput", "throughput, mixed transactions (events/s)"),
+    ):
+        a, e = alo[key]["events_per_s"], eos[key]["events_per_s"]
+        rows.append((label, f"{a:,.0f}", f"{e:,.0f}", f"{e / a:.2f}x"))
+    for q in ("p50", "p95", "p99"):
+        a, e = alo["latency"]["latency_ms"][q], eos["latency"]["latency_ms"][q]
+        rows.append(
+            (f"commit->visible latency {q} (ms)", f"{a:,.1f}", f"{e:,.1f}", f"{e - a:+,.1f}")
+        )
+    for phase in ("throughput", "latency"):
+        label = f"cores used, {phase} phase (relay / postgres / kafka)"
+        a, e = (" / ".join(f"{v:.2f}" for v in m[phase]["cores_used"].values()) for m in (alo, eos))
+        rows.append((label, a, e, ""))
+    return rows
+
+
 def print_table(result: dict[str, Any]) -> None:
     rows = [("metric", "CDC", "polling", "CDC/polling"), *_rows(result)]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -83,6 +104,15 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         f"targets: throughput >= {t['throughput_ratio_min']}x: {t['throughput_met']};"
         f" p99 <= {t['p99_ratio_max']}x: {t['p99_met']}"
+    )
+    rows = [("metric", "at-least-once", "exactly-once", "EOS vs ALO"), *_eos_rows(result)]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+    e = result["eos"]
+    print(
+        f"exactly-once targets: throughput >= {e['throughput_ratio_min']}x: {e['throughput_met']};"
+        f" p99 <= {e['p99_max_ms']} ms: {e['p99_met']}"
     )
 
 
@@ -95,6 +125,7 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
     """benchmarks/RESULTS.md: machine, command, the table, targets and method (anything from
     :data:`KEEP_MARKER` on is kept)."""
     m, p, t = result["machine"], result["params"], result["targets"]
+    e = result["eos"]
     lines = [
         "# CDC vs polling: benchmark results",
         "",
@@ -117,6 +148,23 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         f" ({result['ratios']['throughput']:.2f}x).",
         f"- p99 latency target (CDC <= {t['p99_ratio_max']}x polling):"
         f" {'met' if t['p99_met'] else 'NOT met'} ({result['ratios']['p99_latency']:.3f}x).",
+        "",
+        "## Exactly-once vs at-least-once (CDC)",
+        "",
+        'The same CDC relay with `delivery = "exactly_once"` (Kafka transactions, default'
+        f" commit interval {result['eos']['commit_interval_ms']:.0f} ms), in the same run."
+        " Latency runs from the PostgreSQL commit to the Kafka delivery report (at-least-once)"
+        " or to the Kafka commit (exactly-once: visible to read_committed consumers).",
+        "",
+        "| metric | at-least-once | exactly-once | EOS vs ALO |",
+        "|---|---:|---:|---:|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _eos_rows(result)),
+        "",
+        f"- Throughput target (exactly-once >= {e['throughput_ratio_min']}x at-least-once at"
+        f" 100-row transactions): {'met' if e['throughput_met'] else 'NOT met'}"
+        f" ({e['throughput_ratio']:.2f}x).",
+        f"- p99 target (<= at-least-once p99 + commit interval = {e['p99_max_ms']} ms):"
+        f" {'met' if e['p99_met'] else 'NOT met'} ({e['p99_ms']} ms).",
         "",
         "## Method",
         "",

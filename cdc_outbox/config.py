@@ -42,6 +42,7 @@ from cdc_outbox.config_models import (
     COLUMN_PRESETS,
     IDENT_RE,
     ColumnSettings,
+    EosSettings,
     HealthSettings,
     KafkaSettings,
     PollingSettings,
@@ -71,6 +72,7 @@ __all__ = [
     "TOPIC_FIELDS",
     "WAL_SENDER_TIMEOUT_DEFAULT_S",
     "ColumnSettings",
+    "EosSettings",
     "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
@@ -135,6 +137,9 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     max_in_flight: int = Field(default=50_000, gt=0)
     mode: Literal["auto", "cdc", "polling"] = "auto"
+    #: exactly_once: Kafka transactions in CDC streaming and catch-up (polling: at-least-once).
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    eos: EosSettings = Field(default_factory=EosSettings)
     #: CDC housekeeping: after Kafka acknowledges an event, mark its row PUBLISHED ("update"),
     #: delete it ("delete") or leave it ("off"; a later polling pass would republish it).
     cdc_mark_published: Literal["update", "delete", "off"] = "update"
@@ -242,6 +247,13 @@ class Settings(BaseSettings):
                 "value_format/key_format = \"avro\" needs schema_registry.url (schema ids"
                 " come from the registry)"
             )
+        if self.delivery == "exactly_once" and self.columns.preset != "default":
+            raise ValueError(
+                'delivery = "exactly_once" needs the status columns of the default column preset'
+                " (its catch-up marks rows as each Kafka transaction commits)"
+            )
+        if self.delivery == "exactly_once" and self.mode == "polling":
+            raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
         if self.columns.preset != "default":
             preset = self.columns.preset
             if self.on_permanent_error == "dead_letter":

@@ -1,5 +1,5 @@
-"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]``, ``[health]`` and
-``[schema_registry]``.
+"""Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]``, ``[health]``,
+``[schema_registry]`` and ``[eos]``.
 
 Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
 composes them (see docs/configuration.md). :func:`check_ident` is the SQL identifier rule
@@ -22,6 +22,7 @@ __all__ = [
     "COLUMN_PRESETS",
     "IDENT_RE",
     "ColumnSettings",
+    "EosSettings",
     "HealthSettings",
     "KafkaSettings",
     "PollingSettings",
@@ -182,3 +183,28 @@ class SchemaRegistrySettings(_Strict):
         data = self.model_dump(mode="python")
         data["basic_auth_user_info"] = MASK if self.basic_auth_user_info.get_secret_value() else ""
         return data
+class EosSettings(_Strict):
+    """Exactly-once delivery (``delivery = "exactly_once"``): Kafka transactions."""
+
+    #: ``transactional.id`` of the producer; empty: ``cdc-outbox.<system id>.<database>.<slot>``.
+    #: Two relays with the same id fence each other: the newer one wins.
+    transactional_id: str = ""
+    #: A Kafka transaction is committed this often (at a PostgreSQL transaction boundary) ...
+    commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    #: ... or once it holds this many events (a PostgreSQL transaction is never split).
+    max_events: int = Field(default=10_000, ge=1)
+    #: Compacted topic of the checkpoint records (created if missing).
+    checkpoint_topic: str = "cdc_outbox.checkpoints"
+    #: librdkafka ``transaction.timeout.ms``: the broker aborts a transaction open longer than
+    #: this, so it must cover the largest PostgreSQL transaction (at most the broker's
+    #: ``transaction.max.timeout.ms``, 15 min by default).
+    transaction_timeout_ms: int = Field(default=600_000, ge=1_000)
+
+    @field_validator("checkpoint_topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        from cdc_outbox.outbox_mapping import is_legal_topic
+
+        if not is_legal_topic(v):
+            raise ValueError(f"eos.checkpoint_topic {v!r} is not a legal Kafka topic name")
+        return v

@@ -35,6 +35,13 @@ class RelayStats:
     phase: str = ""
     #: Dead letters whose later same-key records had already been sent (order broken).
     order_broken: int = 0
+    #: The delivery guarantee in effect ("at_least_once" or "exactly_once"; polling is always
+    #: at-least-once) and the Kafka transactions committed and aborted (exactly-once).
+    delivery_guarantee: str = "at_least_once"
+    eos_commits: int = 0
+    eos_aborts: int = 0
+    #: Events in committed Kafka transactions (visible to read_committed consumers).
+    eos_committed_events: int = 0
     #: Retried delivery problems by alert (topic_missing, not_authorized, ...): count and when
     #: last seen (unix time).
     retries_by_alert: dict[str, int] = field(default_factory=dict)

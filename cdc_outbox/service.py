@@ -17,7 +17,8 @@ transition before it takes effect:
 - ``auto`` mode (default): like ``cdc`` while logical replication is usable; otherwise
   ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
   ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
-  status columns) relays by CDC only.
+  status columns) relays by CDC only. With ``delivery = "exactly_once"`` polling stays
+  at-least-once (a WARNING line and ``cdc_outbox_delivery_guarantee`` say so).
 
 Contract: :meth:`Service.run` returns after :meth:`Service.request_stop` once the current relay
 has flushed and confirmed; it raises what the relays raise (e.g. RelayHalted).
@@ -191,6 +192,14 @@ class Service:
         polling = PollingRelay(self.settings, self.stats, is_leader=lead.is_leader)
         self._current = polling
         self.stats.mode = "polling"
+        self.stats.delivery_guarantee = "at_least_once"
+        if self.settings.delivery == "exactly_once":
+            logger.warning(
+                "delivery = exactly_once, but polling is at-least-once (a PostgreSQL status"
+                " update cannot commit atomically with a Kafka transaction): events published"
+                " while polling may be duplicated",
+                extra={"mode": "polling"},
+            )
         if self._stop.is_set():
             return
         logger.info("relay mode: polling", extra={"mode": "polling"})

@@ -36,7 +36,10 @@ def read_topics(
     """Everything currently in the topics whose names start with ``topic_prefix``.
 
     Reads each partition from its beginning up to the high watermark seen at the start, in
-    offset order per partition. Raises ``TimeoutError`` if that takes longer than ``timeout``.
+    offset order per partition. librdkafka's default ``isolation.level`` is ``read_committed``
+    (aborted records and transaction markers are stepped over); pass
+    ``extra_config={"isolation.level": "read_uncommitted"}`` to see aborted records too.
+    Raises ``TimeoutError`` if that takes longer than ``timeout``.
     """
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,
@@ -73,6 +76,11 @@ def read_topics(
                 )
                 if offset + 1 >= end:
                     del ends[(topic, partition)]
+            # Transaction markers and (read_committed) aborted records are never delivered:
+            # a partition is done once the consumer's position has passed its end.
+            for tp in consumer.position([TopicPartition(t, p) for (t, p) in list(ends)]):
+                if tp.offset >= ends[(tp.topic, tp.partition)]:
+                    del ends[(tp.topic, tp.partition)]
         return records
     finally:
         consumer.close()

@@ -35,6 +35,7 @@ from cdc_outbox.admin.preflight import (
     preflight,
 )
 from cdc_outbox.config import Settings
+from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import CdcOutboxError, PreflightError
 from cdc_outbox.ha import relay_state
 from cdc_outbox.ha.leadership_rules import application_name
@@ -239,6 +240,8 @@ def status(settings: Settings) -> StatusReport:
             leading = 1 if relay["leader_id"] and not relay["lease_expired"] else 0
             relay["instances"] = instances
             relay["standby_instances"] = max(instances - leading, 0)
+            relay["delivery"] = settings.delivery
+            relay["delivery_in_effect"] = guarantee_in_effect(settings.delivery, relay["phase"])
         return StatusReport(
             database=redact_dsn(settings.postgres_dsn()),
             server_version=st.version,

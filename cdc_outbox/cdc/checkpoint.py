@@ -1,15 +1,17 @@
 """Checkpointing: report positions to the server so the slot's ``confirmed_flush_lsn`` moves.
 
 Contract: the flushed position sent is ``AckTracker.confirmed`` and never decreases (PostgreSQL
-15 would move a slot backwards if told a smaller value); written >= flushed. Updates go out on
-a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also while Kafka is down)
-and, at most five times a second, when the confirmed position advanced (a smaller
-unconfirmed window means fewer duplicates after a crash).
+15 would move a slot backwards if told a smaller value), capped by ``ceiling()`` when that
+gives a bound (exactly-once: nothing past the last Kafka commit); written >= flushed.
+Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also
+while Kafka is down) and, at most five times a second, when the confirmed position
+advanced (a smaller unconfirmed window means fewer duplicates after a crash).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.replication_stream import ReplicationStream
@@ -29,7 +31,9 @@ class Checkpointer:
         *,
         start: int,
         interval_s: float,
+        ceiling: Callable[[], int | None] = lambda: None,
     ) -> None:
+        self._ceiling = ceiling
         self._stream = stream
         self._tracker = tracker
         self._stats = stats
@@ -37,6 +41,12 @@ class Checkpointer:
         self.written = start
         self.sent_flush = start
         self._last_sent = 0.0
+
+    def confirmable(self) -> int:
+        """The tracker's confirmed position, capped by the ceiling."""
+        ceiling = self._ceiling()
+        confirmed = self._tracker.confirmed
+        return confirmed if ceiling is None else min(confirmed, ceiling)
 
     def note_written(self, lsn: int) -> None:
         """A position received from the server (keepalive WAL end, commit end)."""
@@ -47,13 +57,13 @@ class Checkpointer:
         """Send an update if the timer is due or the confirmed position moved (rate-limited)."""
         since = time.monotonic() - self._last_sent
         if since >= self._interval_s or (
-            self._tracker.confirmed > self.sent_flush and since >= MIN_CONFIRM_INTERVAL_S
+            self.confirmable() > self.sent_flush and since >= MIN_CONFIRM_INTERVAL_S
         ):
             self.send()
 
     def send(self, *, reply_requested: bool = False) -> None:
         """Send an update now."""
-        flushed = max(self._tracker.confirmed, self.sent_flush)
+        flushed = max(self.confirmable(), self.sent_flush)
         self._stream.send_status(
             max(self.written, flushed), flushed, reply_requested=reply_requested
         )

@@ -21,6 +21,7 @@ Delivery contract (at-least-once, per-aggregate order):
   past it the relay stops reading the slot and keeps the connection alive with status updates.
 - The relay runs only while ``is_leader()`` holds; otherwise it drops everything unconfirmed
   and raises :class:`~cdc_outbox.ha.relay_state.NotLeader`.
+- ``delivery = "exactly_once"``: Kafka transactions, see :mod:`cdc_outbox.cdc.eos`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import psycopg
 from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
@@ -45,7 +47,7 @@ from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.ha.relay_state import NotLeader
-from cdc_outbox.kafka.publisher import ProduceInterrupted
+from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
 
@@ -86,12 +88,17 @@ class Relay:
         marker = PublishedMarker(settings)
         self.marker = marker if marker.enabled else None
         self._bookkept = settings.columns.preset == "default"
+        identity = self._stream.identify() if settings.delivery == "exactly_once" else None
         self.delivery = Delivery(
             settings,
             self.stats,
             marker=self.marker,
             failed_rows=FailedRows(settings) if self._bookkept else None,
+            transactional_id=transactional_id(settings, *identity) if identity else None,
         )
+        self.eos = EosCommitter(settings, self.delivery, self.stats, identity) if identity else None
+        self.stats.delivery_guarantee = "exactly_once" if identity else "at_least_once"
+        self._skipping = False
         self.delivery.interrupted = self._interrupted
         self._relations = pgoutput.RelationCache()
         self._outbox_relations: dict[int, pgoutput.Relation] = {}
@@ -121,9 +128,11 @@ class Relay:
         self._start()
         self._catching_up = True
         try:
+            if self.eos is not None:
+                self.eos.settle_last_catch_up()
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
-            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper)
+            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper, self.eos)
         except BaseException:
             self.delivery.abandon()
             self.close()
@@ -150,7 +159,7 @@ class Relay:
                 try:
                     self._stream_session()
                     backoff = 0.5
-                except (_Restart, ReplicationError, psycopg.Error) as exc:
+                except (_Restart, ReplicationError, psycopg.Error, TransactionFailed) as exc:
                     failures = 0 if self._session_opened else failures + 1
                     if isinstance(exc, ReplicationError):
                         self._give_up_if_unusable(exc, failures)
@@ -163,10 +172,11 @@ class Relay:
                     )
                     # Kafka trouble: drop the queue. Database trouble: let Kafka finish first,
                     # so what it acknowledges moves the restart position forward.
-                    self._teardown(flush_s=0.0 if isinstance(exc, _Restart) else 10.0)
+                    kafka_side = isinstance(exc, _Restart | TransactionFailed)
+                    self._teardown(flush_s=0.0 if kafka_side or self.eos else 10.0)
                     self._sleep(backoff)
                     # Kafka-side problems are retried at least every 10 s (an alert is up).
-                    backoff = min(backoff * 2, 10.0 if isinstance(exc, _Restart) else 30.0)
+                    backoff = min(backoff * 2, 10.0 if kafka_side else 30.0)
         finally:
             self.close()
         if self.delivery.halt_reason is not None:
@@ -219,7 +229,16 @@ class Relay:
 
     def _stream_session(self) -> None:
         delivery = self.delivery
+        eos = self.eos
+        if eos is not None and not self._is_leader():
+            self._stop_requested = True  # never fence the leader's producer
+            return
         delivery.new_session()
+        if eos is not None:
+            try:
+                eos.start_session()
+            except (ConnectionError, TimeoutError) as exc:
+                raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
         start = self._stream.open(self._tracker.confirmed)
         self._session_opened = True
         if self._bookkept:
@@ -232,6 +251,7 @@ class Relay:
             self.stats,
             start=start,
             interval_s=self.settings.status_interval_s,
+            ceiling=eos.ceiling if eos is not None else lambda: None,
         )
         delivery.idle = checkpoint.maybe_send
         self._relations.clear()
@@ -263,6 +283,8 @@ class Relay:
             except ProduceInterrupted:
                 continue  # the checks above say why
             delivery.service()
+            if eos is not None and eos.due():
+                self._commit_kafka_transaction(eos, checkpoint)
             checkpoint.maybe_send()
             self.stats.in_flight = self._tracker.in_flight
             now = time.monotonic()
@@ -282,6 +304,9 @@ class Relay:
         """Handle the frames available now (waiting briefly if there are none)."""
         publisher = self.delivery.publisher
         wait = 0.0 if self._tracker.in_flight or len(publisher) else 0.1
+        if wait and self.eos is not None:  # wake up when the Kafka transaction is due
+            due_in = self.eos.batch.seconds_to_due(time.monotonic())
+            wait = wait if due_in is None else min(wait, due_in)
         read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
         for _ in range(_FRAMES_PER_TURN):
@@ -313,15 +338,25 @@ class Relay:
                 self._relations.get(oid)  # raises for a relation never described
                 self._count_ignored("insert_other_table")
                 return
+            if self._skipping:
+                self._count_ignored("already_in_kafka")
+                return
             txn = self._txn
             txn.add_event()
+            if self.eos is not None:
+                self.eos.batch.add_event(time.monotonic())
             self.delivery.submit(self._mapper.map_insert(rel, row), txn)
         elif kind == _BEGIN:
-            self._txn = TxnHandle(tracker, self.stats, tracker.begin())
+            self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)
+            if self.eos is not None:
+                self._skipping = self.eos.on_begin(payload)
         elif kind == _COMMIT:
             msg = pgoutput.decode(payload)
             assert isinstance(msg, pgoutput.Commit)
             tracker.commit(self._txn.txn_id, msg.end_lsn)
+            if self.eos is not None and not self._skipping:
+                self.eos.on_commit(msg.end_lsn, self._txn)
+            self._skipping = False
             self._txn.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
             self._require_checkpoint().note_written(msg.end_lsn)
             self.stats.transactions += 1
@@ -358,6 +393,15 @@ class Relay:
 
     # -- confirmation ------------------------------------------------------------------------
 
+    def _commit_kafka_transaction(self, eos: EosCommitter, checkpoint: Checkpointer) -> None:
+        delivery = self.delivery
+
+        def interrupted() -> str | None:
+            reason = delivery.halt_reason or delivery.restart_reason or self._interrupted()
+            return reason or (None if self._is_leader() else "leadership lost")
+
+        eos.settle_and_commit(lambda: self._tracker.in_flight, interrupted, checkpoint.maybe_send)
+
     def _finish(self) -> None:
         """Flush Kafka until the grace deadline, confirm what is acknowledged, wait for the
         server's reply."""
@@ -375,6 +419,12 @@ class Relay:
             checkpoint.maybe_send()
         if not self._is_leader():
             return
+        eos = self.eos
+        if eos is not None and eos.batch.events and not eos.batch.in_txn:
+            try:
+                self._commit_kafka_transaction(eos, checkpoint)
+            except TransactionFailed as exc:
+                logger.warning("final Kafka commit failed (%s): it will be re-sent", exc)
         checkpoint.send(reply_requested=True)
         reply_deadline = time.monotonic() + max(0.2, min(1.0, deadline - time.monotonic()))
         while time.monotonic() < reply_deadline:

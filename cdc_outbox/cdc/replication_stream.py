@@ -158,6 +158,19 @@ class ReplicationStream:
         logger.info("created slot %s at %s", self._slot, point.decode())
         return int(Lsn.parse(point.decode())), snapshot.decode()
 
+    def identify(self) -> tuple[str, str]:
+        """``(system identifier, database name)`` of the server (``IDENTIFY_SYSTEM`` on a short
+        replication connection)."""
+        conn = self._connect()
+        try:
+            res = conn.exec_(b"IDENTIFY_SYSTEM")
+            if res.status != pq.ExecStatus.TUPLES_OK:
+                raise ReplicationError(f"IDENTIFY_SYSTEM failed: {_error_text(conn)}")
+            system_id, dbname = res.get_value(0, 0), res.get_value(0, 3)
+            return (system_id or b"").decode(), (dbname or b"").decode()
+        finally:
+            conn.finish()
+
     def _connect(self) -> pq.abc.PGconn:
         conn = pq.PGconn.connect(self._dsn.encode())
         if conn.status != pq.ConnStatus.OK:

@@ -13,11 +13,19 @@ raises :class:`CatchUpFailed` (Kafka trouble, stop, leadership lost) or ``RelayH
 caller's durable phase stays ``CATCHING_UP`` until it returns, so a crash anywhere here means
 the whole catch-up is redone (rows acknowledged and already marked PUBLISHED are skipped;
 others are sent again: duplicates, never losses).
+
+Exactly-once (``eos`` given): the rows go in Kafka transactions of about ``eos.max_events``
+rows (fewer if their ids would exceed 400 kB); each carries a checkpoint record with the ids
+of its rows, and after each commit those rows are marked PUBLISHED before the next batch
+starts. A crash loses at most the marking of
+the last committed batch: :func:`mark_published` of the last checkpoint's ids, before the
+next catch-up takes its snapshot, makes the redo skip them (no duplicates).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -26,12 +34,18 @@ from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
-from cdc_outbox.kafka.publisher import ProduceInterrupted
+from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
+
+if TYPE_CHECKING:
+    from cdc_outbox.cdc.eos import EosCommitter
 
 logger = logging.getLogger(__name__)
 
 _FETCH = 1_000
+#: Exactly-once: a catch-up batch's ids (in its checkpoint record) stay well below Kafka's
+#: default 1 MB record limit.
+_MAX_ID_BYTES = 400_000
 
 
 class CatchUpFailed(CdcOutboxError):
@@ -75,14 +89,25 @@ def backlog_query(settings: Settings, mapper: OutboxMapper) -> sql.Composed:
 
 
 def publish_backlog(
-    settings: Settings, snapshot: str, delivery: Delivery, mapper: OutboxMapper
+    settings: Settings,
+    snapshot: str,
+    delivery: Delivery,
+    mapper: OutboxMapper,
+    eos: EosCommitter | None = None,
 ) -> int:
     """Publish every unpublished row visible in ``snapshot``; see the module contract."""
     backlog = _Backlog()
     count = 0
+    ids: list[str] = []
+    id_bytes = 0
     delivery.new_session()
     try:
-        with psycopg.connect(settings.postgres_dsn()) as conn:
+        if eos is not None:
+            delivery.ensure_transactions()
+        with (
+            psycopg.connect(settings.postgres_dsn()) as conn,
+            psycopg.connect(settings.postgres_dsn(), autocommit=True) as marks,
+        ):
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
@@ -93,20 +118,79 @@ def publish_backlog(
                     cur.execute(backlog_query(settings, mapper))
                     for values in cur:
                         backlog.pending += 1
-                        delivery.submit(mapper.map_row(values), backlog)
+                        record = mapper.map_row(values)
+                        if eos is not None and record.event_id is not None:
+                            ids.append(record.event_id)
+                            id_bytes += len(record.event_id) + 3
+                        delivery.submit(record, backlog)
                         count += 1
                         if count % _FETCH == 0:
                             delivery.service()
                             _check(delivery, backlog)
-        while backlog.pending > 0:
-            delivery.publisher.poll(0.05)
-            delivery.service()
-            _check(delivery, backlog)
+                            if eos is not None and (
+                                len(ids) >= settings.eos.max_events or id_bytes >= _MAX_ID_BYTES
+                            ):
+                                _commit(settings, delivery, backlog, eos, ids, marks)
+                                id_bytes = 0
+            _settle(delivery, backlog)
+            if eos is not None and ids:
+                _commit(settings, delivery, backlog, eos, ids, marks)
     except ProduceInterrupted as exc:
         _check(delivery, backlog)
         raise CatchUpFailed(f"catch-up interrupted: {exc.args[0]}") from None
+    except TransactionFailed as exc:
+        raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
+
+
+def _settle(delivery: Delivery, backlog: _Backlog) -> None:
+    """Wait until every outcome is known (dead-lettered rows are then FAILED)."""
+    while backlog.pending > 0 or (delivery.eos and delivery.busy):
+        delivery.publisher.poll(0.05)
+        delivery.service()
+        _check(delivery, backlog)
+
+
+def _commit(
+    settings: Settings,
+    delivery: Delivery,
+    backlog: _Backlog,
+    eos: EosCommitter,
+    ids: list[str],
+    marks: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    """Exactly-once: commit the rows so far with their ids in the checkpoint, then mark them."""
+    _settle(delivery, backlog)
+    try:
+        eos.commit(catch_up_ids=ids)
+    except TransactionFailed as exc:
+        raise CatchUpFailed(f"catch-up Kafka commit failed: {exc}") from None
+    mark_published(marks, settings, ids)
+    ids.clear()
+
+
+def mark_published(
+    conn: psycopg.Connection[tuple[object, ...]], settings: Settings, ids: list[str]
+) -> int:
+    """Mark (or delete, with ``cdc_mark_published = "delete"``) the still unpublished rows of
+    ``ids``; idempotent. Returns the rows changed."""
+    from cdc_outbox.admin.inspection import id_column_type
+
+    if not ids:
+        return 0
+    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    match = sql.SQL("{} = ANY(%s::text[]::{}) AND status IN ('PENDING', 'PROCESSING')").format(
+        sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
+    )
+    if settings.cdc_mark_published == "delete":
+        statement = sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
+    else:
+        statement = sql.SQL(
+            "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
+            " locked_at = NULL WHERE {}"
+        ).format(table, match)
+    return conn.execute(statement, (ids,)).rowcount
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:

@@ -18,9 +18,13 @@ class TxnHandle:
     """Outcomes of one transaction's events, reported to the tracker of its session; also
     times the transaction (commit timestamp to its last outcome)."""
 
-    __slots__ = ("commit_unix", "events", "pending", "stats", "tracker", "txn_id")
+    __slots__ = ("commit_unix", "events", "pending", "stats", "timed", "tracker", "txn_id")
 
-    def __init__(self, tracker: AckTracker, stats: RelayStats, txn_id: int) -> None:
+    def __init__(
+        self, tracker: AckTracker, stats: RelayStats, txn_id: int, *, timed: bool = True
+    ) -> None:
+        #: False (exactly-once): the relay times the transaction at its Kafka commit instead.
+        self.timed = timed
         self.tracker = tracker
         self.stats = stats
         self.txn_id = txn_id
@@ -36,7 +40,7 @@ class TxnHandle:
     def published(self, topic: str) -> None:
         self.tracker.ack(self.txn_id)
         self.pending -= 1
-        if self.pending == 0 and self.commit_unix and self.stats.latency_observers:
+        if self.pending == 0 and self.timed and self.commit_unix and self.stats.latency_observers:
             self.stats.observe_latency(time.time() - self.commit_unix, self.events)
 
     def dead_lettered(self) -> None:

@@ -133,6 +133,10 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
         if relay["leader_id"] and relay["lease_expired"]:
             leader += " (lease expired)"
         table.add_row("relay phase", str(relay["phase"]))
+        in_effect = relay["delivery_in_effect"]
+        table.add_row("delivery", f"{relay['delivery']} configured, {in_effect} in effect")
+        if in_effect != relay["delivery"]:
+            table.add_row("", "polling is at-least-once whatever is configured")
         table.add_row("leader", leader)
         table.add_row(
             "instances",

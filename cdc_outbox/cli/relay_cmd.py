@@ -21,6 +21,13 @@ def run(
         str | None,
         typer.Option("--mode", help="cdc, polling or auto (mode; default auto)."),
     ] = None,
+    delivery: Annotated[
+        str | None,
+        typer.Option(
+            "--delivery",
+            help="at_least_once or exactly_once (delivery; default at_least_once).",
+        ),
+    ] = None,
     grace: Annotated[
         float | None,
         typer.Option("--grace", help="Seconds to flush and confirm on SIGTERM (shutdown_grace_s)."),
@@ -38,6 +45,8 @@ def run(
     overrides = global_options(ctx).overrides
     if mode is not None:
         overrides["mode"] = mode
+    if delivery is not None:
+        overrides["delivery"] = delivery
     if grace is not None:
         overrides["shutdown_grace_s"] = grace
     settings = settings_from(ctx)

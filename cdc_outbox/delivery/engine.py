@@ -21,6 +21,14 @@ their loop. Contract:
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
 - The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
   the queue is full and calls ``idle`` (e.g. replication status updates) meanwhile.
+
+Exactly-once (``delivery = "exactly_once"``): the producer is transactional and everything,
+dead letters included, goes into the open Kafka transaction; outcomes then mean "written in
+the transaction". The mode waits until nothing is :attr:`busy` (so dead-lettered rows are
+already FAILED in PostgreSQL), then commits (:mod:`cdc_outbox.cdc.eos`) and calls
+:meth:`committed`: only then are ids handed to the published-marker. Any failure aborts
+(:meth:`abandon`): a record the broker rejected is remembered and dead-lettered up front
+when it is re-sent.
 """
 
 from __future__ import annotations
@@ -87,7 +95,10 @@ class _Sent:
         d.keys.done(self.key)
         d.stats.count_published(topic)
         if d.marker is not None:
-            d.marker.add(headers[0][1])  # the mapper puts the event id first
+            if d.eos:  # only once the Kafka transaction has committed
+                d.marks.append(headers[0][1])
+            else:
+                d.marker.add(headers[0][1])  # the mapper puts the event id first
         self.handle.published(topic)
 
     def failed(self, failure: DeliveryFailure) -> None:
@@ -138,8 +149,14 @@ class Delivery:
         *,
         marker: PublishedMarker | None = None,
         failed_rows: FailedRows | None = None,
+        transactional_id: str | None = None,
     ) -> None:
         self.settings = settings
+        self.transactional_id = transactional_id
+        self.eos = transactional_id is not None
+        self.marks: list[bytes] = []  # exactly-once: acknowledged ids, marked after commit
+        self.rejected: dict[str, DeliveryFailure] = {}  # exactly-once: broker rejections
+        self._txn_ready = False
         self.stats = stats
         self.marker = marker
         self.failed_rows = failed_rows
@@ -176,23 +193,61 @@ class Delivery:
         self._dead.clear()
         self.to_mark.clear()
         self.keys.clear()
+        self.marks.clear()
         if self.publisher.fatal_error or self._replace_producer:
             reason = self.publisher.fatal_error or "produce raised a fatal error"
             logger.warning("new Kafka producer after a fatal error: %s", reason)
             self.publisher.close(timeout=0)
             self.publisher = self._new_publisher()
             self._replace_producer = False
+            self._txn_ready = False
+
+    def ensure_transactions(self) -> None:
+        """Exactly-once, once per producer and only as the leader: ``init_transactions`` fences
+        any older producer with our transactional.id and aborts its open transaction. Raises
+        ``TransactionFailed``."""
+        if self.eos and not self._txn_ready:
+            self.publisher.init_transactions(self.txn_timeout_s())
+            self._txn_ready = True
+            logger.info("Kafka transactions ready (transactional.id %s)", self.transactional_id)
+
+    def committed(self) -> None:
+        """Exactly-once: the Kafka transaction committed; acknowledged ids go to the marker."""
+        self.stats.eos_commits += 1
+        if self.marker is not None:
+            for event_id in self.marks:
+                self.marker.add(event_id)
+        self.marks.clear()
+
+    def txn_timeout_s(self) -> float:
+        """How long a Kafka transaction call may block."""
+        return min(60.0, max(30.0, self.settings.eos.transaction_timeout_ms / 1000))
 
     def abandon(self) -> None:
-        """Drop what is queued in the producer (its reports are ignored) and start over."""
+        """Drop what is queued in the producer (its reports are ignored), abort the open Kafka
+        transaction (exactly-once) and start over."""
+        from cdc_outbox.kafka.publisher import TransactionFailed
+
         self.epoch += 1
-        if len(self.publisher):
+        if self.eos and self._txn_ready:
+            if self.publisher.txn_records:
+                self.stats.eos_aborts += 1
+            try:
+                self.publisher.abort(10.0)
+            except TransactionFailed as exc:
+                logger.warning("aborting the Kafka transaction failed (%s): new producer", exc)
+                self._replace_producer = True
+        elif len(self.publisher):
             self.publisher.purge()
         self.publisher.poll(0)
         self.new_session()
 
     def close(self, timeout: float = 0.5) -> int:
-        """Flush up to ``timeout`` s, then drop the producer; returns records left unsent."""
+        """Flush up to ``timeout`` s, then drop the producer; returns records left unsent.
+        Exactly-once: the open Kafka transaction is aborted (never left to time out)."""
+        if self.eos and self._txn_ready:
+            self.abandon()
+            self._txn_ready = False
         left = self.publisher.close(timeout)
         if self.failed_rows is not None:
             self.failed_rows.close()
@@ -212,6 +267,9 @@ class Delivery:
             return
         if self._held is not None:  # an event waits for its schema: nothing may overtake it
             handle.retry(self._held)
+            return
+        if self.rejected and type(result) is OutboxRecord and result.event_id in self.rejected:
+            self._dead_letter_rejected(handle, result.event_id, self.rejected.pop(result.event_id))
             return
         if type(result) is OutboxRecord:
             key = result.key
@@ -253,7 +311,7 @@ class Delivery:
                 value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
                 result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
             else:
-                result = _dead(result, blocked_reason(blocker))
+                result = _dead(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
 
@@ -273,7 +331,12 @@ class Delivery:
         later = self.keys.done(sent.key)
         self.stats.delivery_errors += 1
         action = on_failure(failure, self._halt_policy)
-        if action is FailureAction.DEAD_LETTER:
+        if action is FailureAction.DEAD_LETTER and self.eos:
+            # The transaction is now abortable: abort, re-send, dead-letter this one up front.
+            self.rejected[sent.event_id] = failure
+            self.restart(f"Kafka rejected event {sent.event_id} in a transaction", failure)
+            sent.handle.retry(failure.reason)
+        elif action is FailureAction.DEAD_LETTER:
             if later:
                 self.stats.order_broken += 1
                 logger.error(
@@ -293,6 +356,15 @@ class Delivery:
         else:
             self.restart(f"delivery failed ({failure.name}): {failure.reason}", failure)
             sent.handle.retry(f"{failure.name}: {failure.reason}")
+
+    def _dead_letter_rejected(
+        self, handle: EventHandle, event_id: str, failure: DeliveryFailure
+    ) -> None:
+        """Exactly-once: the re-sent event the broker rejected in an aborted transaction."""
+        self.parking.park(failure.key, event_id)
+        reason = f"{failure.name}: {failure.reason}"
+        self._log_dead(event_id, failure.key, failure.topic, reason)
+        self._dead.append((handle, failure, reason))
 
     # -- the loop's turn ---------------------------------------------------------------------
 
@@ -343,6 +415,12 @@ class Delivery:
             self.restart_reason = reason
 
     def _new_publisher(self) -> KafkaPublisher:
+        if self.eos:
+            config = {
+                "transaction.timeout.ms": str(self.settings.eos.transaction_timeout_ms),
+                **self.settings.kafka_config(),
+            }
+            return KafkaPublisher(config, transactional_id=self.transactional_id)
         return KafkaPublisher(self.settings.kafka_config(), gapless=self._halt_policy)
 
     def _log_dead(

@@ -91,9 +91,11 @@ class FailedRows:
         if self._statement is None:
             settings = self._settings
             self._statement = sql.SQL(
-                "UPDATE {t} AS o SET status = 'FAILED', last_error = f.reason, locked_by = NULL,"
-                " locked_at = NULL FROM unnest(%s::text[]::{ids}, %s::text[]) AS f(id, reason)"
-                " WHERE o.{id} = f.id"
+                # A row dead-lettered again after a restart keeps its first reason.
+                "UPDATE {t} AS o SET status = 'FAILED', last_error = CASE WHEN o.status ="
+                " 'FAILED' THEN coalesce(o.last_error, f.reason) ELSE f.reason END,"
+                " locked_by = NULL, locked_at = NULL"
+                " FROM unnest(%s::text[]::{ids}, %s::text[]) AS f(id, reason) WHERE o.{id} = f.id"
             ).format(
                 t=schema.outbox_ident(settings),
                 ids=id_column_type(conn, settings).array(),

@@ -45,8 +45,12 @@ __all__ = [
 RECORD_OVERHEAD_BYTES = 64
 
 
-def blocked_reason(event_id: str) -> str:
-    """The dead-letter reason of an event parked behind ``event_id``."""
+def blocked_reason(event_id: str, own_id: str | None = None) -> str:
+    """The dead-letter reason of event ``own_id`` parked behind ``event_id``; the blocker
+    itself comes back only when its dead letter was not confirmed before a restart (an
+    aborted Kafka transaction, a crash): it is dead-lettered again."""
+    if event_id == own_id:
+        return "already FAILED: dead-lettered again after a restart"
     return f"blocked_by {event_id}"
 
 
@@ -154,3 +158,12 @@ class KeysInFlight:
 
     def clear(self) -> None:
         self._counts.clear()
+
+
+def guarantee_in_effect(delivery: str, phase: str | None) -> str:
+    """The delivery guarantee a relay gives in ``phase``: ``exactly_once`` only when so
+    configured and not POLLING (a status update in PostgreSQL cannot commit atomically with
+    a Kafka transaction, so polling is at-least-once in every case)."""
+    if delivery == "exactly_once" and phase != "POLLING":
+        return "exactly_once"
+    return "at_least_once"

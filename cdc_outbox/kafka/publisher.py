@@ -1,5 +1,6 @@
-"""The relay's Kafka producer. Only the ``cdc_outbox.kafka`` package imports confluent-kafka
-(this module and :mod:`cdc_outbox.kafka.consumer`, the consumer's side; a unit test checks it).
+"""The relay's Kafka producer. Only the :mod:`cdc_outbox.kafka` package imports confluent-kafka
+(this module; :mod:`cdc_outbox.kafka.checkpoints`, the exactly-once checkpoint topic;
+:mod:`cdc_outbox.kafka.consumer`, the consumer's side; a unit test checks it).
 
 Reading topics back (demo, tests, benchmarks) is ``cdc_outbox_dev.readback``, not shipped.
 
@@ -21,6 +22,11 @@ Contract:
   librdkafka's ``produce`` (other than a full queue) is reported to the listener, never raised.
 - Delivery reports are only served from :meth:`KafkaPublisher.poll` / :meth:`flush`, on the
   caller's thread.
+- Transactional (``transactional_id`` given, exactly-once delivery): :meth:`init_transactions`
+  once (it fences any older producer with the same id and aborts its open transaction), then
+  :meth:`begin` / :meth:`commit` / :meth:`abort`. A delivery report then means "written inside
+  the open transaction", not "visible": only a successful :meth:`commit` makes records visible
+  to ``read_committed`` consumers. Every transaction call raises :class:`TransactionFailed`.
 """
 
 from __future__ import annotations
@@ -106,6 +112,17 @@ _ALERTS = {
 FailureKind = Literal["record", "retry", "fatal"]
 
 
+class TransactionFailed(Exception):
+    """A Kafka transaction call failed. ``fatal``: the producer is unusable (fenced by a newer
+    instance with the same ``transactional.id``, or another fatal error): make a new one.
+    ``abortable``: abort the transaction and re-send. Otherwise retriable (e.g. a timeout)."""
+
+    def __init__(self, reason: str, *, fatal: bool, abortable: bool) -> None:
+        super().__init__(reason)
+        self.fatal = fatal
+        self.abortable = abortable
+
+
 class ProduceInterrupted(Exception):
     """:meth:`KafkaPublisher.produce` stopped waiting for queue space; the record was not
     queued. ``args[0]`` is the reason ``interrupted()`` gave (stop, halt, restart)."""
@@ -160,9 +177,20 @@ def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
 class KafkaPublisher:
     """An idempotent Kafka producer with per-record delivery listeners."""
 
-    def __init__(self, config: Mapping[str, Any], *, gapless: bool = False) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        gapless: bool = False,
+        transactional_id: str | None = None,
+    ) -> None:
         required = {**REQUIRED_CONFIG, **({"enable.gapless.guarantee": "true"} if gapless else {})}
+        if transactional_id is not None:
+            required["transactional.id"] = transactional_id
         merged: dict[str, Any] = {**DEFAULT_CONFIG, **config, **required}
+        self.transactional = transactional_id is not None
+        #: Records produced in the open transaction (transactional only).
+        self.txn_records = 0
         for key, value in required.items():
             if str(config.get(key, value)).lower() != value:
                 logger.warning("kafka setting %s=%s overridden to %s", key, config[key], value)
@@ -196,6 +224,7 @@ class KafkaPublisher:
         while True:
             try:
                 produce(topic, value, key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
+                self.txn_records += 1
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -208,12 +237,26 @@ class KafkaPublisher:
                 return
 
     def poll(self, timeout: float = 0.0) -> int:
-        """Serve delivery reports; returns how many were served."""
-        return int(self._producer.poll(timeout))
+        """Serve delivery reports; returns how many were served. A fatal error (e.g. a fenced
+        transactional producer) is not raised: it is in :attr:`fatal_error`."""
+        try:
+            return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            self._note_fatal(exc)
+            return 0
 
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` s for all queued records; returns how many are left."""
-        return int(self._producer.flush(timeout))
+        try:
+            return int(self._producer.flush(timeout))
+        except KafkaException as exc:
+            self._note_fatal(exc)
+            return len(self._producer)
+
+    def _note_fatal(self, exc: KafkaException) -> None:
+        err = exc.args[0]
+        if self.fatal_error is None:
+            self.fatal_error = err.str()
 
     def purge(self) -> None:
         """Drop queued records; their listeners get transient failures on the next poll."""
@@ -231,6 +274,54 @@ class KafkaPublisher:
             self.purge()
             self._producer.poll(0)
         return left
+
+    # -- transactions (exactly-once delivery) ---------------------------------------------
+
+    def init_transactions(self, timeout: float) -> None:
+        """Register the ``transactional.id`` (fencing older producers with it) and begin."""
+        self._txn_call(self._producer.init_transactions, timeout)
+        self.begin()
+
+    def begin(self) -> None:
+        """Open the next transaction (local: the broker learns of it at the first record)."""
+        self._txn_call(self._producer.begin_transaction)
+        self.txn_records = 0
+
+    def commit(self, timeout: float) -> None:
+        """Flush and commit the open transaction (retried while retriable, up to ``timeout``),
+        then begin the next one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._txn_call(
+                    self._producer.commit_transaction, max(0.1, deadline - time.monotonic())
+                )
+                break
+            except TransactionFailed as exc:
+                if exc.fatal or exc.abortable or time.monotonic() >= deadline:
+                    raise
+        self.begin()
+
+    def abort(self, timeout: float) -> None:
+        """Drop queued records and abort the open transaction, then begin the next one."""
+        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+        self._producer.poll(0)
+        self._txn_call(self._producer.abort_transaction, timeout)
+        self.begin()
+
+    def _txn_call(self, call: Callable[..., None], *args: float) -> None:
+        try:
+            call(*args)
+        except KafkaException as exc:
+            err = exc.args[0]
+            fatal = bool(err.fatal()) or err.code() in (KafkaError._FENCED, KafkaError._FATAL)
+            if fatal and self.fatal_error is None:
+                self.fatal_error = err.str()
+            raise TransactionFailed(
+                f"{err.name()}: {err.str()}",
+                fatal=fatal,
+                abortable=bool(err.txn_requires_abort()),
+            ) from None
 
     def ensure_connected(self, timeout: float) -> None:
         """Raise ``ConnectionError`` unless broker metadata arrives within ``timeout`` s."""

@@ -58,6 +58,7 @@ class LagSample:
     mode: str | None = None
     role: str | None = None  # leader or standby (single active instance)
     phase: str | None = None  # durable phase: POLLING, CATCHING_UP, STREAMING
+    delivery: str | None = None  # guarantee in effect: at_least_once or exactly_once
     events_published_total: int | None = None
     events_dead_lettered_total: int | None = None
     delivery_errors_total: int | None = None

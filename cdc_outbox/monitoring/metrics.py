@@ -228,6 +228,22 @@ def _ha_families(stats: RelayStats) -> Iterable[Metric]:
     for name, seen in sorted(stats.alert_last_seen.copy().items()):
         alert.add_metric([name], 1.0 if now - seen <= ALERT_HOLD_S else 0.0)
     yield alert
+    guarantee = GaugeMetricFamily(
+        PREFIX + "delivery_guarantee",
+        "1 for the delivery guarantee in effect (polling is at-least-once in every case).",
+        labels=["guarantee"],
+    )
+    for name in ("at_least_once", "exactly_once"):
+        guarantee.add_metric([name], 1.0 if stats.delivery_guarantee == name else 0.0)
+    yield guarantee
+    txns = CounterMetricFamily(
+        PREFIX + "kafka_transactions_total",
+        "Kafka transactions (exactly-once).",
+        labels=["outcome"],
+    )
+    txns.add_metric(["committed"], stats.eos_commits)
+    txns.add_metric(["aborted"], stats.eos_aborts)
+    yield txns
     yield CounterMetricFamily(
         PREFIX + "order_broken_total",
         "Dead letters whose later events of the same aggregate were already sent (Kafka"
@@ -401,6 +417,6 @@ METRIC_NAMES = frozenset(
         "oldest_unpublished_age_seconds", "polling_rows", "polling_retrying_rows",
         "polling_retry_attempts", "heartbeats_total", "heartbeat_errors_total",
         "heartbeat_last_success_timestamp_seconds", "role", "phase", "delivery_retries_total",
-        "delivery_alert", "order_broken_total",
+        "delivery_alert", "order_broken_total", "delivery_guarantee", "kafka_transactions_total",
     )
 )  # fmt: skip

@@ -188,6 +188,7 @@ class SlotMonitor(BackgroundLoop):
         sample.mode = stats.mode
         sample.role = stats.role
         sample.phase = stats.phase or None
+        sample.delivery = stats.delivery_guarantee
         sample.events_published_total = stats.events_published
         sample.events_dead_lettered_total = stats.events_dead_lettered
         sample.delivery_errors_total = stats.delivery_errors

@@ -90,6 +90,7 @@ def test_dashboard_tracks_a_kafka_outage_and_agrees_with_lag_json(
             timeout=60,
         )
         assert healthy["mode"] == "cdc" and healthy["slot_active"] == "true"
+        assert healthy["delivery"] == "at_least_once"  # the guarantee in effect
         assert num(healthy, "events_published_total") >= 300
         assert num(healthy, "slot_lag_bytes") < 16 * MIB
 

@@ -303,3 +303,29 @@ def test_settings_construct_directly() -> None:
     """Library users may build Settings without load_settings (no TOML then)."""
     s = Settings(dsn=SecretStr(DSN))
     assert s.postgres_dsn() == DSN
+
+
+def test_delivery_setting_and_eos_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings(overrides={"dsn": DSN})
+    assert s.delivery == "at_least_once"
+    assert (s.eos.commit_interval_ms, s.eos.max_events) == (100, 10_000)
+    assert s.eos.checkpoint_topic == "cdc_outbox.checkpoints"
+    toml = write_toml(
+        tmp_path, f'dsn = "{DSN}"\ndelivery = "exactly_once"\n[eos]\nmax_events = 50\n'
+    )
+    monkeypatch.setenv("CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS", "250")
+    s = load_settings(toml)
+    assert (s.delivery, s.eos.max_events, s.eos.commit_interval_ms) == ("exactly_once", 50, 250)
+    assert load_settings(toml, {"delivery": "at_least_once"}).delivery == "at_least_once"
+    monkeypatch.setenv("CDC_OUTBOX_DELIVERY", "twice")
+    message = config_error(overrides={"dsn": DSN})
+    assert message == "config: delivery must be 'at_least_once' or 'exactly_once'"
+
+
+def test_exactly_once_refuses_what_it_cannot_honour() -> None:
+    eos = {"dsn": DSN, "delivery": "exactly_once"}
+    assert "status columns" in config_error(overrides={**eos, "columns": {"preset": "debezium"}})
+    assert "polling is at-least-once" in config_error(overrides={**eos, "mode": "polling"})
+    assert "eos.checkpoint_topic" in config_error(
+        overrides={**eos, "eos": {"checkpoint_topic": "bad topic"}}
+    )

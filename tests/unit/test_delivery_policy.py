@@ -83,6 +83,8 @@ def test_parking_keeps_the_first_blocker_and_releases_only_complete_redrives() -
     assert parking.release(b"a", {"e1", "e2", "other"})
     assert parking.blocked_by(b"a") is None
     assert blocked_reason("e1") == "blocked_by e1"
+    assert blocked_reason("e1", "e2") == "blocked_by e1"
+    assert blocked_reason("e1", "e1").startswith("already FAILED")
 
 
 def test_parking_load_replaces_the_set() -> None:

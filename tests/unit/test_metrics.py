@@ -235,3 +235,14 @@ def test_leadership_phase_alerts_and_broken_order_are_exported() -> None:
     assert 'cdc_outbox_delivery_alert{alert="topic_missing"} 1.0' in text
     assert 'cdc_outbox_delivery_alert{alert="not_authorized"} 0.0' in text
     assert "cdc_outbox_order_broken_total 1.0" in text
+
+
+def test_delivery_guarantee_and_kafka_transactions_are_exported() -> None:
+    stats = busy_stats()
+    stats.delivery_guarantee = "exactly_once"
+    stats.eos_commits, stats.eos_aborts = 7, 2
+    text, _ = scrape(stats, full_sample())
+    assert 'cdc_outbox_delivery_guarantee{guarantee="exactly_once"} 1.0' in text
+    assert 'cdc_outbox_delivery_guarantee{guarantee="at_least_once"} 0.0' in text
+    assert 'cdc_outbox_kafka_transactions_total{outcome="committed"} 7.0' in text
+    assert 'cdc_outbox_kafka_transactions_total{outcome="aborted"} 2.0' in text

@@ -80,6 +80,8 @@
     setFigure("mode", c.mode, c.mode || "?");
     setFigure("role", c.role, (c.role || "?") + (c.phase ? " · " + c.phase : ""),
               c.role === "standby" ? "warn" : null);
+    setFigure("delivery", c.delivery, c.delivery === "exactly_once" ? "exactly-once"
+              : c.delivery === "at_least_once" ? "at-least-once" : "?", null);
     badge.className = "badge " + (c.mode || "");
     document.getElementById("slot-name").textContent = c.slot_name;
     const err = document.getElementById("db-error");

@@ -1,0 +1,207 @@
+"""Exactly-once delivery of the CDC relay: Kafka transactions over PostgreSQL transactions.
+
+Learned from Kafka Connect's KIP-618, in one process: one transactional producer per slot
+(``transactional.id`` derived from the server's system identifier, the database and the slot),
+the position (a checkpoint record) committed in the same Kafka transaction as the events, and
+zombie fencing by ``init_transactions``. Contract (with :class:`~cdc_outbox.delivery.eos_batch.
+EosBatch` for the rules):
+
+- Events of whole PostgreSQL transactions go into the open Kafka transaction; at a boundary,
+  once :meth:`EosCommitter.due`, the relay waits for every outcome (dead-lettered rows are
+  then FAILED in PostgreSQL) and :meth:`EosCommitter.commit` writes the checkpoint (end LSN of
+  the batch's last PostgreSQL transaction) and commits.
+- The slot is confirmed only up to the last committed end LSN (:meth:`EosCommitter.ceiling`).
+- Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
+  checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
+  the outcome of a commit that failed midway is known only there); PostgreSQL transactions
+  that Kafka already holds are skipped (:meth:`EosCommitter.on_begin`). The position never goes
+  back (kept in memory too).
+- Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
+  fenced producer (a newer instance took over) never commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from cdc_outbox.cdc import pgoutput
+from cdc_outbox.cdc.txn_handle import TxnHandle
+from cdc_outbox.config import Settings
+from cdc_outbox.crash_points import crash_point
+from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.eos_batch import EosBatch
+from cdc_outbox.kafka import checkpoints
+from cdc_outbox.kafka.publisher import (
+    DeliveryFailure,
+    Headers,
+    ProduceInterrupted,
+    TransactionFailed,
+)
+from cdc_outbox.lsn import Lsn
+from cdc_outbox.relay_stats import RelayStats
+
+logger = logging.getLogger(__name__)
+
+
+def transactional_id(settings: Settings, system_id: str, database: str) -> str:
+    """The configured ``eos.transactional_id`` or ``cdc-outbox.<system>.<database>.<slot>``."""
+    explicit = settings.eos.transactional_id
+    return explicit or f"cdc-outbox.{system_id}.{database}.{settings.slot_name}"
+
+
+class EosCommitter:
+    """The open Kafka transaction of one relay and its checkpoints (see the module contract)."""
+
+    def __init__(
+        self, settings: Settings, delivery: Delivery, stats: RelayStats, identity: tuple[str, str]
+    ) -> None:
+        self.settings = settings
+        self.delivery = delivery
+        self.stats = stats
+        self.system_id, self.database = identity
+        self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
+        self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
+
+    def load(self) -> checkpoints.Checkpoint | None:
+        """Create the checkpoint topic if missing and read the last committed checkpoint (call
+        after the producer's ``init_transactions``: our older transactions are then settled).
+        Raises ``ConnectionError`` or ``TimeoutError``."""
+        config = self.settings.kafka_config()
+        topic = self.settings.eos.checkpoint_topic
+        checkpoints.ensure_topic(config, topic)
+        key = checkpoints.checkpoint_key(self.system_id, self.database, self.settings.slot_name)
+        last = checkpoints.read_last(config, topic, key)
+        if last is not None and last.end_lsn > self.batch.committed_lsn:
+            self.batch.committed_lsn = self.batch.end_lsn = last.end_lsn
+        logger.info(
+            "exactly-once: Kafka holds PostgreSQL transactions up to %s",
+            Lsn(self.batch.committed_lsn),
+            extra={"mode": "cdc"},
+        )
+        return last
+
+    def start_session(self) -> None:
+        """A streaming session starts (only as the leader): fence older producers with our
+        transactional.id, forget the aborted batch (it is re-streamed) and read the last
+        checkpoint (every session: a failed commit's outcome is only known from Kafka).
+        Raises ``TransactionFailed``, ``ConnectionError``, ``TimeoutError``."""
+        self.delivery.ensure_transactions()
+        self.batch.aborted()
+        self.txns.clear()
+        self.load()
+
+    def on_begin(self, payload: bytes) -> bool:
+        """A Begin message: True if Kafka already holds this transaction (skip it)."""
+        begin = pgoutput.decode(payload)
+        assert isinstance(begin, pgoutput.Begin)
+        if self.batch.skip(begin.final_lsn):
+            return True
+        self.batch.begin()
+        return False
+
+    def on_commit(self, end_lsn: int, txn: TxnHandle) -> None:
+        """The Commit of a transaction that was not skipped."""
+        self.batch.end(end_lsn, had_events=txn.events > 0)
+        if txn.events:
+            self.txns.append(txn)
+
+    def ceiling(self) -> int | None:
+        return self.batch.ceiling()
+
+    def due(self) -> bool:
+        return self.batch.due(time.monotonic())
+
+    def checkpoint(self, catch_up_ids: list[str] | None = None) -> checkpoints.Checkpoint:
+        return checkpoints.Checkpoint(
+            self.settings.slot_name,
+            self.system_id,
+            self.database,
+            self.batch.end_lsn,
+            catch_up_ids or [],
+        )
+
+    def commit(self, catch_up_ids: list[str] | None = None) -> None:
+        """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
+        be busy); raises ``TransactionFailed``."""
+        delivery = self.delivery
+        checkpoint = self.checkpoint(catch_up_ids)
+        topic = self.settings.eos.checkpoint_topic
+        delivery.publisher.produce(
+            topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
+        )
+        crash_point("eos.in_kafka_commit")
+        delivery.publisher.commit(delivery.txn_timeout_s())
+        crash_point("eos.after_kafka_commit")
+        delivery.committed()
+        self.stats.eos_committed_events += self.batch.events + len(catch_up_ids or ())
+        self.batch.committed()
+        if self.stats.latency_observers and self.txns:
+            now = time.time()
+            for txn in self.txns:
+                if txn.commit_unix:
+                    self.stats.observe_latency(now - txn.commit_unix, txn.events)
+        self.txns.clear()
+
+    def settle_and_commit(
+        self,
+        in_flight: Callable[[], int],
+        interrupted: Callable[[], str | None],
+        idle: Callable[[], None],
+    ) -> bool:
+        """Wait until every event of the batch has its outcome, then :meth:`commit`. Returns
+        False, committing nothing, once ``interrupted()`` gives a reason (stop, restart, halt,
+        leadership lost: the caller's loop deals with it); raises ``TransactionFailed``."""
+        delivery = self.delivery
+        while delivery.busy or in_flight():
+            self.stats.beat()
+            if interrupted() is not None:
+                return False
+            delivery.publisher.flush(0.01)  # sends at once, without waiting for linger.ms
+            try:
+                delivery.service()
+            except ProduceInterrupted:
+                return False
+            idle()
+        if interrupted() is not None:
+            return False
+        self.commit()
+        idle()
+        return True
+
+    def settle_last_catch_up(self) -> None:
+        """Before a catch-up takes its snapshot: fence older producers, read the last
+        checkpoint and mark the rows of the catch-up batch it committed (they are then skipped).
+        Raises ``CatchUpFailed``."""
+        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_published
+
+        try:
+            self.delivery.new_session()
+            self.delivery.ensure_transactions()
+            last = self.load()
+        except (TransactionFailed, ConnectionError, TimeoutError) as exc:
+            raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
+        if last is not None and last.catch_up_ids:
+            with psycopg.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
+                marked = mark_published(conn, self.settings, last.catch_up_ids)
+            logger.info("marked %d rows of the last committed catch-up batch published", marked)
+
+
+class _CheckpointSent:
+    """Delivery listener of a checkpoint record: a failure aborts the transaction."""
+
+    __slots__ = ("delivery", "epoch")
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.delivery = delivery
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        pass
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        if self.epoch == self.delivery.epoch:
+            self.delivery.restart(f"checkpoint record failed: {failure.reason}", failure)

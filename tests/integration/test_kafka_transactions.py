@@ -1,0 +1,77 @@
+"""The transactional publisher and the checkpoint topic against a real broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc_outbox.kafka import checkpoints
+from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher, TransactionFailed
+from cdc_outbox_dev.readback import read_topics
+
+
+class _Count:
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed: list[DeliveryFailure] = []
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        self.ok += 1
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        self.failed.append(failure)
+
+
+def test_checkpoint_read_committed_sees_only_committed_and_newer_instance_fences(
+    kafka_broker, kafka_topic_prefix: str
+) -> None:
+    config = {"bootstrap.servers": kafka_broker.bootstrap_servers}
+    topic = f"{kafka_topic_prefix}.ckpt"
+    data = f"{kafka_topic_prefix}.event.x"
+    checkpoints.ensure_topic(config, topic)
+    checkpoints.ensure_topic(config, topic)  # idempotent
+    key = checkpoints.checkpoint_key("42", "db", "slot")
+    assert checkpoints.read_last(config, topic, key, timeout=30) is None
+
+    first = KafkaPublisher(config, transactional_id=f"{kafka_topic_prefix}-txn")
+    first.init_transactions(30)
+    count = _Count()
+    for lsn in (100, 200):
+        first.produce(data, b"k", str(lsn).encode(), [("id", b"x")], count)
+        ckpt = checkpoints.Checkpoint("slot", "42", "db", lsn)
+        first.produce(topic, ckpt.key, ckpt.encode(), [], count)
+        first.commit(30)
+    # A third transaction is flushed to the broker but never committed.
+    first.produce(data, b"k", b"300", [("id", b"x")], count)
+    ckpt = checkpoints.Checkpoint("slot", "42", "db", 300)
+    first.produce(topic, ckpt.key, ckpt.encode(), [], count)
+    assert first.flush(30) == 0
+    assert count.ok == 6 and not count.failed
+
+    # A new instance with the same transactional.id fences the first and aborts its open txn.
+    second = KafkaPublisher(config, transactional_id=f"{kafka_topic_prefix}-txn")
+    second.init_transactions(60)
+    last = checkpoints.read_last(config, topic, key, timeout=30)
+    assert last is not None and last.end_lsn == 200
+    with pytest.raises(TransactionFailed) as failed:
+        first.commit(10)
+    assert failed.value.fatal
+
+    # Checkpoints of other slots after ours: found by reading backwards in growing windows.
+    for n in range(7):
+        other = checkpoints.Checkpoint(f"other{n}", "42", "db", 999)
+        second.produce(topic, other.key, other.encode(), [], count)
+    second.commit(30)
+    for window in (2, 1000):
+        found = checkpoints.read_last(config, topic, key, timeout=30, window=window)
+        assert found is not None and found.end_lsn == 200, window
+    assert checkpoints.read_last(config, topic, b"nobody", timeout=30, window=8) is None
+
+    committed = read_topics(
+        kafka_broker.bootstrap_servers, data, extra_config={"isolation.level": "read_committed"}
+    )
+    uncommitted = read_topics(
+        kafka_broker.bootstrap_servers, data, extra_config={"isolation.level": "read_uncommitted"}
+    )
+    assert sorted(r.value for r in committed) == [b"100", b"200"]
+    assert sorted(r.value for r in uncommitted) == [b"100", b"200", b"300"]
+    second.close()

@@ -1,0 +1,166 @@
+"""EosBatch: the exactly-once batching rules, one by one and as a hypothesis model of runs."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc_outbox.delivery.eos_batch import EosBatch
+
+
+def test_commits_at_max_events_only_at_a_transaction_boundary() -> None:
+    b = EosBatch(interval_s=100.0, max_events=3)
+    b.begin()
+    for _ in range(5):
+        b.add_event(0.0)
+        assert not b.due(0.0)  # never inside a PostgreSQL transaction
+    b.end(500, had_events=True)
+    assert b.due(0.0)
+    assert b.ceiling() == 0
+    assert b.committed() == 500
+    assert b.ceiling() is None and b.events == 0
+
+
+def test_commits_after_the_interval_since_the_first_event() -> None:
+    b = EosBatch(interval_s=0.1, max_events=1000)
+    b.begin()
+    b.add_event(10.0)
+    b.end(100, had_events=True)
+    assert not b.due(10.05)
+    assert b.due(10.2)
+
+
+def test_skips_transactions_kafka_already_holds_and_never_goes_back() -> None:
+    b = EosBatch(0.1, 10, committed_lsn=1000)
+    assert b.skip(999) and not b.skip(1000) and not b.skip(2000)
+    b.begin()
+    b.add_event(0.0)
+    b.end(900, had_events=True)  # cannot happen in order, but never lowers the position
+    assert b.committed() == 1000
+
+
+def test_abort_forgets_the_batch() -> None:
+    b = EosBatch(0.1, 10, committed_lsn=50)
+    b.begin()
+    b.add_event(0.0)
+    assert b.ceiling() == 50
+    b.aborted()
+    assert b.ceiling() is None and not b.in_txn and b.end_lsn == 50
+
+
+def test_misuse_raises() -> None:
+    b = EosBatch(0.1, 10)
+    with pytest.raises(ValueError):
+        b.add_event(0.0)
+    with pytest.raises(ValueError):
+        b.end(1, had_events=False)
+    b.begin()
+    with pytest.raises(ValueError):
+        b.begin()
+    with pytest.raises(ValueError):
+        b.committed()
+
+
+@given(
+    txns=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=60),
+    max_events=st.integers(min_value=1, max_value=40),
+    gaps=st.lists(st.floats(min_value=0, max_value=0.2), min_size=60, max_size=60),
+)
+def test_model_every_transaction_lands_whole_in_one_commit_in_order(
+    txns: list[int], max_events: int, gaps: list[float]
+) -> None:
+    """Replaying a stream: each PostgreSQL transaction's events end up in exactly one Kafka
+    commit, commits cover transactions in order, the ceiling never exceeds what is committed,
+    and nothing is left uncommitted at the end."""
+    b = EosBatch(interval_s=0.1, max_events=max_events)
+    now = 0.0
+    lsn = 100
+    last_with_events = 0
+    batch: list[int] = []
+    commits: list[list[int]] = []
+    for i, size in enumerate(txns):
+        now += gaps[i]
+        b.begin()
+        for _ in range(size):
+            b.add_event(now)
+            assert not b.due(now + 1.0)
+        lsn += 10 + size
+        b.end(lsn, had_events=size > 0)
+        if size:
+            batch.append(i)
+            last_with_events = lsn
+        ceiling = b.ceiling()
+        assert ceiling is None or ceiling <= b.committed_lsn
+        if b.due(now):
+            assert b.committed() == last_with_events
+            commits.append(batch)
+            batch = []
+            assert b.events == 0
+    if b.events:
+        b.committed()
+        commits.append(batch)
+    flat = [i for c in commits for i in c]
+    assert flat == [i for i, size in enumerate(txns) if size]
+    for c in commits[:-1]:  # a closed batch reached a limit at a boundary
+        assert c
+    assert b.ceiling() is None
+
+
+class _Stream:
+    """Records the standby status updates (the Checkpointer's only use of the stream)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
+        self.sent.append((written, flushed))
+
+
+def test_the_slot_is_never_confirmed_past_the_kafka_commit() -> None:
+    from cdc_outbox.cdc.ack_tracker import AckTracker
+    from cdc_outbox.cdc.checkpoint import Checkpointer
+    from cdc_outbox.relay_stats import RelayStats
+
+    tracker = AckTracker(100)
+    batch = EosBatch(0.1, 10, committed_lsn=100)
+    stream = _Stream()
+    cp = Checkpointer(
+        stream,  # type: ignore[arg-type]
+        tracker,
+        RelayStats(),
+        start=100,
+        interval_s=10.0,
+        ceiling=batch.ceiling,
+    )
+    txn = tracker.begin()
+    batch.begin()
+    tracker.add_event(txn)
+    batch.add_event(0.0)
+    tracker.ack(txn)  # written in the open Kafka transaction
+    tracker.commit(txn, 200)
+    batch.end(200, had_events=True)
+    tracker.keepalive(300)
+    assert tracker.confirmed == 300
+    cp.send()
+    assert stream.sent[-1][1] == 100  # acked, but not committed in Kafka
+    batch.committed()
+    cp.send()
+    assert stream.sent[-1][1] == 300
+
+
+def test_checkpoint_record_round_trip() -> None:
+    from cdc_outbox.kafka.checkpoints import Checkpoint, checkpoint_key
+
+    ckpt = Checkpoint("slot", "7714", "shop", 123456, ["a", "b"])
+    assert Checkpoint.decode(ckpt.encode()) == ckpt
+    assert ckpt.key == checkpoint_key("7714", "shop", "slot") == b"7714/shop/slot"
+
+
+def test_seconds_to_due_counts_from_the_first_event() -> None:
+    b = EosBatch(interval_s=0.1, max_events=10)
+    assert b.seconds_to_due(5.0) is None
+    b.begin()
+    b.add_event(5.0)
+    assert b.seconds_to_due(5.04) == pytest.approx(0.06)
+    assert b.seconds_to_due(6.0) == 0.0
