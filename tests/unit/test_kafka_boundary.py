@@ -26,7 +26,8 @@ def test_only_the_kafka_package_imports_confluent_kafka() -> None:
     importers = sorted(
         str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if _imports_confluent(p)
     )
-    assert importers == ["kafka/checkpoints.py", "kafka/publisher.py"]
+    assert "kafka/publisher.py" in importers  # the check sees real imports
+    assert [p for p in importers if not p.startswith("kafka/")] == []
 
 
 def test_polling_is_at_least_once_whatever_is_configured() -> None:
