@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     Field,
     SecretStr,
     ValidationError,
@@ -38,6 +36,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from cdc_outbox.config_input import (
+    ENV_ALLOWED,
+    ENV_ALLOWED_PREFIXES,
+    ENV_PREFIX,
+    check_env,
+    check_toml,
+    describe,
+)
 from cdc_outbox.config_models import (
     COLUMN_PRESETS,
     IDENT_RE,
@@ -85,21 +91,6 @@ __all__ = [
     "validate_dsn",
 ]
 
-ENV_PREFIX = "CDC_OUTBOX_"
-#: Variables with our prefix that are not settings but are read elsewhere (config file path;
-#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries; the test
-#: harness's backend).
-ENV_ALLOWED = frozenset(
-    {
-        "CDC_OUTBOX_CONFIG",
-        "CDC_OUTBOX_CACHE_DIR",
-        "CDC_OUTBOX_KAFKA_CDS",
-        "CDC_OUTBOX_PG_BINDIR",
-        "CDC_OUTBOX_CRASH_AT",
-        "CDC_OUTBOX_TEST_BACKEND",
-    }
-)
-ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
 #: ``wal_sender_timeout`` default; the relay must report status well within it.
 WAL_SENDER_TIMEOUT_DEFAULT_S = 60.0
 
@@ -244,7 +235,7 @@ class Settings(BaseSettings):
         explicit = self.model_fields_set
         if "avro" in (self.value_format, self.key_format) and not self.schema_registry.url:
             raise ValueError(
-                "value_format/key_format = \"avro\" needs schema_registry.url (schema ids"
+                'value_format/key_format = "avro" needs schema_registry.url (schema ids'
                 " come from the registry)"
             )
         if self.delivery == "exactly_once" and self.columns.preset != "default":
@@ -349,108 +340,15 @@ def load_settings(
     if config_file is None and os.environ.get(f"{ENV_PREFIX}CONFIG"):
         config_file = Path(os.environ[f"{ENV_PREFIX}CONFIG"])
     if config_file is not None:
-        _check_toml(config_file)
-    _check_env(os.environ)
+        check_toml(config_file, Settings)
+    check_env(os.environ, Settings)
     kwargs = {k: v for k, v in (overrides or {}).items() if v is not None}
     token = _toml_path.set(config_file)
     try:
         return Settings(**kwargs)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(describe(exc)) from None
     except SettingsError as exc:  # e.g. a CDC_OUTBOX_KAFKA value that is not JSON
         raise ConfigError(f"config: {exc}") from None
     finally:
         _toml_path.reset(token)
-
-
-def _model_fields(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
-    """Field name -> nested model class (or None for a leaf / free-form dict)."""
-    out: dict[str, type[BaseModel] | None] = {}
-    for name, info in model.model_fields.items():
-        ann = info.annotation
-        out[name] = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-    return out
-
-
-def _check_toml(path: Path) -> None:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config: file not found: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
-
-    def walk(table: Mapping[str, Any], model: type[BaseModel], prefix: str) -> None:
-        fields = _model_fields(model)
-        for key, value in table.items():
-            if key not in fields:
-                raise ConfigError(f"config: unknown key '{prefix}{key}' (in {path})")
-            sub = fields[key]
-            if sub is not None and isinstance(value, Mapping):
-                walk(value, sub, f"{prefix}{key}.")
-
-    walk(data, Settings, "")
-
-
-def _check_env(environ: Mapping[str, str]) -> None:
-    fields = _model_fields(Settings)
-    for name in sorted(environ):
-        upper = name.upper()
-        if not upper.startswith(ENV_PREFIX) or upper in ENV_ALLOWED:
-            continue
-        if upper.startswith(ENV_ALLOWED_PREFIXES):
-            continue
-        parts = name[len(ENV_PREFIX) :].lower().split("__")
-        model_fields: dict[str, type[BaseModel] | None] | None = fields
-        for part in parts:
-            if model_fields is None:  # below a free-form dict (kafka.config)
-                break
-            if part not in model_fields:
-                raise ConfigError(f"config: unknown setting {name}")
-            sub = model_fields[part]
-            model_fields = _model_fields(sub) if sub is not None else None
-
-
-_PLAIN_TYPES = {
-    "int_parsing": "must be an integer",
-    "int_from_float": "must be an integer",
-    "float_parsing": "must be a number",
-    "bool_parsing": "must be true or false",
-    "string_type": "must be a string",
-    "dict_type": "must be a table",
-    "model_type": "must be a table",
-    "missing": "is required",
-}
-
-
-def _describe(exc: ValidationError) -> str:
-    """One line for the first validation error, never echoing secret input."""
-    errors = exc.errors(include_url=False)
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return _describe_one(errors[0]) + more
-
-
-def _describe_one(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    if kind == "value_error":
-        return f"config: {ctx.get('error', err['msg'])}"
-    if kind == "extra_forbidden":
-        return f"config: unknown key '{loc}'"  # TOML keys were checked (with path) earlier
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
-        limit = next(iter(ctx.values()), "?")
-        if isinstance(limit, float) and limit.is_integer():
-            limit = int(limit)
-        hint = ""
-        if loc == "status_interval_s" and op == "<":
-            hint = " (PostgreSQL's default wal_sender_timeout is 60 s)"
-        return f"config: {loc} must be {op} {limit}{hint}"
-    if kind == "literal_error":
-        return f"config: {loc} must be {ctx.get('expected', 'one of the allowed values')}"
-    if kind in _PLAIN_TYPES:
-        return f"config: {loc} {_PLAIN_TYPES[kind]}"
-    return f"config: {loc}: {err['msg']}"

@@ -183,6 +183,8 @@ class SchemaRegistrySettings(_Strict):
         data = self.model_dump(mode="python")
         data["basic_auth_user_info"] = MASK if self.basic_auth_user_info.get_secret_value() else ""
         return data
+
+
 class EosSettings(_Strict):
     """Exactly-once delivery (``delivery = "exactly_once"``): Kafka transactions."""
 

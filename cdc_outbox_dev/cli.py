@@ -129,9 +129,7 @@ def demo(
 
     if value_format not in ("json", "avro"):
         raise typer.BadParameter("must be json or avro", param_hint="--value-format")
-    ok = run_demo(
-        events=events, writers=writers, aggregates=aggregates, value_format=value_format
-    )
+    ok = run_demo(events=events, writers=writers, aggregates=aggregates, value_format=value_format)
     raise typer.Exit(0 if ok else 1)
 
 

@@ -1,20 +1,19 @@
 """Prometheus metrics of a running relay, read at scrape time (no cost on the hot path).
 
-:class:`LatencyHistogram` is the one thing the relay thread writes: it is appended to
-``RelayStats.latency_observers`` and counts commit-to-acknowledgement latency per event with a
-bisect and two additions (single writer; a scrape may read it a moment stale, never torn in a
-way that matters for monitoring). :class:`RelayCollector` turns ``RelayStats``, the histogram,
-the slot monitor's latest sample and the heartbeat's counters into metric families.
+The relay thread's one write is the commit-to-acknowledgement
+:class:`~cdc_outbox.monitoring.latency.LatencyHistogram` (appended to
+``RelayStats.latency_observers``; single writer, a scrape may read it a moment stale, never
+torn in a way that matters for monitoring). :class:`RelayCollector` turns ``RelayStats``, the
+histogram, the slot monitor's latest sample and the heartbeat's counters into metric families.
 
 Every family name is listed in :data:`METRIC_NAMES` (the alert-rule test checks against it).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
@@ -27,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from cdc_outbox import __version__
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.relay_stats import RelayStats
 
 if TYPE_CHECKING:
@@ -35,57 +35,9 @@ if TYPE_CHECKING:
     from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 
 PREFIX = "cdc_outbox_"
-#: Upper bounds (seconds) of the commit-to-acknowledgement latency buckets.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-)  # fmt: skip
 MODES = ("cdc", "polling")
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 POLLING_STATUSES = ("pending", "processing", "failed")
-
-
-class LatencyHistogram:
-    """Cumulative-on-read histogram of commit-to-ack latency, weighted by events.
-
-    ``observe(seconds, events)`` matches ``RelayStats.latency_observers``: a transaction whose
-    last event was acknowledged ``seconds`` after its commit adds ``events`` observations.
-    """
-
-    __slots__ = ("bounds", "count", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, seconds: float, events: int) -> None:
-        seconds = max(seconds, 0.0)  # clocks of the server and this host may differ a little
-        self.counts[bisect.bisect_left(self.bounds, seconds)] += events
-        self.sum += seconds * events
-        self.count += events
-
-    def snapshot(self) -> tuple[list[int], float, int]:
-        """(per-bucket counts, sum, count), copied."""
-        return list(self.counts), self.sum, self.count
-
-
-def quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:
-    """The ``q`` quantile of per-bucket ``counts`` (linear within a bucket, as PromQL's
-    ``histogram_quantile``); ``None`` without observations. Above the last bound: that bound."""
-    total = sum(counts)
-    if total <= 0:
-        return None
-    rank = q * total
-    seen = 0
-    for i, n in enumerate(counts):
-        if n and seen + n >= rank:
-            if i >= len(bounds):
-                return bounds[-1]
-            lower = bounds[i - 1] if i > 0 else 0.0
-            return lower + (bounds[i] - lower) * ((rank - seen) / n)
-        seen += n
-    return bounds[-1]
 
 
 def _lsn_bytes(text: str) -> float:

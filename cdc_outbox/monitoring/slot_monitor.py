@@ -34,7 +34,7 @@ from cdc_outbox.monitoring.lag import (
     read_polling,
     read_slot,
 )
-from cdc_outbox.monitoring.metrics import LatencyHistogram, quantile
+from cdc_outbox.monitoring.latency import LatencyHistogram, quantile
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)

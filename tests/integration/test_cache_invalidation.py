@@ -95,8 +95,10 @@ def test_cache_equals_database_after_burst_with_relay_and_consumer_kills(
             lambda: count_rows(pg_dsn, "processed_events") >= events,
             timeout=120,
             interval=0.5,
-            message=lambda: f"{count_rows(pg_dsn, 'processed_events')}/{events} consumed;"
-            f"\nrelay: {relay.log_tail(1500)}\nconsumer: {consumer.log_tail(1500)}",
+            message=lambda: (
+                f"{count_rows(pg_dsn, 'processed_events')}/{events} consumed;"
+                f"\nrelay: {relay.log_tail(1500)}\nconsumer: {consumer.log_tail(1500)}"
+            ),
         )
         assert consumer.terminate() == 0, consumer.log_tail()
     finally:

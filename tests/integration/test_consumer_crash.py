@@ -88,8 +88,9 @@ def test_kill9_and_duplicates_apply_every_event_once_in_key_order(
             lambda: count_rows(pg_dsn, "processed_events") >= EVENTS,
             timeout=180,
             interval=0.5,
-            message=lambda: f"seed {seed}: {count_rows(pg_dsn, 'processed_events')} done;"
-            f" {consumer.log_tail()}",
+            message=lambda: (
+                f"seed {seed}: {count_rows(pg_dsn, 'processed_events')} done; {consumer.log_tail()}"
+            ),
         )
         assert consumer.terminate() == 0, consumer.log_tail()
     finally:

@@ -66,8 +66,9 @@ def test_failing_event_is_retried_then_dead_lettered_and_its_key_stays_blocked(
         again = IdempotentConsumer(settings, pool, count_but_fail_poison)
         with running(again):
             wait_until(
-                lambda: again.metrics.counts["processed"] + again.metrics.counts["dead_lettered"]
-                == 2,
+                lambda: (
+                    again.metrics.counts["processed"] + again.metrics.counts["dead_lettered"] == 2
+                ),
                 timeout=60,
             )
         assert again.metrics.counts["dead_lettered"] == 1
@@ -79,9 +80,7 @@ def test_failing_event_is_retried_then_dead_lettered_and_its_key_stays_blocked(
 
     poison_id = str(next(e.event_id for e in first if e.extra))
     letters = consume_all(bootstrap, [dlq], expected_count=5)
-    got = [
-        (m.key, dict(m.headers)["id"], dict(m.headers)["cdc_outbox.error"]) for m in letters
-    ]
+    got = [(m.key, dict(m.headers)["id"], dict(m.headers)["cdc_outbox.error"]) for m in letters]
     b_ids = [str(e.event_id).encode() for e in first + second if e.aggregate_id == "b"]
     assert [k for k, _i, _r in got] == [b"b"] * 5
     assert [i for _k, i, _r in got] == b_ids[1:]  # n = 2..6, in order

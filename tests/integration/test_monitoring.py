@@ -31,7 +31,7 @@ from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.monitoring.heartbeat import Heartbeat
-from cdc_outbox.monitoring.metrics import LatencyHistogram
+from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.service import Service

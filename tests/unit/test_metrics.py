@@ -15,13 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdc_outbox.config import Settings
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.lag import LagSample, WalClock
-from cdc_outbox.monitoring.metrics import (
-    LATENCY_BUCKETS,
-    METRIC_NAMES,
-    LatencyHistogram,
-    RelayCollector,
-    quantile,
-)
+from cdc_outbox.monitoring.latency import LATENCY_BUCKETS, LatencyHistogram, quantile
+from cdc_outbox.monitoring.metrics import METRIC_NAMES, RelayCollector
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.relay_stats import RelayStats
 
