@@ -4,6 +4,9 @@
       (libpq COPY BOTH)       (pure)             (pure)      (policy + Kafka)     |
     standby status update (confirmed_flush_lsn)  <--------------------------------+
 
+The session loop (reading, flow control, confirmation, shutdown) is here; each message is
+routed by :class:`~cdc_outbox.cdc.message_router.MessageRouter`.
+
 Delivery contract (at-least-once, per-aggregate order):
 - Transactions arrive in commit order; their events are submitted in that order, so events of
   one ``aggregate_id`` (one key, one partition) reach Kafka in commit order.
@@ -32,19 +35,17 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
+from cdc_outbox.cdc.message_router import MessageRouter
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
-from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.cdc.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
-from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.ha.relay_state import NotLeader
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
@@ -53,9 +54,7 @@ from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
-_BEGIN, _COMMIT, _INSERT, _RELATION, _MESSAGE = ord("B"), ord("C"), ord("I"), ord("R"), ord("M")
 _XLOGDATA = ord("w")
-_PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
 _FRAMES_PER_TURN = 2000
 _PROGRESS_LOG_INTERVAL_S = 30.0
 
@@ -98,12 +97,9 @@ class Relay:
         )
         self.eos = EosCommitter(settings, self.delivery, self.stats, identity) if identity else None
         self.stats.delivery_guarantee = "exactly_once" if identity else "at_least_once"
-        self._skipping = False
         self.delivery.interrupted = self._interrupted
-        self._relations = pgoutput.RelationCache()
-        self._outbox_relations: dict[int, pgoutput.Relation] = {}
         self._tracker = AckTracker(0)
-        self._txn = TxnHandle(self._tracker, self.stats, -1)
+        self._router = MessageRouter(settings, self._mapper, self.delivery, self.stats, self.eos)
         self._stop_requested = False
         self._grace_deadline: float | None = None
         self._session_opened = False
@@ -254,8 +250,7 @@ class Relay:
             ceiling=eos.ceiling if eos is not None else lambda: None,
         )
         delivery.idle = checkpoint.maybe_send
-        self._relations.clear()
-        self._outbox_relations.clear()
+        self._router.new_session(self._tracker, checkpoint)
         self.stats.confirmed_lsn = start
         last_log, last_count = time.monotonic(), self.stats.events_published
         while True:
@@ -317,7 +312,7 @@ class Relay:
                 return
             wait = 0.0
             if data[0] == _XLOGDATA:
-                self._handle(bytes(data[XLOG_HEADER_SIZE:]))
+                self._router.handle(bytes(data[XLOG_HEADER_SIZE:]))
                 if tracker.in_flight >= limit or self._stop_requested:
                     return
                 continue
@@ -327,69 +322,6 @@ class Relay:
             tracker.keepalive(frame.wal_end)
             if frame.reply_requested:
                 self._require_checkpoint().send()
-
-    def _handle(self, payload: bytes) -> None:
-        kind = payload[0]
-        tracker = self._tracker
-        if kind == _INSERT:
-            oid, row = pgoutput.decode_insert(payload)
-            rel = self._outbox_relations.get(oid)
-            if rel is None:
-                self._relations.get(oid)  # raises for a relation never described
-                self._count_ignored("insert_other_table")
-                return
-            if self._skipping:
-                self._count_ignored("already_in_kafka")
-                return
-            txn = self._txn
-            txn.add_event()
-            if self.eos is not None:
-                self.eos.batch.add_event(time.monotonic())
-            self.delivery.submit(self._mapper.map_insert(rel, row), txn)
-        elif kind == _BEGIN:
-            self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)
-            if self.eos is not None:
-                self._skipping = self.eos.on_begin(payload)
-        elif kind == _COMMIT:
-            msg = pgoutput.decode(payload)
-            assert isinstance(msg, pgoutput.Commit)
-            tracker.commit(self._txn.txn_id, msg.end_lsn)
-            if self.eos is not None and not self._skipping:
-                self.eos.on_commit(msg.end_lsn, self._txn)
-            self._skipping = False
-            self._txn.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
-            self._require_checkpoint().note_written(msg.end_lsn)
-            self.stats.transactions += 1
-        elif kind == _RELATION:
-            rel_msg = pgoutput.decode(payload)
-            assert isinstance(rel_msg, pgoutput.Relation)
-            self._relations.put(rel_msg)
-            if self._mapper.is_outbox(rel_msg):
-                self._outbox_relations[rel_msg.oid] = rel_msg
-            else:
-                self._outbox_relations.pop(rel_msg.oid, None)
-        elif kind == _MESSAGE:
-            message = pgoutput.decode(payload)
-            assert isinstance(message, pgoutput.Message)
-            self._on_message(message)
-        else:
-            other = pgoutput.decode(payload)
-            self._count_ignored(type(other).__name__.lower())
-
-    def _on_message(self, message: pgoutput.Message) -> None:
-        """A redrive message for this outbox releases its aggregates here, in stream order."""
-        table = f"{self.settings.outbox_schema}.{self.settings.outbox_table}"
-        request = parse_redrive_message(message.prefix, message.transactional, message.content)
-        if request is None:
-            self._count_ignored("message")
-        elif request.table == table:
-            for aggregate in request.aggregates:
-                if not self.delivery.parking.release(aggregate.encode(), request.ids):
-                    logger.warning(
-                        "redrive of aggregate %s left out events parked meanwhile; it stays"
-                        " parked: run `cdc-outbox redrive` again",
-                        aggregate,
-                    )
 
     # -- confirmation ------------------------------------------------------------------------
 
@@ -446,9 +378,6 @@ class Relay:
     def _require_checkpoint(self) -> Checkpointer:
         assert self._checkpoint is not None, "a streaming session creates the checkpointer"
         return self._checkpoint
-
-    def _count_ignored(self, what: str) -> None:
-        self.stats.ignored[what] = self.stats.ignored.get(what, 0) + 1
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -1,0 +1,138 @@
+"""Route the decoded pgoutput messages of one streaming session (the relay's hot path).
+
+Contract of :class:`MessageRouter`: per XLogData payload, in stream order,
+- ``B``: a new transaction handle on the session's ack tracker (exactly-once: a transaction the
+  checkpoint topic already holds is skipped whole);
+- ``I`` on an outbox relation: mapped and submitted to :class:`~cdc_outbox.delivery.engine.Delivery`
+  under the transaction's handle; inserts into other tables are counted and ignored;
+- ``C``: the transaction's end LSN goes to the tracker (and the exactly-once batch) and is noted
+  as written for the checkpointer;
+- ``R``: relation cache, and which relations are the outbox (a partition's too);
+- ``M``: a ``cdc_outbox.redrive`` message for this outbox releases its aggregates here;
+- anything else is counted in ``stats.ignored``.
+A relation must be described before it is used; otherwise decoding raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from cdc_outbox.cdc import pgoutput
+from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.cdc.eos import EosCommitter
+from cdc_outbox.cdc.txn_handle import TxnHandle
+from cdc_outbox.config import Settings
+from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.redrive import parse_redrive_message
+from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.relay_stats import RelayStats
+
+logger = logging.getLogger(__name__)
+
+_BEGIN, _COMMIT, _INSERT, _RELATION, _MESSAGE = ord("B"), ord("C"), ord("I"), ord("R"), ord("M")
+_PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
+
+
+class MessageRouter:
+    """Dispatches one session's pgoutput messages (see the module contract)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        mapper: OutboxMapper,
+        delivery: Delivery,
+        stats: RelayStats,
+        eos: EosCommitter | None,
+    ) -> None:
+        self.settings = settings
+        self._mapper = mapper
+        self.delivery = delivery
+        self.stats = stats
+        self.eos = eos
+        self._relations = pgoutput.RelationCache()
+        self._outbox_relations: dict[int, pgoutput.Relation] = {}
+        self._tracker = AckTracker(0)
+        self._txn = TxnHandle(self._tracker, stats, -1)
+        self._checkpoint: Checkpointer | None = None
+        self._skipping = False
+        self._table = f"{settings.outbox_schema}.{settings.outbox_table}"
+
+    def new_session(self, tracker: AckTracker, checkpoint: Checkpointer) -> None:
+        """A new stream: relations are described again; positions go to these."""
+        self._relations.clear()
+        self._outbox_relations.clear()
+        self._tracker = tracker
+        self._checkpoint = checkpoint
+        self._skipping = False
+
+    def handle(self, payload: bytes) -> None:
+        """One XLogData payload (a pgoutput message)."""
+        kind = payload[0]
+        tracker = self._tracker
+        if kind == _INSERT:
+            oid, row = pgoutput.decode_insert(payload)
+            rel = self._outbox_relations.get(oid)
+            if rel is None:
+                self._relations.get(oid)  # raises for a relation never described
+                self._count_ignored("insert_other_table")
+                return
+            if self._skipping:
+                self._count_ignored("already_in_kafka")
+                return
+            txn = self._txn
+            txn.add_event()
+            if self.eos is not None:
+                self.eos.batch.add_event(time.monotonic())
+            self.delivery.submit(self._mapper.map_insert(rel, row), txn)
+        elif kind == _BEGIN:
+            self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)
+            if self.eos is not None:
+                self._skipping = self.eos.on_begin(payload)
+        elif kind == _COMMIT:
+            msg = pgoutput.decode(payload)
+            assert isinstance(msg, pgoutput.Commit)
+            tracker.commit(self._txn.txn_id, msg.end_lsn)
+            if self.eos is not None and not self._skipping:
+                self.eos.on_commit(msg.end_lsn, self._txn)
+            self._skipping = False
+            self._txn.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
+            self._note_written(msg.end_lsn)
+            self.stats.transactions += 1
+        elif kind == _RELATION:
+            rel_msg = pgoutput.decode(payload)
+            assert isinstance(rel_msg, pgoutput.Relation)
+            self._relations.put(rel_msg)
+            if self._mapper.is_outbox(rel_msg):
+                self._outbox_relations[rel_msg.oid] = rel_msg
+            else:
+                self._outbox_relations.pop(rel_msg.oid, None)
+        elif kind == _MESSAGE:
+            message = pgoutput.decode(payload)
+            assert isinstance(message, pgoutput.Message)
+            self._on_message(message)
+        else:
+            other = pgoutput.decode(payload)
+            self._count_ignored(type(other).__name__.lower())
+
+    def _on_message(self, message: pgoutput.Message) -> None:
+        """A redrive message for this outbox releases its aggregates here, in stream order."""
+        request = parse_redrive_message(message.prefix, message.transactional, message.content)
+        if request is None:
+            self._count_ignored("message")
+        elif request.table == self._table:
+            for aggregate in request.aggregates:
+                if not self.delivery.parking.release(aggregate.encode(), request.ids):
+                    logger.warning(
+                        "redrive of aggregate %s left out events parked meanwhile; it stays"
+                        " parked: run `cdc-outbox redrive` again",
+                        aggregate,
+                    )
+
+    def _note_written(self, lsn: int) -> None:
+        assert self._checkpoint is not None, "new_session() comes first"
+        self._checkpoint.note_written(lsn)
+
+    def _count_ignored(self, what: str) -> None:
+        self.stats.ignored[what] = self.stats.ignored.get(what, 0) + 1
