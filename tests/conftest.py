@@ -147,6 +147,9 @@ def redis_url(redis_server: LocalRedis) -> str:
     with redis.Redis.from_url(redis_server.url) as client:
         client.flushdb()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
 def schema_registry() -> Iterator[LocalRegistry]:
     registry = LocalRegistry(durable=True)
     registry.start()
