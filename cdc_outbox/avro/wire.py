@@ -19,10 +19,13 @@ import io
 import json
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
+
+from cdc_outbox.avro.precheck import Check, compile_check
 
 __all__ = [
     "MAGIC",
@@ -62,15 +65,18 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
     """Avro binary of the JSON ``payload`` under ``parsed_schema`` (see the module contract).
 
     Checked: JSON syntax, the top-level record's fields (none unknown, none without default
-    missing), then every value's type (``fastavro.validation.validate``). Unknown fields of
-    nested records are not checked (fastavro drops them).
+    missing), then every value's type: a per-schema compiled pre-check
+    (:mod:`cdc_outbox.avro.precheck`) passes the common case; anything it is unsure of goes
+    to ``fastavro.validation.validate``, the authority and the source of the reason. Unknown
+    fields of nested records are not checked (fastavro drops them).
     """
     try:
         datum = _from_json(payload.decode())
     except (ValueError, RecursionError) as exc:
         raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
-    problem = _top_level_fields(parsed_schema, datum)
-    if problem is None:
+    rule = _rule(parsed_schema)
+    problem = None if rule is None else rule.top_level(datum)
+    if problem is None and (rule is None or rule.check is None or not rule.check(datum)):
         try:
             validate(datum, parsed_schema, raise_errors=True)
         except Exception as exc:  # fastavro's ValidationError (a list of messages)
@@ -85,32 +91,54 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
     return buf.getvalue()
 
 
-_FieldRule = tuple[Any, str, frozenset[str], tuple[str, ...]]
-_rules: dict[int, _FieldRule] = {}
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What is worked out once per record schema: field names, required fields, pre-check."""
+
+    schema: Any
+    name: str
+    names: frozenset[str]
+    required: tuple[str, ...]
+    check: Check | None
+
+    def top_level(self, datum: Any) -> str | None:
+        """Why ``datum`` cannot be this record at the top level (None: it may be)."""
+        if not isinstance(datum, dict):
+            return f"payload is a JSON {type(datum).__name__}, record {self.name} needs an object"
+        if not self.names.issuperset(datum):
+            unknown = sorted(set(datum) - self.names)
+            return f"record {self.name} has no field {', '.join(unknown)}"
+        for field in self.required:
+            if field not in datum:
+                missing = [f for f in self.required if f not in datum]
+                return (
+                    f"record {self.name} field {', '.join(missing)} is missing"
+                    " (and has no default)"
+                )
+        return None
 
 
-def _top_level_fields(schema: Any, datum: Any) -> str | None:
+_rules: dict[int, _Rule] = {}
+
+
+def _rule(schema: Any) -> _Rule | None:
+    """The cached :class:`_Rule` of a record schema (None for other schemas)."""
+    rule = _rules.get(id(schema))
+    if rule is not None and rule.schema is schema:
+        return rule
     if not (isinstance(schema, dict) and schema.get("type") == "record"):
         return None
-    rule = _rules.get(id(schema))
-    if rule is None or rule[0] is not schema:  # once per schema: names and required fields
-        fields = schema["fields"]
-        names = frozenset(f["name"] for f in fields)
-        required = tuple(f["name"] for f in fields if "default" not in f)
-        if len(_rules) > 1024:
-            _rules.clear()
-        rule = _rules[id(schema)] = (schema, str(schema.get("name")), names, required)
-    _, name, names, required = rule
-    if not isinstance(datum, dict):
-        return f"payload is a JSON {type(datum).__name__}, record {name} needs an object"
-    if not names.issuperset(datum):
-        unknown = sorted(set(datum) - names)
-        return f"record {name} has no field {', '.join(unknown)}"
-    for field in required:
-        if field not in datum:
-            missing = [f for f in required if f not in datum]
-            return f"record {name} field {', '.join(missing)} is missing (and has no default)"
-    return None
+    fields = schema["fields"]
+    if len(_rules) > 1024:
+        _rules.clear()
+    rule = _rules[id(schema)] = _Rule(
+        schema,
+        str(schema.get("name")),
+        frozenset(f["name"] for f in fields),
+        tuple(f["name"] for f in fields if "default" not in f),
+        compile_check(schema),
+    )
+    return rule
 
 
 def frame(schema_id: int, body: bytes) -> bytes:
