@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import json.scanner
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 _from_json = json.JSONDecoder().decode
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 class AvroEncodeError(ValueError):
@@ -70,25 +72,39 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
     to ``fastavro.validation.validate``, the authority and the source of the reason. Unknown
     fields of nested records are not checked (fastavro drops them).
     """
-    try:
-        datum = _from_json(payload.decode())
-    except (ValueError, RecursionError) as exc:
-        raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
+    datum = _json(payload)
     rule = _rule(parsed_schema)
-    problem = None if rule is None else rule.top_level(datum)
-    if problem is None and (rule is None or rule.check is None or not rule.check(datum)):
-        try:
-            validate(datum, parsed_schema, raise_errors=True)
-        except Exception as exc:  # fastavro's ValidationError (a list of messages)
-            problem = " ".join(str(exc).split()).strip('[]" ')
-    if problem is not None:
-        raise AvroEncodeError(f"avro: {problem[:500]}")
+    if rule is None or not rule.passes(datum):  # else: the pre-check implies both checks below
+        problem = None if rule is None else rule.top_level(datum)
+        if problem is None:
+            try:
+                validate(datum, parsed_schema, raise_errors=True)
+            except Exception as exc:  # fastavro's ValidationError (a list of messages)
+                problem = " ".join(str(exc).split()).strip('[]" ')
+        if problem is not None:
+            raise AvroEncodeError(f"avro: {problem[:500]}")
     buf = io.BytesIO()
     try:
         schemaless_writer(buf, parsed_schema, datum)
     except Exception as exc:  # what validate let through (fastavro raises various types)
         raise AvroEncodeError(f"avro: {type(exc).__name__}: {exc}"[:500]) from None
     return buf.getvalue()
+
+
+def _json(payload: bytes) -> Any:
+    """The parsed JSON ``payload``: the stdlib's C scanner directly when the text is exactly
+    one value, else the full decoder (which also words the error)."""
+    try:
+        text = payload.decode()
+        datum, end = _scan(text, 0)
+        if end == len(text):
+            return datum
+    except (StopIteration, ValueError, RecursionError):
+        pass
+    try:
+        return _from_json(payload.decode())
+    except (ValueError, RecursionError) as exc:
+        raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,11 @@ class _Rule:
     names: frozenset[str]
     required: tuple[str, ...]
     check: Check | None
+
+    def passes(self, datum: Any) -> bool:
+        """True: ``datum`` is surely valid (no unknown top-level field, the pre-check holds)."""
+        check = self.check
+        return check is not None and check(datum) and self.names.issuperset(datum)
 
     def top_level(self, datum: Any) -> str | None:
         """Why ``datum`` cannot be this record at the top level (None: it may be)."""
