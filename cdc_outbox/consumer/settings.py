@@ -109,7 +109,7 @@ class ConsumerSettings(BaseModel):
             err = exc.errors(include_url=False)[0]
             loc = ".".join(str(p) for p in err["loc"])
             msg = (err.get("ctx") or {}).get("error", err["msg"])
-            raise ConfigError(f"consumer: {loc}: {msg}") from None
+            raise ConfigError(f"consumer: {loc}: {msg}" if loc else f"consumer: {msg}") from None
 
     @classmethod
     def from_relay(cls, relay: Any, **values: Any) -> ConsumerSettings:

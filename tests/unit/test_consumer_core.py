@@ -174,6 +174,8 @@ def test_consume_command_bad_input_is_one_line_and_exit_2() -> None:
          "must look like KEY=VALUE"),
         (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--max-attempts", "0"),
          "consumer: max_attempts"),
+        (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--value-format", "avro"),
+         "consumer: value_format 'avro' needs schema_registry.url"),
     ]:  # fmt: skip
         out = run_cli("consume", *args, dsn="host=127.0.0.1 port=1 password=s3cret")
         assert out.returncode == 2, out.stderr
