@@ -1,26 +1,34 @@
-"""A small client of the Confluent Schema Registry REST API (stdlib HTTP, no retries).
+"""A thin adapter over ``confluent_kafka.schema_registry.SchemaRegistryClient``.
 
-Errors are split the way the delivery policy needs them:
+The library does the HTTP (auth, timeouts, caching of ids and registrations); this module only
+fixes what the delivery policy needs. Errors are split so:
 
-- :class:`RegistryUnavailable`: no answer, a timeout, or HTTP 5xx/408/429 (an outage: retry);
-- :class:`RegistryError`: any other non-2xx answer, with ``status`` and the registry's
+- :class:`RegistryUnavailable`: no answer (connection refused, timeout, any other transport
+  error of the library's HTTP stack, an unreadable answer) or HTTP 5xx/408/429: an outage, try
+  again later;
+- :class:`RegistryError`: any other error answer, with ``status`` and the registry's
   ``error_code`` (404 subject or version not found, 409 incompatible, 422 invalid schema).
 
-Credentials (``user:password``) go into an ``Authorization`` header and never into messages.
+The library's own retries are off (``max.retries`` 0): the relay and the consumer retry with
+their own backoff. :meth:`RegistryClient.latest` always asks the registry (the library caches
+latest versions forever). Credentials (``user:password``) go to the library as
+``basic.auth.user.info`` and never into messages.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 __all__ = ["RegistryClient", "RegistryError", "RegistryUnavailable"]
 
-_CT = "application/vnd.schemaregistry.v1+json"
+_T = TypeVar("_T")
+_OUTAGE_STATUS = frozenset({408, 429})
 
 
 class RegistryUnavailable(Exception):
@@ -37,81 +45,85 @@ class RegistryError(Exception):
         self.message = message
 
 
+def _call(fn: Callable[[], _T]) -> _T:
+    """``fn()``, its exceptions translated into the two above."""
+    try:
+        return fn()
+    except SchemaRegistryError as exc:
+        status = int(exc.http_status_code)
+        if status >= 500 or status in _OUTAGE_STATUS:
+            raise RegistryUnavailable(f"schema registry answered HTTP {status}") from None
+        code = status if exc.error_code in (None, -1) else int(exc.error_code)
+        raise RegistryError(status, code, str(exc.error_message or "")[:300]) from None
+    except Exception as exc:  # the library's HTTP stack (httpx or httpx2): transport errors,
+        # a garbled answer; it raises nothing else, so all of it is "no useful answer"
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise RegistryUnavailable(f"schema registry unreachable: {reason}") from None
+
+
 class RegistryClient:
     """Confluent-compatible registry at ``url`` (e.g. ``http://host:8080/apis/ccompat/v7``)."""
 
     def __init__(self, url: str, user_info: str = "", timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
-        self.timeout = timeout
-        self._headers = {"Content-Type": _CT, "Accept": _CT}
+        conf: dict[str, Any] = {"url": self.url, "timeout": timeout, "max.retries": 0}
         if user_info:
-            token = base64.b64encode(user_info.encode()).decode()
-            self._headers["Authorization"] = f"Basic {token}"
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path, data=data, method=method, headers=self._headers
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            status = exc.code
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise RegistryUnavailable(f"schema registry unreachable: {reason}") from None
-        if status >= 500 or status in (408, 429):
-            raise RegistryUnavailable(f"schema registry answered HTTP {status}")
-        try:
-            info = json.loads(raw)
-            code, message = int(info.get("error_code", status)), str(info.get("message", ""))
-        except (ValueError, AttributeError, TypeError):
-            code, message = status, raw[:200].decode(errors="replace")
-        raise RegistryError(status, code, message)
-
-    @staticmethod
-    def _subject(subject: str) -> str:
-        return urllib.parse.quote(subject, safe="")
+            conf["basic.auth.user.info"] = user_info
+        self.client = SchemaRegistryClient(conf)
+        for name in ("httpx", "httpx2"):  # the library's HTTP stack logs every request at INFO
+            http_logger = logging.getLogger(name)
+            if http_logger.level == logging.NOTSET:
+                http_logger.setLevel(logging.WARNING)
 
     def register(self, subject: str, schema: str) -> int:
-        """Register ``schema`` under ``subject`` (idempotent); its global id."""
-        out = self._call("POST", f"/subjects/{self._subject(subject)}/versions", {"schema": schema})
-        return int(out["id"])
+        """Register ``schema`` under ``subject`` (idempotent, cached); its global id."""
+        return int(_call(lambda: self.client.register_schema(subject, Schema(schema, "AVRO"))))
 
     def lookup(self, subject: str, schema: str) -> int:
         """The id of ``schema`` if already registered under ``subject`` (404 otherwise)."""
-        out = self._call("POST", f"/subjects/{self._subject(subject)}", {"schema": schema})
-        return int(out["id"])
+        got: Any = _call(lambda: self.client.lookup_schema(subject, Schema(schema, "AVRO")))
+        return int(got.schema_id)
 
     def latest(self, subject: str) -> tuple[int, str]:
-        """``(id, schema text)`` of the latest version of ``subject`` (404 if none)."""
-        out = self._call("GET", f"/subjects/{self._subject(subject)}/versions/latest")
-        return int(out["id"]), str(out["schema"])
+        """``(id, schema text)`` of the latest version of ``subject`` (404 if none), asked of
+        the registry every time."""
+
+        def ask() -> Any:
+            self.client.clear_latest_caches()  # type: ignore[no-untyped-call]
+            return self.client.get_latest_version(subject)
+
+        got = _call(ask)
+        return int(got.schema_id), str(got.schema.schema_str)
 
     def schema(self, schema_id: int) -> str:
-        """The schema text with global id ``schema_id``."""
-        return str(self._call("GET", f"/schemas/ids/{int(schema_id)}")["schema"])
+        """The schema text with global id ``schema_id`` (cached by the library)."""
+        return str(_call(lambda: self.client.get_schema(int(schema_id))).schema_str)
 
     def compatibility(self, subject: str) -> str:
         """The compatibility level in force for ``subject`` (its own, else the global one)."""
         try:
-            out = self._call("GET", f"/config/{self._subject(subject)}?defaultToGlobal=true")
+            return str(_call(lambda: self.client.get_compatibility(subject)))
         except RegistryError as exc:
             if exc.status != 404:
                 raise
-            out = self._call("GET", "/config")
-        return str(out.get("compatibilityLevel") or out.get("compatibility") or "BACKWARD")
+        return str(_call(self.client.get_compatibility) or "BACKWARD")
 
     def test_compatibility(self, subject: str, schema: str) -> tuple[bool, list[str]]:
         """Whether ``schema`` may follow ``subject``'s latest version, with the reasons.
-        A subject without versions is compatible."""
-        path = f"/compatibility/subjects/{self._subject(subject)}/versions/latest?verbose=true"
+        A subject without versions is compatible.
+
+        The library's ``test_compatibility`` returns only the verdict, so this one request
+        goes through its REST layer (same auth, timeout and errors) to keep the reasons."""
+        path = f"compatibility/subjects/{quote(subject, safe='')}/versions/latest?verbose=true"
+        body = Schema(schema, "AVRO").to_dict()
         try:
-            out = self._call("POST", path, {"schema": schema})
+            out = _call(lambda: self.client._rest_client.post(path, body=body))
         except RegistryError as exc:
             if exc.status == 404:
                 return True, []
             raise
         return bool(out.get("is_compatible")), [str(m) for m in out.get("messages") or []]
+
+    def close(self) -> None:
+        """Close the HTTP session."""
+        self.client.close()

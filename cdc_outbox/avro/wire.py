@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import io
 import json
+import json.scanner
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
+
+from cdc_outbox.avro.precheck import Check, compile_check
 
 __all__ = [
     "MAGIC",
@@ -39,6 +43,7 @@ __all__ = [
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 _from_json = json.JSONDecoder().decode
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 class AvroEncodeError(ValueError):
@@ -62,21 +67,22 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
     """Avro binary of the JSON ``payload`` under ``parsed_schema`` (see the module contract).
 
     Checked: JSON syntax, the top-level record's fields (none unknown, none without default
-    missing), then every value's type (``fastavro.validation.validate``). Unknown fields of
-    nested records are not checked (fastavro drops them).
+    missing), then every value's type: a per-schema compiled pre-check
+    (:mod:`cdc_outbox.avro.precheck`) passes the common case; anything it is unsure of goes
+    to ``fastavro.validation.validate``, the authority and the source of the reason. Unknown
+    fields of nested records are not checked (fastavro drops them).
     """
-    try:
-        datum = _from_json(payload.decode())
-    except (ValueError, RecursionError) as exc:
-        raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
-    problem = _top_level_fields(parsed_schema, datum)
-    if problem is None:
-        try:
-            validate(datum, parsed_schema, raise_errors=True)
-        except Exception as exc:  # fastavro's ValidationError (a list of messages)
-            problem = " ".join(str(exc).split()).strip('[]" ')
-    if problem is not None:
-        raise AvroEncodeError(f"avro: {problem[:500]}")
+    datum = _json(payload)
+    rule = _rule(parsed_schema)
+    if rule is None or not rule.passes(datum):  # else: the pre-check implies both checks below
+        problem = None if rule is None else rule.top_level(datum)
+        if problem is None:
+            try:
+                validate(datum, parsed_schema, raise_errors=True)
+            except Exception as exc:  # fastavro's ValidationError (a list of messages)
+                problem = " ".join(str(exc).split()).strip('[]" ')
+        if problem is not None:
+            raise AvroEncodeError(f"avro: {problem[:500]}")
     buf = io.BytesIO()
     try:
         schemaless_writer(buf, parsed_schema, datum)
@@ -85,32 +91,75 @@ def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
     return buf.getvalue()
 
 
-_FieldRule = tuple[Any, str, frozenset[str], tuple[str, ...]]
-_rules: dict[int, _FieldRule] = {}
+def _json(payload: bytes) -> Any:
+    """The parsed JSON ``payload``: the stdlib's C scanner directly when the text is exactly
+    one value, else the full decoder (which also words the error)."""
+    try:
+        text = payload.decode()
+        datum, end = _scan(text, 0)
+        if end == len(text):
+            return datum
+    except (StopIteration, ValueError, RecursionError):
+        pass
+    try:
+        return _from_json(payload.decode())
+    except (ValueError, RecursionError) as exc:
+        raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
 
 
-def _top_level_fields(schema: Any, datum: Any) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What is worked out once per record schema: field names, required fields, pre-check."""
+
+    schema: Any
+    name: str
+    names: frozenset[str]
+    required: tuple[str, ...]
+    check: Check | None
+
+    def passes(self, datum: Any) -> bool:
+        """True: ``datum`` is surely valid (no unknown top-level field, the pre-check holds)."""
+        check = self.check
+        return check is not None and check(datum) and self.names.issuperset(datum)
+
+    def top_level(self, datum: Any) -> str | None:
+        """Why ``datum`` cannot be this record at the top level (None: it may be)."""
+        if not isinstance(datum, dict):
+            return f"payload is a JSON {type(datum).__name__}, record {self.name} needs an object"
+        if not self.names.issuperset(datum):
+            unknown = sorted(set(datum) - self.names)
+            return f"record {self.name} has no field {', '.join(unknown)}"
+        for field in self.required:
+            if field not in datum:
+                missing = [f for f in self.required if f not in datum]
+                return (
+                    f"record {self.name} field {', '.join(missing)} is missing"
+                    " (and has no default)"
+                )
+        return None
+
+
+_rules: dict[int, _Rule] = {}
+
+
+def _rule(schema: Any) -> _Rule | None:
+    """The cached :class:`_Rule` of a record schema (None for other schemas)."""
+    rule = _rules.get(id(schema))
+    if rule is not None and rule.schema is schema:
+        return rule
     if not (isinstance(schema, dict) and schema.get("type") == "record"):
         return None
-    rule = _rules.get(id(schema))
-    if rule is None or rule[0] is not schema:  # once per schema: names and required fields
-        fields = schema["fields"]
-        names = frozenset(f["name"] for f in fields)
-        required = tuple(f["name"] for f in fields if "default" not in f)
-        if len(_rules) > 1024:
-            _rules.clear()
-        rule = _rules[id(schema)] = (schema, str(schema.get("name")), names, required)
-    _, name, names, required = rule
-    if not isinstance(datum, dict):
-        return f"payload is a JSON {type(datum).__name__}, record {name} needs an object"
-    if not names.issuperset(datum):
-        unknown = sorted(set(datum) - names)
-        return f"record {name} has no field {', '.join(unknown)}"
-    for field in required:
-        if field not in datum:
-            missing = [f for f in required if f not in datum]
-            return f"record {name} field {', '.join(missing)} is missing (and has no default)"
-    return None
+    fields = schema["fields"]
+    if len(_rules) > 1024:
+        _rules.clear()
+    rule = _rules[id(schema)] = _Rule(
+        schema,
+        str(schema.get("name")),
+        frozenset(f["name"] for f in fields),
+        tuple(f["name"] for f in fields if "default" not in f),
+        compile_check(schema),
+    )
+    return rule
 
 
 def frame(schema_id: int, body: bytes) -> bytes:

@@ -73,6 +73,14 @@ def consume(
         list[str] | None,
         typer.Option("--kafka-config", help="librdkafka consumer setting KEY=VALUE; repeatable."),
     ] = None,
+    value_format: Annotated[
+        str | None,
+        typer.Option(
+            "--value-format",
+            help="json or avro (Confluent wire format, schemas from [schema_registry])."
+            " Default: the relay's value_format.",
+        ),
+    ] = None,
     metrics_port: Annotated[
         int | None,
         typer.Option("--metrics-port", help="Serve Prometheus /metrics on metrics_host:PORT."),
@@ -101,6 +109,7 @@ def consume(
         schema_name=processed_schema,
         dedupe=not no_dedupe,
         kafka_config=_kafka_config(kafka_config),
+        value_format=value_format,
     )
     metrics = ConsumerMetrics(settings.consumer_name)
     if metrics_port is not None:

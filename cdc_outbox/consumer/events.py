@@ -1,8 +1,11 @@
 """What a handler receives (:class:`Event`) and how records become events (pure, no I/O).
 
 The value decoder is a seam: :func:`decoder_for` maps the ``value_format`` setting to a
-function ``RawRecord -> payload``. Only ``"json"`` exists here; another format (e.g. Avro via
-a schema registry) plugs in by adding a decoder, nothing else changes.
+function ``RawRecord -> payload``: ``"json"`` (:func:`json_value`) or ``"avro"`` (the
+Confluent wire format, writer schemas from the registry:
+:class:`cdc_outbox.consumer.avro_values.AvroValues`). A decoder raises :class:`BadRecord` for a
+value that can never be decoded (dead-lettered) and :class:`DecodeUnavailable` when what it
+needs is down (the batch is retried after a backoff, nothing is dead-lettered).
 """
 
 from __future__ import annotations
@@ -13,16 +16,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cdc_outbox.config_models import SchemaRegistrySettings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
 
-__all__ = ["BadRecord", "Event", "ValueDecoder", "decoder_for", "event_of", "json_value"]
+__all__ = [
+    "BadRecord",
+    "DecodeUnavailable",
+    "Event",
+    "ValueDecoder",
+    "decoder_for",
+    "event_of",
+    "json_value",
+]
 
 ValueDecoder = Callable[[RawRecord], Any]
 
 
 class BadRecord(Exception):
     """The record cannot be handled, ever (no event id, undecodable value)."""
+
+
+class DecodeUnavailable(Exception):
+    """The decoder cannot work now (e.g. the schema registry is down): try again later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +67,17 @@ def json_value(record: RawRecord) -> Any:
         raise BadRecord(f"value is not JSON: {exc}") from None
 
 
-def decoder_for(value_format: str) -> ValueDecoder:
-    """The decoder of ``value_format``; ``ConfigError`` for a format this build lacks."""
+def decoder_for(value_format: str, registry: SchemaRegistrySettings | None = None) -> ValueDecoder:
+    """The decoder of ``value_format`` (``registry``: where "avro" finds writer schemas);
+    ``ConfigError`` for an unknown format or "avro" without a registry url."""
     if value_format == "json":
         return json_value
+    if value_format == "avro":
+        if registry is None or not registry.url:
+            raise ConfigError("consumer: value_format 'avro' needs schema_registry.url")
+        from cdc_outbox.consumer.avro_values import AvroValues
+
+        return AvroValues(registry)
     raise ConfigError(f"consumer: value_format {value_format!r} is not supported")
 
 

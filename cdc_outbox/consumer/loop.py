@@ -22,9 +22,10 @@ to ``max_attempts`` attempts; then the record goes to ``dead_letter_topic`` (hea
 (``consumer_parked_keys``, persisted) and the loop goes on. A record without a valid ``id``
 header or with an undecodable value is dead-lettered at once. A dead letter is acknowledged by
 Kafka before the transaction recording it commits (a crash in between re-sends it: dead
-letters are at-least-once). Database or Kafka trouble (a broken connection, no pool
-connection, a dead letter not acknowledged) rolls the whole transaction back and redoes the
-batch after a backoff, indefinitely; it never dead-letters anything.
+letters are at-least-once). Database, Kafka or schema registry trouble (a broken connection,
+no pool connection, a dead letter not acknowledged, a value decoder raising
+``DecodeUnavailable``) rolls the whole transaction back and redoes the batch after a backoff,
+indefinitely; it never dead-letters anything.
 
 :meth:`request_stop` (SIGTERM) ends the loop after the current record (an unfinished retry is
 abandoned): what is done is committed, offsets are committed, the group is left.
@@ -41,7 +42,14 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from cdc_outbox.consumer.events import BadRecord, Event, ValueDecoder, decoder_for, event_of
+from cdc_outbox.consumer.events import (
+    BadRecord,
+    DecodeUnavailable,
+    Event,
+    ValueDecoder,
+    decoder_for,
+    event_of,
+)
 from cdc_outbox.consumer.metrics import ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
 from cdc_outbox.consumer.store import ConsumerStore
@@ -52,7 +60,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Handler", "IdempotentConsumer"]
 
 Handler = Callable[[psycopg.Connection[Any], Event], Any]
-_INFRA_ERRORS = (psycopg.OperationalError, PoolTimeout, DeadLetterError)
+_INFRA_ERRORS = (psycopg.OperationalError, PoolTimeout, DeadLetterError, DecodeUnavailable)
 _LAG_INTERVAL_S = 5.0
 
 
@@ -76,7 +84,7 @@ class IdempotentConsumer:
         self.settings = settings
         self.pool = pool
         self.handler = handler
-        self.decode = decode or decoder_for(settings.value_format)
+        self.decode = decode or decoder_for(settings.value_format, settings.schema_registry)
         self.metrics = metrics or ConsumerMetrics(settings.consumer_name)
         self.store = ConsumerStore(settings.consumer_name, settings.schema_name)
         self._stop = threading.Event()

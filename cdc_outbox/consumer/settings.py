@@ -2,7 +2,8 @@
 
 :meth:`ConsumerSettings.from_relay` fills the defaults from the relay's settings: bootstrap
 servers and ``kafka.config``, and a topic subscription derived from ``topic_template``
-(``outbox.event.{aggregate_type}`` -> the regex ``^outbox\\.event\\.[A-Za-z0-9._-]+$``).
+(``outbox.event.{aggregate_type}`` -> the regex ``^outbox\\.event\\.[A-Za-z0-9._-]+$``),
+and the value format with the ``[schema_registry]`` settings.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from cdc_outbox.config_models import SchemaRegistrySettings
 from cdc_outbox.errors import ConfigError
 
 __all__ = [
@@ -44,8 +53,11 @@ class ConsumerSettings(BaseModel):
     bootstrap_servers: str = Field(min_length=1)
     kafka_config: dict[str, str] = Field(default_factory=dict)
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
-    #: "json" only for now; the seam for other formats is cdc_outbox.consumer.decoding.
-    value_format: Literal["json"] = "json"
+    #: How values are decoded (cdc_outbox.consumer.events.decoder_for); "avro" reads the
+    #: Confluent wire format with writer schemas from ``schema_registry`` (its url is needed).
+    value_format: Literal["json", "avro"] = "json"
+    #: The relay's ``[schema_registry]`` settings (url, basic auth, timeout) for "avro".
+    schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     #: Schema of processed_events / consumer_parked_keys.
     schema_name: str = "public"
     #: False: no processed_events row and no duplicate check (benchmark baseline only).
@@ -79,6 +91,12 @@ class ConsumerSettings(BaseModel):
             raise ValueError(f"schema {v!r} is not a valid identifier")
         return v
 
+    @model_validator(mode="after")
+    def _registry(self) -> ConsumerSettings:
+        if self.value_format == "avro" and not self.schema_registry.url:
+            raise ValueError("value_format 'avro' needs schema_registry.url")
+        return self
+
     def kafka_consumer_config(self) -> dict[str, str]:
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config}
 
@@ -91,14 +109,16 @@ class ConsumerSettings(BaseModel):
             err = exc.errors(include_url=False)[0]
             loc = ".".join(str(p) for p in err["loc"])
             msg = (err.get("ctx") or {}).get("error", err["msg"])
-            raise ConfigError(f"consumer: {loc}: {msg}") from None
+            raise ConfigError(f"consumer: {loc}: {msg}" if loc else f"consumer: {msg}") from None
 
     @classmethod
     def from_relay(cls, relay: Any, **values: Any) -> ConsumerSettings:
-        """Defaults from the relay's :class:`~cdc_outbox.config.Settings`, ``values`` win
-        (``None`` = not given)."""
+        """Defaults from the relay's :class:`~cdc_outbox.config.Settings` (Kafka, topics,
+        ``value_format``, ``[schema_registry]``), ``values`` win (``None`` = not given)."""
         given = {k: v for k, v in values.items() if v is not None}
         given.setdefault("bootstrap_servers", relay.kafka.bootstrap_servers)
+        given.setdefault("value_format", relay.value_format)
+        given.setdefault("schema_registry", relay.schema_registry)
         given["kafka_config"] = {**relay.kafka.config, **given.get("kafka_config", {})}
         if not given.get("topics"):
             given["topics"] = topics_from_template(relay.topic_template)

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 from fastavro import schemaless_reader
+from fastavro.validation import validate
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_outbox.avro.precheck import compile_check
 from cdc_outbox.avro.serializer import _avro_string, load_schemas_dir
 from cdc_outbox.avro.wire import (
     AvroEncodeError,
@@ -204,3 +206,49 @@ def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
         assert later.outcomes == [f"retry: {delivery.restart_reason}"] and not delivery.to_mark
     finally:
         delivery.close(0)
+
+
+_PRECHECK_SCHEMAS = [
+    SCHEMA,
+    parse('"int"'),
+    parse('["null", "boolean", "double"]'),
+    parse('{"type": "enum", "name": "E", "symbols": ["A", "B"]}'),
+    parse(
+        '{"type": "record", "name": "R", "fields": [{"name": "i", "type": "int", "default": 0},'
+        ' {"name": "s", "type": ["null", "string"]}, {"name": "l", "type": "long"}]}'
+    ),
+]
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.sampled_from(["A", "C", "", "-type"])
+    | st.text(max_size=5),
+    lambda inner: st.dictionaries(
+        st.sampled_from(["amount", "note", "item", "sku", "i", "s", "l", "-type", "x"]),
+        inner,
+        max_size=4,
+    ),
+    max_leaves=8,
+)
+
+
+@given(st.sampled_from(range(len(_PRECHECK_SCHEMAS))), _json_values)
+def test_precheck_is_sound(which: int, datum: object) -> None:
+    """Whatever the compiled pre-check accepts, fastavro's validate accepts too."""
+    schema = _PRECHECK_SCHEMAS[which]
+    check = compile_check(schema)
+    assert check is not None
+    if check(datum):
+        assert validate(datum, schema, raise_errors=False), datum
+
+
+def test_precheck_passes_the_common_case_and_defers_the_rest() -> None:
+    check = compile_check(SCHEMA)
+    assert check is not None
+    assert check({"amount": 5, "item": {"sku": "a"}})  # "note" absent: its default
+    assert not check({"amount": True, "item": {"sku": "a"}})  # unsure: fastavro decides
+    assert not check({"amount": 2**63, "item": {"sku": "a"}})
+    assert compile_check(parse('{"type": "array", "items": "int"}')) is None
+    assert compile_check(parse('{"type": "long", "logicalType": "timestamp-millis"}')) is None

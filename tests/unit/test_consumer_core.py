@@ -67,6 +67,41 @@ def test_settings_default_from_the_relay_and_flags_win() -> None:
         ConsumerSettings.from_relay(relay, group_id="g", dead_letter_topic="bad topic")
     with pytest.raises(ConfigError, match=r"^consumer: max_attempts"):
         ConsumerSettings.from_relay(relay, group_id="g", max_attempts=0)
+    assert s.value_format == "json"
+    with pytest.raises(ConfigError, match=r"value_format 'avro' needs schema_registry\.url"):
+        ConsumerSettings.from_relay(relay, group_id="g", value_format="avro")
+
+
+def test_avro_settings_come_from_the_relay() -> None:
+    relay = Settings(
+        dsn="host=db", value_format="avro",
+        schema_registry={"url": "http://sr:8080/apis/ccompat/v7", "basic_auth_user_info": "u:pw",
+                         "timeout_s": 2},
+    )  # fmt: skip
+    s = ConsumerSettings.from_relay(relay, group_id="g")
+    assert s.value_format == "avro"
+    assert s.schema_registry.url == "http://sr:8080/apis/ccompat/v7"
+    assert s.schema_registry.basic_auth_user_info.get_secret_value() == "u:pw"
+    assert "pw" not in repr(s)
+    assert ConsumerSettings.from_relay(relay, group_id="g", value_format="json").value_format == (
+        "json"
+    )
+
+
+def test_avro_decoder_bad_bytes_dead_letter_unreachable_registry_retries() -> None:
+    """A value that is not the wire format is a BadRecord without asking the registry; an id
+    that needs a registry nobody listens on is DecodeUnavailable (retry), not a BadRecord."""
+    from cdc_outbox.config_models import SchemaRegistrySettings
+    from cdc_outbox.consumer.events import DecodeUnavailable
+    from cdc_outbox_dev.sandbox._proc import free_port
+
+    registry = SchemaRegistrySettings(url=f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    decode = decoder_for("avro", registry)
+    assert decode(_record(value=None)) is None
+    with pytest.raises(BadRecord, match="value is not Avro: not Confluent wire format"):
+        decode(_record(value=b'{"total": 5}'))
+    with pytest.raises(DecodeUnavailable, match="schema id 7: schema registry unreachable"):
+        decode(_record(value=b"\x00\x00\x00\x00\x07\x02"))
 
 
 def test_backoff_doubles_and_is_capped() -> None:
@@ -101,8 +136,10 @@ def test_record_to_event() -> None:
     with pytest.raises(BadRecord, match="not JSON"):
         event_of(_record(value=b"\x00avro"), json_value)
     assert decoder_for("json") is json_value
-    with pytest.raises(ConfigError, match="value_format 'avro'"):
+    with pytest.raises(ConfigError, match=r"value_format 'avro' needs schema_registry\.url"):
         decoder_for("avro")
+    with pytest.raises(ConfigError, match="value_format 'xml' is not supported"):
+        decoder_for("xml")
     json.dumps(event.payload)
 
 
@@ -115,6 +152,8 @@ def test_consume_command_bad_input_is_one_line_and_exit_2() -> None:
          "must look like KEY=VALUE"),
         (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--max-attempts", "0"),
          "consumer: max_attempts"),
+        (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--value-format", "avro"),
+         "consumer: value_format 'avro' needs schema_registry.url"),
     ]:  # fmt: skip
         out = run_cli("consume", *args, dsn="host=127.0.0.1 port=1 password=s3cret")
         assert out.returncode == 2, out.stderr
