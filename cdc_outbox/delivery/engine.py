@@ -54,6 +54,7 @@ from cdc_outbox.delivery.policy import (
     on_failure,
     precheck,
 )
+from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
 from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
@@ -74,69 +75,6 @@ class EventHandle(Protocol):
     def dead_lettered(self) -> None: ...
 
     def retry(self, reason: str) -> None: ...
-
-
-class _Sent:
-    """Delivery listener of an event's record on its topic."""
-
-    __slots__ = ("delivery", "epoch", "event_id", "handle", "key")
-
-    def __init__(self, delivery: Delivery, handle: EventHandle, key: bytes, event_id: str) -> None:
-        self.delivery = delivery
-        self.handle = handle
-        self.key = key
-        self.event_id = event_id
-        self.epoch = delivery.epoch
-
-    def delivered(self, topic: str, headers: Headers) -> None:
-        d = self.delivery
-        if self.epoch != d.epoch:
-            return
-        d.keys.done(self.key)
-        d.stats.count_published(topic)
-        if d.marker is not None:
-            if d.eos:  # only once the Kafka transaction has committed
-                d.marks.append(headers[0][1])
-            else:
-                d.marker.add(headers[0][1])  # the mapper puts the event id first
-        self.handle.published(topic)
-
-    def failed(self, failure: DeliveryFailure) -> None:
-        d = self.delivery
-        if self.epoch == d.epoch:
-            d.record_failed(self, failure)
-
-
-class _DeadSent:
-    """Delivery listener of a dead-letter record."""
-
-    __slots__ = ("delivery", "epoch", "event_id", "handle", "intended_topic", "reason")
-
-    def __init__(
-        self, delivery: Delivery, handle: EventHandle, event_id: str | None, reason: str, topic: str
-    ) -> None:
-        self.delivery = delivery
-        self.handle = handle
-        self.event_id = event_id
-        self.reason = reason
-        self.intended_topic = topic
-        self.epoch = delivery.epoch
-
-    def delivered(self, topic: str, headers: Headers) -> None:
-        d = self.delivery
-        if self.epoch == d.epoch:
-            d.stats.count_dead_lettered(self.intended_topic)
-            d.to_mark.append(self)
-
-    def failed(self, failure: DeliveryFailure) -> None:
-        d = self.delivery
-        if self.epoch != d.epoch:
-            return
-        if failure.kind == "record":
-            d.halt(f"the dead-letter topic rejected a record: {failure.reason}")
-        else:
-            d.restart(f"dead-letter record failed ({failure.name}): {failure.reason}", failure)
-            self.handle.retry(failure.reason)
 
 
 class Delivery:
@@ -165,7 +103,7 @@ class Delivery:
         self.epoch = 0
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
-        self.to_mark: list[_DeadSent] = []
+        self.to_mark: list[DeadLetterReport] = []
         self.interrupted: Callable[[], str | None] = lambda: None
         self.idle: Callable[[], None] = lambda: None
         self._halt_policy = settings.on_permanent_error == "halt"
@@ -302,7 +240,7 @@ class Delivery:
                         wire_key,
                         value,
                         result.headers,
-                        _Sent(self, handle, key, result.event_id),
+                        RecordReport(self, handle, key, result.event_id),
                         interrupted=self.interrupted,
                         idle=self.idle,
                     )
@@ -326,7 +264,7 @@ class Delivery:
         self._log_dead(problem.event_id, problem.key, problem.intended_topic, problem.reason)
         self._dead.append((handle, problem, problem.reason))
 
-    def record_failed(self, sent: _Sent, failure: DeliveryFailure) -> None:
+    def record_failed(self, sent: RecordReport, failure: DeliveryFailure) -> None:
         """Kafka refused ``sent``'s record: apply the policy (called from delivery reports)."""
         later = self.keys.done(sent.key)
         self.stats.delivery_errors += 1
@@ -380,7 +318,7 @@ class Delivery:
                 record.key,
                 record.value,
                 record.headers,
-                _DeadSent(self, handle, event_id, reason, record.intended_topic),
+                DeadLetterReport(self, handle, event_id, reason, record.intended_topic),
                 interrupted=self.interrupted,
                 idle=self.idle,
             )

@@ -1,0 +1,86 @@
+"""Kafka delivery reports, routed back to :class:`~cdc_outbox.delivery.engine.Delivery`.
+
+- :class:`RecordReport`: an event's record on its topic. Acknowledged: its key leaves the
+  in-flight set, it is counted, its id goes to the published-marker (exactly-once: only after
+  the Kafka commit) and ``handle.published``. Failed: :meth:`Delivery.record_failed` applies
+  the policy.
+- :class:`DeadLetterReport`: a dead-letter record. Acknowledged: queued to mark its row
+  ``FAILED`` (the event is dead-lettered only once that is durable). Failed: the dead-letter
+  topic rejecting a record halts; anything else restarts and the event is retried.
+
+A report from an earlier session (``epoch``) is ignored: those records are re-sent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
+
+if TYPE_CHECKING:
+    from cdc_outbox.delivery.engine import Delivery, EventHandle
+
+__all__ = ["DeadLetterReport", "RecordReport"]
+
+
+class RecordReport:
+    """Delivery listener of an event's record on its topic."""
+
+    __slots__ = ("delivery", "epoch", "event_id", "handle", "key")
+
+    def __init__(self, delivery: Delivery, handle: EventHandle, key: bytes, event_id: str) -> None:
+        self.delivery = delivery
+        self.handle = handle
+        self.key = key
+        self.event_id = event_id
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        d = self.delivery
+        if self.epoch != d.epoch:
+            return
+        d.keys.done(self.key)
+        d.stats.count_published(topic)
+        if d.marker is not None:
+            if d.eos:  # only once the Kafka transaction has committed
+                d.marks.append(headers[0][1])
+            else:
+                d.marker.add(headers[0][1])  # the mapper puts the event id first
+        self.handle.published(topic)
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        d = self.delivery
+        if self.epoch == d.epoch:
+            d.record_failed(self, failure)
+
+
+class DeadLetterReport:
+    """Delivery listener of a dead-letter record."""
+
+    __slots__ = ("delivery", "epoch", "event_id", "handle", "intended_topic", "reason")
+
+    def __init__(
+        self, delivery: Delivery, handle: EventHandle, event_id: str | None, reason: str, topic: str
+    ) -> None:
+        self.delivery = delivery
+        self.handle = handle
+        self.event_id = event_id
+        self.reason = reason
+        self.intended_topic = topic
+        self.epoch = delivery.epoch
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        d = self.delivery
+        if self.epoch == d.epoch:
+            d.stats.count_dead_lettered(self.intended_topic)
+            d.to_mark.append(self)
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        d = self.delivery
+        if self.epoch != d.epoch:
+            return
+        if failure.kind == "record":
+            d.halt(f"the dead-letter topic rejected a record: {failure.reason}")
+        else:
+            d.restart(f"dead-letter record failed ({failure.name}): {failure.reason}", failure)
+            self.handle.retry(failure.reason)
