@@ -31,7 +31,7 @@ import psycopg
 from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
-from cdc_outbox.crash_points import crash_point
+from cdc_outbox.crash_points import crash_during, crash_point
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.eos_batch import EosBatch
 from cdc_outbox.kafka import checkpoints
@@ -133,8 +133,9 @@ class EosCommitter:
         delivery.publisher.produce(
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
         )
-        crash_point("eos.in_kafka_commit")
-        delivery.publisher.commit(delivery.txn_timeout_s())
+        crash_point("eos.before_kafka_commit")
+        with crash_during("eos.in_kafka_commit"):
+            delivery.publisher.commit(delivery.txn_timeout_s())
         crash_point("eos.after_kafka_commit")
         delivery.committed()
         self.stats.eos_committed_events += self.batch.events + len(catch_up_ids or ())

@@ -113,10 +113,11 @@ def test_streaming_in_kafka_transactions_with_checkpoints(
 def test_kill_9_at_random_points_and_in_commit_exactly_once(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
 ) -> None:
-    """Under a 4-writer load (mixed transaction sizes): named crash points in the Kafka commit
-    (records written, commit not sent) and between the Kafka commit and the slot confirmation
-    (catch-up: before the rows are marked), each once in the catch-up and once while
-    streaming, and kill -9 at 10 random points. read_committed sees every event exactly once,
+    """Under a 4-writer load (mixed transaction sizes): named crash points during the Kafka
+    commit (a kill while the commit call is in flight) and between the Kafka commit and the
+    slot confirmation (catch-up: before the rows are marked), each once in the catch-up and
+    once while streaming, just before the commit (records written, commit not sent: aborted)
+    while streaming, and kill -9 at 10 random points. read_committed sees every event exactly once,
     in per-aggregate order; read_uncommitted sees the aborted records too."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     init_outbox(settings)
@@ -154,6 +155,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
             relay = RelayProcess(settings, f"eos-kill-{i}")
             relay.start()
         relay.kill()
+        crash_at("eos.before_kafka_commit", "eos-kill-stream-0")
         crash_at("eos.in_kafka_commit", "eos-kill-stream-1")
         crash_at("eos.after_kafka_commit", "eos-kill-stream-2")
         writers.join()
@@ -167,6 +169,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     assert crashed == [
         "CATCHING_UP:eos.in_kafka_commit",
         "CATCHING_UP:eos.after_kafka_commit",
+        "STREAMING:eos.before_kafka_commit",
         "STREAMING:eos.in_kafka_commit",
         "STREAMING:eos.after_kafka_commit",
     ]
@@ -495,8 +498,8 @@ def test_auto_mode_polls_at_least_once_and_says_so(
 def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
 ) -> None:
-    """The row is marked FAILED before the Kafka commit; the relay dies in the commit
-    (eos.in_kafka_commit). The next relay finds the row FAILED (its aggregate parked) and
+    """The row is marked FAILED before the Kafka commit; the relay dies just before the commit
+    (eos.before_kafka_commit). The next relay finds the row FAILED (its aggregate parked) and
     dead-letters it again in its own transaction: read_committed sees one dead letter, the
     row keeps its first reason, and the other event is published once."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
@@ -519,7 +522,9 @@ def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
         ).fetchall()
         conn.commit()
     poison, fine = str(rows[0][0]), str(rows[1][0])
-    crashing = RelayProcess(settings, "eos-dlq-crash", CDC_OUTBOX_CRASH_AT="eos.in_kafka_commit")
+    crashing = RelayProcess(
+        settings, "eos-dlq-crash", CDC_OUTBOX_CRASH_AT="eos.before_kafka_commit"
+    )
     crashing.start()
     assert crashing.wait(90) == -signal.SIGKILL, crashing.log_tail()
     with psycopg.connect(pg_dsn) as conn:
