@@ -77,7 +77,7 @@ def consume(
         str | None,
         typer.Option(
             "--value-format",
-            help="json or avro (Confluent wire format, schemas from [schema_registry])."
+            help="json or avro (Confluent wire format, schemas from the \\[schema_registry] settings)."
             " Default: the relay's value_format.",
         ),
     ] = None,

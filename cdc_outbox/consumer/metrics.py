@@ -38,7 +38,7 @@ class ConsumerMetrics:
             [*labels, "reason"], registry=r,
         )  # fmt: skip
         self._lag = Gauge(
-            "cdc_outbox_consumer_lag", "Records between the committed position and the end",
+            "cdc_outbox_consumer_lag", "Records between the consumer's position and the end",
             [*labels, "topic", "partition"], registry=r,
         )  # fmt: skip
         self.counts = {"processed": 0, "duplicate": 0, "dead_lettered": 0, "retried": 0}
