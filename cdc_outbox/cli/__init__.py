@@ -67,7 +67,8 @@ def _global(
         str | None, typer.Option("--schema", help="Outbox table schema (outbox_schema).")
     ] = None,
     log_level: Annotated[
-        str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR, CRITICAL (log_level).")
+        str | None,
+        typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR, CRITICAL (log_level)."),
     ] = None,
     version: Annotated[
         bool,

@@ -77,8 +77,8 @@ def consume(
         str | None,
         typer.Option(
             "--value-format",
-            help="json or avro (Confluent wire format, schemas from the \\[schema_registry] settings)."
-            " Default: the relay's value_format.",
+            help="json or avro (Confluent wire format, schemas from the"
+            " \\[schema_registry] settings). Default: the relay's value_format.",
         ),
     ] = None,
     metrics_port: Annotated[
