@@ -7,12 +7,13 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
 from confluent_kafka import Producer
 
+from tests.helpers import wait_until
 from tests.relay_support import ChildProcess
 
 #: What the handlers in tests/consumer_handlers.py write: one row per application.
@@ -71,6 +72,17 @@ def count_rows(dsn: str, table: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608 (test)
         return int(row[0]) if row else 0
+
+
+def wait_processed(dsn: str, events: int, timeout: float, context: Callable[[], str]) -> None:
+    """Wait until ``processed_events`` holds ``events`` rows (a timeout shows the count and
+    ``context()``, e.g. the process logs)."""
+    wait_until(
+        lambda: count_rows(dsn, "processed_events") >= events,
+        timeout=timeout,
+        interval=0.5,
+        message=lambda: f"{count_rows(dsn, 'processed_events')}/{events} processed; {context()}",
+    )
 
 
 class ConsumerProcess(ChildProcess):
