@@ -8,9 +8,28 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks import compare_bench, compare_report, consume_bench, relay_bench
+
+
+def _save(
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    write_results: Callable[[dict[str, Any], Path, str], None] | None = None,
+) -> None:
+    """Write ``result`` to ``--json`` and, with ``write_results``, its section to ``--results``."""
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if write_results is None:
+        print(f"wrote {args.json}")
+        return
+    command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
+    write_results(result, args.results, command)
+    print(f"wrote {args.json} and {args.results}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,29 +90,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--events and --txn-size must be positive")
         result = relay_bench.run(args)
         relay_bench.print_table(result)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        _save(result, args, argv)
     elif args.command == "compare":
         if args.events <= 0 or args.rate <= 0 or args.latency_seconds <= 0:
             parser.error("--events, --rate and --latency-seconds must be positive")
         result = compare_bench.run(args)
         compare_report.print_table(result)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
-        compare_report.write_results(result, args.results, command)
-        print(f"wrote {args.json} and {args.results}")
+        _save(result, args, argv, compare_report.write_results)
     elif args.command == "consume":
         if args.events <= 0:
             parser.error("--events must be positive")
         result = consume_bench.run(args)
         consume_bench.print_table(result)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
-        consume_bench.write_section(result, args.results, command)
-        print(f"wrote {args.json} and {args.results}")
+        _save(result, args, argv, consume_bench.write_section)
     return 0
 
 

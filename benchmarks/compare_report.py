@@ -95,20 +95,20 @@ def _eos_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def print_table(result: dict[str, Any]) -> None:
-    rows = [("metric", "CDC", "polling", "CDC/polling"), *_rows(result)]
+def _print_rows(rows: list[tuple[str, str, str, str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+
+
+def print_table(result: dict[str, Any]) -> None:
+    _print_rows([("metric", "CDC", "polling", "CDC/polling"), *_rows(result)])
     t = result["targets"]
     print(
         f"targets: throughput >= {t['throughput_ratio_min']}x: {t['throughput_met']};"
         f" p99 <= {t['p99_ratio_max']}x: {t['p99_met']}"
     )
-    rows = [("metric", "at-least-once", "exactly-once", "EOS vs ALO"), *_eos_rows(result)]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+    _print_rows([("metric", "at-least-once", "exactly-once", "EOS vs ALO"), *_eos_rows(result)])
     e = result["eos"]
     print(
         f"exactly-once targets: throughput >= {e['throughput_ratio_min']}x: {e['throughput_met']};"

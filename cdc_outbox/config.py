@@ -54,6 +54,7 @@ from cdc_outbox.config_models import (
     PollingSettings,
     SchemaRegistrySettings,
     check_ident,
+    check_topic,
 )
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.outbox_mapping import ColumnNames, OutboxMapper, is_legal_topic
@@ -215,9 +216,7 @@ class Settings(BaseSettings):
     @field_validator("dead_letter_topic")
     @classmethod
     def _topic(cls, v: str) -> str:
-        if not is_legal_topic(v):
-            raise ValueError(f"dead_letter_topic {v!r} is not a legal Kafka topic name")
-        return v
+        return check_topic("dead_letter_topic", v)
 
     @field_validator("log_level")
     @classmethod

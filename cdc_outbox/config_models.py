@@ -2,8 +2,8 @@
 ``[schema_registry]`` and ``[eos]``.
 
 Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
-composes them (see docs/configuration.md). :func:`check_ident` is the SQL identifier rule
-shared with the top-level settings.
+composes them (see docs/configuration.md). :func:`check_ident` and :func:`check_topic` (the SQL
+identifier and Kafka topic rules) are shared with the top-level settings.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
+from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, is_legal_topic
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "PollingSettings",
     "SchemaRegistrySettings",
     "check_ident",
+    "check_topic",
 ]
 
 IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
@@ -43,6 +44,13 @@ def check_ident(what: str, value: str) -> str:
     """``value`` if it is a valid SQL identifier, else ``ValueError`` naming ``what``."""
     if not IDENT_RE.match(value):
         raise ValueError(f"{what} {value!r} is not a valid identifier ({_IDENT_RULE})")
+    return value
+
+
+def check_topic(what: str, value: str) -> str:
+    """``value`` if it is a legal Kafka topic name, else ``ValueError`` naming ``what``."""
+    if not is_legal_topic(value):
+        raise ValueError(f"{what} {value!r} is not a legal Kafka topic name")
     return value
 
 
@@ -205,8 +213,4 @@ class EosSettings(_Strict):
     @field_validator("checkpoint_topic")
     @classmethod
     def _topic(cls, v: str) -> str:
-        from cdc_outbox.outbox_mapping import is_legal_topic
-
-        if not is_legal_topic(v):
-            raise ValueError(f"eos.checkpoint_topic {v!r} is not a legal Kafka topic name")
-        return v
+        return check_topic("eos.checkpoint_topic", v)

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
 from confluent_kafka import Producer
 
-from tests.relay_support import ARTIFACTS
+from tests.helpers import wait_until
+from tests.relay_support import ChildProcess
 
 #: What the handlers in tests/consumer_handlers.py write: one row per application.
 APPLIED_DDL = """
@@ -75,48 +74,33 @@ def count_rows(dsn: str, table: str) -> int:
         return int(row[0]) if row else 0
 
 
-class ConsumerProcess:
+def wait_processed(dsn: str, events: int, timeout: float, context: Callable[[], str]) -> None:
+    """Wait until ``processed_events`` holds ``events`` rows (a timeout shows the count and
+    ``context()``, e.g. the process logs)."""
+    wait_until(
+        lambda: count_rows(dsn, "processed_events") >= events,
+        timeout=timeout,
+        interval=0.5,
+        message=lambda: f"{count_rows(dsn, 'processed_events')}/{events} processed; {context()}",
+    )
+
+
+class ConsumerProcess(ChildProcess):
     """``python -m cdc_outbox consume ...`` as a real child process (kill -9, SIGTERM)."""
 
     def __init__(
         self, name: str, dsn: str, bootstrap: str, *args: str, env: dict[str, str] | None = None
     ) -> None:
+        super().__init__(name)
         self.args = args
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
         self.env.update(CDC_OUTBOX_DSN=dsn, CDC_OUTBOX_KAFKA__BOOTSTRAP_SERVERS=bootstrap)
         self.env.update(env or {})
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"{name}.log"
-        self.log_path.write_bytes(b"")
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cdc_outbox", "consume", *self.args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
+        self._spawn(["consume", *self.args], self.env)
 
     def terminate(self, timeout: float = 60) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop_quietly(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -274,6 +275,14 @@ def _acls(admin: AdminClient, name: str, pattern: ResourcePatternType) -> list[A
     )
     found: list[AclBinding] = admin.describe_acls(match).result(10)
     return found
+
+
+def vm_hwm_kb(pid: int) -> int:
+    """Peak resident set size (``VmHWM``) of process ``pid``, in kB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
 
 
 def run_cli(*args: str, dsn: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

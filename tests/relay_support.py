@@ -87,39 +87,29 @@ def _env_text(value: Any) -> str:
     return str(value)
 
 
-class RelayProcess:
-    """``python -m cdc_outbox run`` as a real child process (for kill -9 and SIGTERM)."""
+class ChildProcess:
+    """``python -m cdc_outbox <args>`` as a real child process, its output in
+    ``test-artifacts/<name>.log`` (for kill -9 and SIGTERM)."""
 
-    def __init__(self, settings: Settings, name: str, **extra_env: str) -> None:
-        self.settings = settings
-        self.extra_env = extra_env
+    def __init__(self, name: str) -> None:
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"{name}.log"
         self.log_path.write_bytes(b"")  # this process's log only, not an earlier run's
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc_outbox", "run"],
-            env={**settings_env(self.settings), **self.extra_env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
+    def _spawn(self, args: list[str], env: dict[str, str]) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cdc_outbox", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
-
-    def terminate(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout: float) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
 
     @property
     def alive(self) -> bool:
@@ -132,6 +122,26 @@ class RelayProcess:
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
+
+
+class RelayProcess(ChildProcess):
+    """``python -m cdc_outbox run`` with ``settings`` (as environment variables)."""
+
+    def __init__(self, settings: Settings, name: str, **extra_env: str) -> None:
+        super().__init__(name)
+        self.settings = settings
+        self.extra_env = extra_env
+
+    def start(self) -> None:
+        self._spawn(["run"], {**settings_env(self.settings), **self.extra_env})
+
+    def terminate(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
 
 
 class Runner(Protocol):
@@ -192,6 +202,16 @@ def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:
     return (Lsn(0) if row[0] is None else Lsn.parse(row[0])), bool(row[1])
 
 
+def slot_holder(dsn: str, slot: str) -> int | None:
+    """The pid of the backend streaming from ``slot`` (None while no one holds it)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active",
+            (slot,),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
 def current_wal_lsn(dsn: str) -> Lsn:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
@@ -229,6 +249,32 @@ def wait_streamed_past_now(
         return streaming and slot_position(dsn, slot)[0] >= target
 
     wait_until(done, timeout=timeout, interval=0.2, message=message)
+
+
+def insert_bulk_transaction(dsn: str, rows: int) -> None:
+    """One committed transaction of ``rows`` outbox events (aggregates agg-0..agg-99, event
+    type Bulk, ~400 bytes of payload each)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " SELECT gen_random_uuid(), 'order', 'agg-' || (g %% 100), 'Bulk',"
+            " jsonb_build_object('seq', g, 'pad', repeat(md5(g::text), 12))"
+            " FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        conn.commit()
+
+
+def oversized_record_overrides(bootstrap_servers: str) -> dict[str, Any]:
+    """Settings overrides (``max_record_bytes``, ``message.max.bytes``) that let a record above
+    the broker's 1 MB limit reach the broker, which then rejects it."""
+    return {
+        "max_record_bytes": 8_000_000,
+        "kafka": {
+            "bootstrap_servers": bootstrap_servers,
+            "config": {"message.max.bytes": "8000000"},
+        },
+    }
 
 
 def tally_topics(

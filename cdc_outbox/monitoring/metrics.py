@@ -72,12 +72,13 @@ class RelayCollector(Collector):
         info = GaugeMetricFamily(p + "build_info", "cdc-outbox version.", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
-        mode = GaugeMetricFamily(
-            p + "relay_mode", "1 for the mode the relay runs in (cdc or polling).", labels=["mode"]
+        yield _one_of(
+            p + "relay_mode",
+            "1 for the mode the relay runs in (cdc or polling).",
+            "mode",
+            sorted({*MODES, stats.mode}),
+            stats.mode,
         )
-        for name in sorted({*MODES, stats.mode}):
-            mode.add_metric([name], 1.0 if name == stats.mode else 0.0)
-        yield mode
         yield _by_label(
             p + "events_published_total",
             "Events acknowledged by Kafka, by topic.",
@@ -150,20 +151,20 @@ PHASES = ("POLLING", "CATCHING_UP", "STREAMING")
 
 def _ha_families(stats: RelayStats) -> Iterable[Metric]:
     """Leader election, the durable phase, retried-delivery alerts and broken order."""
-    role = GaugeMetricFamily(
-        PREFIX + "role", "1 for this instance's role (leader or standby).", labels=["role"]
+    yield _one_of(
+        PREFIX + "role",
+        "1 for this instance's role (leader or standby).",
+        "role",
+        ROLES,
+        stats.role,
     )
-    for name in ROLES:
-        role.add_metric([name], 1.0 if stats.role == name else 0.0)
-    yield role
-    phase = GaugeMetricFamily(
+    yield _one_of(
         PREFIX + "phase",
         "1 for the durable relay phase (POLLING, CATCHING_UP, STREAMING) the leader is in.",
-        labels=["phase"],
+        "phase",
+        PHASES,
+        stats.phase,
     )
-    for name in PHASES:
-        phase.add_metric([name], 1.0 if stats.phase == name else 0.0)
-    yield phase
     yield _by_label(
         PREFIX + "delivery_retries_total",
         "Deliveries retried (never dead-lettered) by cause: topic_missing, not_authorized,"
@@ -180,14 +181,13 @@ def _ha_families(stats: RelayStats) -> Iterable[Metric]:
     for name, seen in sorted(stats.alert_last_seen.copy().items()):
         alert.add_metric([name], 1.0 if now - seen <= ALERT_HOLD_S else 0.0)
     yield alert
-    guarantee = GaugeMetricFamily(
+    yield _one_of(
         PREFIX + "delivery_guarantee",
         "1 for the delivery guarantee in effect (polling is at-least-once in every case).",
-        labels=["guarantee"],
+        "guarantee",
+        ("at_least_once", "exactly_once"),
+        stats.delivery_guarantee,
     )
-    for name in ("at_least_once", "exactly_once"):
-        guarantee.add_metric([name], 1.0 if stats.delivery_guarantee == name else 0.0)
-    yield guarantee
     txns = CounterMetricFamily(
         PREFIX + "kafka_transactions_total",
         "Kafka transactions (exactly-once).",
@@ -208,6 +208,14 @@ def _by_label(name: str, doc: str, label: str, values: dict[str, int]) -> Metric
     family = CounterMetricFamily(name, doc, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
+    return family
+
+
+def _one_of(name: str, doc: str, label: str, choices: Iterable[str], current: str | None) -> Metric:
+    """One sample per choice: 1 for ``current``, 0 for the others."""
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for choice in choices:
+        family.add_metric([choice], 1.0 if choice == current else 0.0)
     return family
 
 
@@ -261,15 +269,13 @@ def _monitor_families(monitor: SlotMonitor) -> Iterable[Metric]:
         "Current WAL minus the slot's restart_lsn (WAL the server keeps for this slot).",
         s.slot_retained_wal_bytes,
     )
-    status = GaugeMetricFamily(
+    yield _one_of(
         PREFIX + "slot_wal_status",
         "1 for the slot's wal_status (reserved, extended, unreserved, lost).",
-        labels=["status"],
+        "status",
+        () if s.slot_wal_status is None else sorted({*WAL_STATUSES, s.slot_wal_status}),
+        s.slot_wal_status,
     )
-    if s.slot_wal_status is not None:
-        for name in sorted({*WAL_STATUSES, s.slot_wal_status}):
-            status.add_metric([name], 1.0 if name == s.slot_wal_status else 0.0)
-    yield status
     yield _gauge(
         "slot_safe_wal_size_bytes",
         "WAL that can still be written before the slot "

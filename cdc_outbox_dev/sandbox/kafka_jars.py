@@ -2,7 +2,8 @@
 
 ``ensure_kafka_jars()`` writes a small pom and runs ``mvn dependency:copy-dependencies`` into
 ``$CDC_OUTBOX_CACHE_DIR/kafka-<version>/jars`` (default ``~/.cache/cdc-outbox``). A marker file is
-written only after success, and a file lock keeps concurrent processes from downloading twice.
+written only after success, and a file lock keeps concurrent processes from downloading twice;
+``maven_fetch()`` does this for any Maven artifact (the schema registry uses it too).
 """
 
 from __future__ import annotations
@@ -63,46 +64,69 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_kafka_jars() -> Path:
-    """Return the directory of the broker's runtime jars, downloading them once with ``mvn``."""
-    home = kafka_home()
-    jars, marker = home / "jars", home / "jars.complete"
+def maven_fetch(
+    home: Path,
+    name: str,
+    what: str,
+    goal: list[str],
+    artifact: str,
+    *,
+    pom: str | None = None,
+    extract: bool = False,
+) -> Path:
+    """Return ``home/name``, filled once by ``mvn -q -B <goal> -DoutputDirectory=...``.
+
+    Runs under ``home/<name>.lock`` into a staging directory that must then hold ``artifact``
+    (a ``.tar.gz`` is unpacked and removed if ``extract``); ``pom`` is written to
+    ``home/pom.xml`` and passed with ``-f``. ``home/<name>.complete`` marks success."""
+    target, marker = home / name, home / f"{name}.complete"
     if marker.exists():
-        return jars
-    with locked(home / "jars.lock"):
+        return target
+    with locked(home / f"{name}.lock"):
         if marker.exists():
-            return jars
+            return target
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise RuntimeError("Apache Maven ('mvn') is needed once to fetch the Kafka jars")
+            raise RuntimeError(f"Apache Maven ('mvn') is needed once to fetch {what}")
         began = time.monotonic()
-        staging = home / f"jars.tmp-{os.getpid()}"
+        staging = home / f"{name}.tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        pom = home / "pom.xml"
-        pom.write_text(_POM)
-        logger.info("fetching Kafka %s jars with Maven into %s", KAFKA_VERSION, jars)
+        staging.mkdir(parents=True)
+        args = [mvn, "-q", "-B"]
+        if pom is not None:
+            pom_path = home / "pom.xml"
+            pom_path.write_text(pom)
+            args += ["-f", str(pom_path)]
+        logger.info("fetching %s with Maven into %s", what, target)
         out = subprocess.run(
-            [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(pom),
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={staging}",
-            ],
+            [*args, *goal, f"-DoutputDirectory={staging}"],
             capture_output=True,
             text=True,
             check=False,
         )
-        if out.returncode != 0 or not (staging / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        fetched = staging / artifact
+        if out.returncode != 0 or not fetched.exists():
             shutil.rmtree(staging, ignore_errors=True)
             raise RuntimeError(
                 f"mvn failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
             )
-        shutil.rmtree(jars, ignore_errors=True)
-        staging.rename(jars)
-        marker.write_text(f"kafka {KAFKA_VERSION}, log4j {LOG4J_VERSION}\n")
-        logger.info("Kafka jars ready in %.1fs", time.monotonic() - began)
-    return jars
+        if extract:
+            subprocess.run(["tar", "-xzf", str(fetched), "-C", str(staging)], check=True)
+            fetched.unlink()
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        marker.write_text(f"{what}\n")
+        logger.info("%s ready in %.1fs", what, time.monotonic() - began)
+    return target
+
+
+def ensure_kafka_jars() -> Path:
+    """Return the directory of the broker's runtime jars, downloading them once with ``mvn``."""
+    return maven_fetch(
+        kafka_home(),
+        "jars",
+        f"the Kafka {KAFKA_VERSION} jars (log4j {LOG4J_VERSION})",
+        ["dependency:copy-dependencies", "-DincludeScope=runtime"],
+        f"kafka_2.13-{KAFKA_VERSION}.jar",
+        pom=_POM,
+    )

@@ -23,14 +23,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from cdc_outbox_dev.sandbox import _proc
 from cdc_outbox_dev.sandbox._lifecycle import LocalServer
-from cdc_outbox_dev.sandbox.kafka_jars import cache_root, locked
+from cdc_outbox_dev.sandbox.kafka_jars import cache_root, maven_fetch
 
 __all__ = ["LocalRegistry", "ensure_registry_dist", "registry_java"]
 
@@ -77,47 +76,17 @@ def ensure_registry_dist(version: str | None = None) -> Path:
     """Return the unpacked Apicurio distribution of ``version`` (default: what the JDK runs),
     downloading it once with ``mvn``."""
     version = version or registry_java()[1]
-    home = cache_root() / f"apicurio-{version}"
-    dist, marker = home / "dist", home / "dist.complete"
-    if marker.exists():
-        return dist
-    with locked(home / "dist.lock"):
-        if marker.exists():
-            return dist
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("Apache Maven ('mvn') is needed once to fetch Apicurio Registry")
-        began = time.monotonic()
-        staging = home / f"dist.tmp-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        logger.info("fetching Apicurio Registry %s with Maven into %s", version, dist)
-        out = subprocess.run(
-            [
-                mvn,
-                "-q",
-                "-B",
-                "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy",
-                f"-Dartifact=io.apicurio:apicurio-registry-app:{version}:tar.gz:all",
-                f"-DoutputDirectory={staging}",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        tarball = staging / f"apicurio-registry-app-{version}-all.tar.gz"
-        if out.returncode != 0 or not tarball.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-            raise RuntimeError(
-                f"mvn failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-            )
-        subprocess.run(["tar", "-xzf", str(tarball), "-C", str(staging)], check=True)
-        tarball.unlink()
-        shutil.rmtree(dist, ignore_errors=True)
-        staging.rename(dist)
-        marker.write_text(f"apicurio-registry-app {version}\n")
-        logger.info("Apicurio Registry ready in %.1fs", time.monotonic() - began)
-    return dist
+    return maven_fetch(
+        cache_root() / f"apicurio-{version}",
+        "dist",
+        f"Apicurio Registry {version}",
+        [
+            "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy",
+            f"-Dartifact=io.apicurio:apicurio-registry-app:{version}:tar.gz:all",
+        ],
+        f"apicurio-registry-app-{version}-all.tar.gz",
+        extract=True,
+    )
 
 
 def _runner(dist: Path) -> Path:

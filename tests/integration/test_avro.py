@@ -71,6 +71,27 @@ def _avro_settings(pg_dsn: str, kafka: Any, prefix: str, registry: LocalRegistry
     )
 
 
+def _demo_schema_outbox(
+    pg_dsn: str, kafka: Any, prefix: str, registry: LocalRegistry, schemas_dir: Path, **sr: Any
+) -> Any:
+    """Avro settings with the demo schema copied to ``schemas_dir`` (auto_register); the
+    outbox, publication and slot created."""
+    shutil.copy(DEMO_SCHEMA, schemas_dir)
+    settings = _avro_settings(
+        pg_dsn, kafka, prefix, registry, schemas_dir=str(schemas_dir), auto_register=True, **sr
+    )
+    init_outbox(settings)
+    return settings
+
+
+def _wait_published(service: Any, events: int) -> None:
+    wait_until(
+        lambda: service.stats.events_published >= events,
+        timeout=90,
+        message=lambda: f"{service.stats}",
+    )
+
+
 def _write_workload(dsn: str, events: int, settings: Any, aggregate_type: str = "order") -> None:
     spec = workload.WorkloadSpec(
         events=events, writers=2, aggregates=20, txn_sizes=(1, 5, 20), aggregate_type=aggregate_type
@@ -105,25 +126,14 @@ def test_catch_up_and_cdc_tally_in_avro(
 ) -> None:
     """Backlog via the snapshot catch-up, then streaming: every value decodes to its payload,
     keys, headers and per-aggregate order as in JSON mode (schemas_dir + auto_register)."""
-    shutil.copy(DEMO_SCHEMA, tmp_path)
-    settings = _avro_settings(
-        pg_dsn,
-        kafka_broker,
-        kafka_topic_prefix,
-        schema_registry,
-        schemas_dir=str(tmp_path),
-        auto_register=True,
+    settings = _demo_schema_outbox(
+        pg_dsn, kafka_broker, kafka_topic_prefix, schema_registry, tmp_path
     )
-    init_outbox(settings)
     _write_workload(pg_dsn, 300, settings)  # the backlog: published by the catch-up
     with service_thread(settings) as service:
         wait_until(lambda: service.stats.phase == "STREAMING", timeout=90)
         _write_workload(pg_dsn, 300, settings, "invoice")  # streamed (own aggregates, topic)
-        wait_until(
-            lambda: service.stats.events_published >= 600,
-            timeout=90,
-            message=lambda: f"{service.stats}",
-        )
+        _wait_published(service, 600)
     _ok_tally(pg_dsn, settings, kafka_broker, kafka_topic_prefix, schema_registry)
 
 
@@ -136,26 +146,19 @@ def test_polling_tally_in_avro_with_avro_keys(
 ) -> None:
     """Polling mode, the same serializer: values and keys (``key_format = "avro"``) decode to
     the payload and the aggregate id; topic_record subjects."""
-    shutil.copy(DEMO_SCHEMA, tmp_path)
-    settings = _avro_settings(
+    settings = _demo_schema_outbox(
         pg_dsn,
         kafka_broker,
         kafka_topic_prefix,
         schema_registry,
-        schemas_dir=str(tmp_path),
-        auto_register=True,
+        tmp_path,
         subject_name_strategy="topic_record",
         _top={"mode": "polling", "key_format": "avro"},
     )
-    init_outbox(settings)
     with service_thread(settings) as service:
         wait_until(lambda: service.stats.phase == "POLLING", timeout=60)
         _write_workload(pg_dsn, 300, settings)
-        wait_until(
-            lambda: service.stats.events_published >= 300,
-            timeout=90,
-            message=lambda: f"{service.stats}",
-        )
+        _wait_published(service, 300)
     _ok_tally(pg_dsn, settings, kafka_broker, kafka_topic_prefix, schema_registry)
 
 

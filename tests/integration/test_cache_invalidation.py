@@ -13,7 +13,7 @@ import redis
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from examples.cache_invalidation.cache import OrderCache
 from examples.cache_invalidation.orders import ORDERS_DDL, create_order, load_order, update_order
-from tests.consumer_support import ConsumerProcess, count_rows
+from tests.consumer_support import ConsumerProcess, count_rows, wait_processed
 from tests.helpers import create_topic, wait_until
 from tests.relay_support import RelayProcess, init_outbox, relay_settings
 
@@ -91,14 +91,11 @@ def test_cache_equals_database_after_burst_with_relay_and_consumer_kills(
         for t in readers:
             t.join(30)
         events = ORDERS + UPDATES
-        wait_until(
-            lambda: count_rows(pg_dsn, "processed_events") >= events,
-            timeout=120,
-            interval=0.5,
-            message=lambda: (
-                f"{count_rows(pg_dsn, 'processed_events')}/{events} consumed;"
-                f"\nrelay: {relay.log_tail(1500)}\nconsumer: {consumer.log_tail(1500)}"
-            ),
+        wait_processed(
+            pg_dsn,
+            events,
+            120,
+            lambda: f"\nrelay: {relay.log_tail(1500)}\nconsumer: {consumer.log_tail(1500)}",
         )
         assert consumer.terminate() == 0, consumer.log_tail()
     finally:

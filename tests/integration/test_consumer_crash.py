@@ -19,6 +19,7 @@ from tests.consumer_support import (
     applied_rows,
     count_rows,
     produce_events,
+    wait_processed,
 )
 from tests.helpers import create_topic, wait_until
 
@@ -84,14 +85,7 @@ def test_kill9_and_duplicates_apply_every_event_once_in_key_order(
         assert consumer.terminate() == 0, consumer.log_tail()
         assert count_rows(pg_dsn, "applied") < EVENTS  # it really stopped mid-stream
         consumer.start()
-        wait_until(
-            lambda: count_rows(pg_dsn, "processed_events") >= EVENTS,
-            timeout=180,
-            interval=0.5,
-            message=lambda: (
-                f"seed {seed}: {count_rows(pg_dsn, 'processed_events')} done; {consumer.log_tail()}"
-            ),
-        )
+        wait_processed(pg_dsn, EVENTS, 180, lambda: f"seed {seed}: {consumer.log_tail()}")
         assert consumer.terminate() == 0, consumer.log_tail()
     finally:
         consumer.stop_quietly()

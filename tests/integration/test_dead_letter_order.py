@@ -26,6 +26,7 @@ from tests.helpers import wait_until
 from tests.relay_support import (
     init_outbox,
     outbox_statuses,
+    oversized_record_overrides,
     relay_settings,
     relay_thread,
     service_thread,
@@ -240,11 +241,7 @@ def test_a_record_the_broker_rejects_parks_its_aggregate_or_counts_order_broken(
         kafka_broker.bootstrap_servers,
         kafka_topic_prefix,
         mode="cdc",
-        max_record_bytes=8_000_000,
-        kafka={
-            "bootstrap_servers": kafka_broker.bootstrap_servers,
-            "config": {"message.max.bytes": "8000000"},
-        },
+        **oversized_record_overrides(kafka_broker.bootstrap_servers),
     )
     init_outbox(settings)
     blob = base64.b64encode(os.urandom(1_500_000)).decode()

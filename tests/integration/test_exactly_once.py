@@ -8,7 +8,6 @@ import random
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,13 +15,16 @@ import psycopg
 from cdc_outbox.kafka import checkpoints
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import run_cli, wait_until
+from tests.helpers import run_cli, vm_hwm_kb, wait_until
 from tests.relay_support import (
     RelayProcess,
     init_outbox,
+    insert_bulk_transaction,
+    oversized_record_overrides,
     relay_phase,
     relay_settings,
     relay_thread,
+    slot_holder,
     slot_position,
     wait_streamed_past_now,
 )
@@ -59,6 +61,34 @@ def _tally(dsn: str, settings: Any, bootstrap: str, prefix: str, config: dict[st
     verdict = workload.tally(expected, records)
     print(f"{config['isolation.level']}: {verdict.summary()}")
     return verdict
+
+
+def _wait_streaming(dsn: str, settings: Any, relay: RelayProcess, timeout: float = 60) -> None:
+    wait_until(
+        lambda: relay_phase(dsn, settings.slot_name)[0] == "STREAMING",
+        timeout=timeout,
+        message=relay.log_tail,
+    )
+
+
+def _wait_slot_held(dsn: str, settings: Any, relay: RelayProcess) -> None:
+    """Some relay (``relay``, whose log a timeout shows, or another) streams from the slot."""
+    wait_until(
+        lambda: slot_holder(dsn, settings.slot_name) is not None,
+        timeout=60,
+        message=relay.log_tail,
+    )
+
+
+def _committed_exactly_once(
+    dsn: str, settings: Any, bootstrap: str, prefix: str, total: int
+) -> Any:
+    """The read_committed tally, checked: ``total`` events expected, each received once."""
+    committed = _tally(dsn, settings, bootstrap, prefix, COMMITTED)
+    assert committed.ok, committed.summary()
+    assert committed.expected == total
+    assert committed.duplicates == 0 and committed.received == total
+    return committed
 
 
 def _wait_relayed(dsn: str, settings: Any, relay: RelayProcess | None, timeout: float) -> None:
@@ -144,11 +174,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
         crash_at("eos.after_kafka_commit", "eos-kill-catch-up-2")
         relay = RelayProcess(settings, "eos-kill-0")
         relay.start()
-        wait_until(
-            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
-            timeout=90,
-            message=relay.log_tail,
-        )
+        _wait_streaming(pg_dsn, settings, relay, timeout=90)
         for i in range(1, 11):
             time.sleep(rng.uniform(0.3, 2.0))  # a random point: starting or streaming
             relay.kill()
@@ -174,10 +200,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
         "STREAMING:eos.after_kafka_commit",
     ]
     bootstrap = kafka_broker.bootstrap_servers
-    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
-    assert committed.ok, committed.summary()
-    assert committed.expected == total
-    assert committed.duplicates == 0 and committed.received == total
+    committed = _committed_exactly_once(pg_dsn, settings, bootstrap, kafka_topic_prefix, total)
     uncommitted = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
     assert not uncommitted.missing
     assert uncommitted.received > committed.received  # aborted records are in the log
@@ -187,15 +210,6 @@ def workload_rows(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM outbox").fetchone()
     return int(row[0]) if row else 0
-
-
-def _slot_holder(dsn: str, slot: str) -> int | None:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active",
-            (slot,),
-        ).fetchone()
-    return None if row is None else int(row[0])
 
 
 def test_a_zombie_leader_woken_after_takeover_commits_nothing(
@@ -215,11 +229,7 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
     writers = None
     try:
         zombie.start()
-        wait_until(
-            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
-            timeout=60,
-            message=zombie.log_tail,
-        )
+        _wait_slot_held(pg_dsn, settings, zombie)
         heir.start()
         writers = _writer(pg_dsn, settings, spec)
         time.sleep(2.0)  # under load: the zombie's open transaction holds records
@@ -228,7 +238,7 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
         wait_until(
             lambda: (
                 "Kafka transactions ready" in heir.log_tail(20_000)
-                and _slot_holder(pg_dsn, settings.slot_name) is not None
+                and slot_holder(pg_dsn, settings.slot_name) is not None
             ),
             timeout=60,
             interval=0.1,
@@ -258,10 +268,7 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
         if writers is not None:
             writers.join(300)
     bootstrap = kafka_broker.bootstrap_servers
-    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
-    assert committed.ok, committed.summary()
-    assert committed.expected == 6_000
-    assert committed.duplicates == 0 and committed.received == 6_000
+    committed = _committed_exactly_once(pg_dsn, settings, bootstrap, kafka_topic_prefix, 6_000)
     uncommitted = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
     assert uncommitted.received > committed.received  # the zombie's aborted records
 
@@ -281,11 +288,7 @@ def test_broker_and_postgres_restarts_mid_load_exactly_once(
     relay.start()
     writers = None
     try:
-        wait_until(
-            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
-            timeout=60,
-            message=relay.log_tail,
-        )
+        _wait_slot_held(pg_dsn, settings, relay)
         writers = _writer(pg_dsn, settings, spec)
         time.sleep(2.0)
         kafka_broker.restart()
@@ -302,17 +305,7 @@ def test_broker_and_postgres_restarts_mid_load_exactly_once(
         if writers is not None:
             writers.join(300)
     bootstrap = kafka_broker.bootstrap_servers
-    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
-    assert committed.ok, committed.summary()
-    assert committed.expected == 8_000
-    assert committed.duplicates == 0 and committed.received == 8_000
-
-
-def _vm_hwm_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmHWM")
+    _committed_exactly_once(pg_dsn, settings, bootstrap, kafka_topic_prefix, 8_000)
 
 
 def test_a_200k_row_transaction_exactly_once_with_bounded_memory(
@@ -327,23 +320,12 @@ def test_a_200k_row_transaction_exactly_once_with_bounded_memory(
     relay = RelayProcess(settings, "eos-huge-txn")
     relay.start()
     try:
-        wait_until(
-            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
-            timeout=60,
-            message=relay.log_tail,
-        )
+        _wait_slot_held(pg_dsn, settings, relay)
         assert relay.proc is not None
-        baseline_kb = _vm_hwm_kb(relay.proc.pid)
-        with psycopg.connect(pg_dsn) as conn:
-            conn.execute(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
-                " SELECT gen_random_uuid(), 'order', 'agg-' || (g % 100), 'Bulk',"
-                " jsonb_build_object('seq', g, 'pad', repeat(md5(g::text), 12))"
-                " FROM generate_series(1, 200000) g"
-            )
-            conn.commit()
+        baseline_kb = vm_hwm_kb(relay.proc.pid)
+        insert_bulk_transaction(pg_dsn, 200_000)
         _wait_relayed(pg_dsn, settings, relay, 300)
-        peak_kb = _vm_hwm_kb(relay.proc.pid)
+        peak_kb = vm_hwm_kb(relay.proc.pid)
     finally:
         relay.stop_quietly()
     grew_mb = (peak_kb - baseline_kb) / 1024
@@ -372,11 +354,7 @@ def test_dead_letters_are_exactly_once_and_a_broker_rejection_aborts_first(
         pg_dsn,
         kafka_broker,
         kafka_topic_prefix,
-        max_record_bytes=8_000_000,
-        kafka={
-            "bootstrap_servers": kafka_broker.bootstrap_servers,
-            "config": {"message.max.bytes": "8000000"},
-        },
+        **oversized_record_overrides(kafka_broker.bootstrap_servers),
     )
     init_outbox(settings)
     blob = base64.b64encode(os.urandom(1_500_000)).decode()
@@ -426,11 +404,7 @@ def test_sigterm_commits_the_open_kafka_transaction_and_confirms_it(
     relay = RelayProcess(settings, "eos-sigterm", CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="60000")
     relay.start()
     try:
-        wait_until(
-            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
-            timeout=60,
-            message=relay.log_tail,
-        )
+        _wait_streaming(pg_dsn, settings, relay)
         spec = workload.WorkloadSpec(events=1_000, writers=2, aggregates=20, txn_sizes=(1, 10))
         _writer(pg_dsn, settings, spec).join()
         records = lambda: len(  # noqa: E731
@@ -507,11 +481,7 @@ def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
     first = RelayProcess(settings, "eos-dlq-first")
     first.start()
     try:
-        wait_until(
-            lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING",
-            timeout=60,
-            message=first.log_tail,
-        )
+        _wait_streaming(pg_dsn, settings, first)
     finally:
         first.kill()
     with psycopg.connect(pg_dsn) as conn:

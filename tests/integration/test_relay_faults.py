@@ -5,17 +5,17 @@ from __future__ import annotations
 import random
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
+from tests.helpers import vm_hwm_kb, wait_until
 from tests.relay_support import (
     RelayProcess,
     current_wal_lsn,
     init_outbox,
+    insert_bulk_transaction,
     relay_settings,
     relay_thread,
     settings_env,
@@ -204,13 +204,6 @@ def test_sigterm_exits_zero_in_grace_and_restart_publishes_no_duplicates(
     assert verdict.duplicates == 0
 
 
-def _vm_hwm_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmHWM")
-
-
 def test_memory_stays_bounded_on_a_huge_transaction(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
@@ -225,22 +218,15 @@ def test_memory_stays_bounded_on_a_huge_transaction(
     relay.start()
     try:
         wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=60)
-        baseline_kb = _vm_hwm_kb(relay.proc.pid)
-        with psycopg.connect(pg_dsn) as conn:
-            conn.execute(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
-                " SELECT gen_random_uuid(), 'order', 'agg-' || (g % 100), 'Bulk',"
-                " jsonb_build_object('seq', g, 'pad', repeat(md5(g::text), 12))"
-                " FROM generate_series(1, 150000) g"
-            )
-            conn.commit()
+        baseline_kb = vm_hwm_kb(relay.proc.pid)
+        insert_bulk_transaction(pg_dsn, 150_000)
         done_lsn = current_wal_lsn(pg_dsn)
         wait_until(
             lambda: slot_position(pg_dsn, settings.slot_name)[0] >= done_lsn,
             timeout=300,
             message=lambda: relay.log_tail(),
         )
-        peak_kb = _vm_hwm_kb(relay.proc.pid)
+        peak_kb = vm_hwm_kb(relay.proc.pid)
     finally:
         relay.stop_quietly()
     print(f"relay RSS: baseline {baseline_kb / 1024:.0f} MB, peak {peak_kb / 1024:.0f} MB")

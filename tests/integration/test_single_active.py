@@ -22,20 +22,12 @@ from tests.relay_support import (
     init_outbox,
     relay_phase,
     relay_settings,
+    slot_holder,
     tally_topics,
     wait_streamed_past_now,
 )
 
 TAKEOVER_BOUND_S = 10.0
-
-
-def _slot_holder(dsn: str, slot: str) -> int | None:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active",
-            (slot,),
-        ).fetchone()
-    return None if row is None else int(row[0])
 
 
 class _SlotWatch:
@@ -141,14 +133,14 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
     writers = None
     try:
         wait_until(
-            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            lambda: slot_holder(pg_dsn, settings.slot_name) is not None,
             timeout=60,
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
         )
         writers = _writers(pg_dsn, settings, spec)
         for kill in range(1, 6):
             time.sleep(1.5)  # under load
-            holder = _slot_holder(pg_dsn, settings.slot_name)
+            holder = slot_holder(pg_dsn, settings.slot_name)
             leader_id = relay_phase(pg_dsn, settings.slot_name)[1]
             assert holder is not None and leader_id is not None
             victim = next(i for i, r in relays.items() if f":{r.proc.pid}:" in leader_id)
@@ -156,7 +148,7 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
             killed_at = time.monotonic()
             wait_until(
                 lambda h=holder: (
-                    (p := _slot_holder(pg_dsn, settings.slot_name)) is not None and p != h
+                    (p := slot_holder(pg_dsn, settings.slot_name)) is not None and p != h
                 ),
                 timeout=30,
                 interval=0.05,
@@ -203,7 +195,7 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
     writers = None
     try:
         wait_until(
-            lambda: _slot_holder(pg_dsn, settings.slot_name) is not None,
+            lambda: slot_holder(pg_dsn, settings.slot_name) is not None,
             timeout=60,
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
         )
@@ -219,7 +211,7 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
             lambda: (
                 (leader := relay_phase(pg_dsn, settings.slot_name)[1]) is not None
                 and f":{other.proc.pid}:" in leader
-                and _slot_holder(pg_dsn, settings.slot_name) is not None
+                and slot_holder(pg_dsn, settings.slot_name) is not None
             ),
             timeout=30,
             interval=0.05,
