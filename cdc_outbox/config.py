@@ -185,7 +185,7 @@ class Settings(BaseSettings):
     @field_validator("slot_name")
     @classmethod
     def _slot(cls, v: str) -> str:
-        if not SLOT_RE.match(v):
+        if not SLOT_RE.fullmatch(v):
             raise ValueError(f"slot_name {v!r} is not a valid identifier ({_SLOT_RULE})")
         return v
 

@@ -42,7 +42,7 @@ COLUMN_PRESETS: dict[str, dict[str, str | None]] = {
 
 def check_ident(what: str, value: str) -> str:
     """``value`` if it is a valid SQL identifier, else ``ValueError`` naming ``what``."""
-    if not IDENT_RE.match(value):
+    if not IDENT_RE.fullmatch(value):
         raise ValueError(f"{what} {value!r} is not a valid identifier ({_IDENT_RULE})")
     return value
 

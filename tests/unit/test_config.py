@@ -187,6 +187,7 @@ def test_slot_name_rules() -> None:
     )
     assert "slot_name" in config_error(overrides={"dsn": DSN, "slot_name": "Upper"})
     assert "slot_name" in config_error(overrides={"dsn": DSN, "slot_name": "s" * 64})
+    assert "slot_name" in config_error(overrides={"dsn": DSN, "slot_name": "slot\n"})
     assert load_settings(overrides={"dsn": DSN, "slot_name": "s" * 63}).slot_name == "s" * 63
 
 
@@ -197,6 +198,7 @@ def test_slot_name_rules() -> None:
         ("outbox_schema", "1schema"),
         ("publication_name", "pub lication"),
         ("outbox_table", "t" * 64),
+        ("outbox_table", "outbox\n"),  # a trailing newline is not part of a name
     ],
 )
 def test_identifier_rules(key: str, value: str) -> None:
