@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     consume.add_argument("--events", type=int, default=50_000)
     consume.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     consume.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
-    consume.add_argument("--json", type=Path, default=Path("benchmarks/consume.json"))
+    consume.add_argument("--json", type=Path, default=Path("benchmarks/results/consume.json"))
     consume.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -1,7 +1,7 @@
 """Idempotent consumer throughput: events/s applied with a no-op handler, with and without
 de-duplication (``processed_events``), from a backlog already in Kafka.
 
-``python -m benchmarks consume --events 50000 --json benchmarks/consume.json`` writes the
+``python -m benchmarks consume --events 50000 --json benchmarks/results/consume.json`` writes the
 JSON and the "Consumer throughput" section of benchmarks/RESULTS.md (kept when the compare
 benchmark rewrites the rest of the file).
 """
