@@ -137,6 +137,15 @@ class _Running:
         """Events a consumer can read (exactly-once: committed in a Kafka transaction)."""
         return self.stats.eos_committed_events if self.eos else self.stats.events_published
 
+    def wait_first(self, timeout: float) -> None:
+        """Until the relay has published (been acknowledged for) its first event."""
+        deadline = time.monotonic() + timeout
+        while self.stats.events_published == 0:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.stats.mode}: nothing published")
+            time.sleep(0.001)
+
     def wait_published(self, events: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while self.visible() < events:
@@ -173,13 +182,16 @@ def throughput_phase(
     running = _Running(settings)
     cpu.start()
     t0 = time.perf_counter()
-    running.start().wait_published(spec.events, timeout)
-    elapsed = time.perf_counter() - t0
-    cores = cpu.cores_used(elapsed)
+    running.start().wait_first(timeout)
+    t1 = time.perf_counter()  # start-up (election, phase, slot, producer) is not throughput
+    running.wait_published(spec.events, timeout)
+    elapsed = time.perf_counter() - t1
+    cores = cpu.cores_used(time.perf_counter() - t0)
     running.stop()
     wal2, writes2 = current_wal(dsn), outbox_writes(dsn, TABLE)
     return {
         "events": spec.events,
+        "start_s": round(t1 - t0, 3),
         "seconds": round(elapsed, 3),
         "events_per_s": round(spec.events / elapsed, 1),
         "writers": _costs(spec.events, writes1, wal1 - wal0),

@@ -174,7 +174,9 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         f" cdc_mark_published = {result['cdc']['settings']['cdc_mark_published']}).",
         f"- Throughput: {p['events']:,} events from {p['writers']} writers (transactions of"
         f" {', '.join(map(str, p['txn_sizes_throughput']))} events, 200 aggregates) written"
-        " first, then the relay runs until Kafka acknowledged all of them.",
+        " first, then the relay runs until Kafka acknowledged (exactly-once: committed) all"
+        " of them, timed from its first acknowledged event (start-up, i.e. leader election,"
+        " slot and producer set-up, is reported separately as start_s in the JSON).",
         f"- Latency: {p['rate']:,.0f} events/s offered for {p['latency_seconds']:.0f} s"
         " (4 writers, transactions of 1, 5, 10 events) with the relay running; from the commit"
         " timestamp (CDC) or created_at = clock_timestamp() at insert (polling) to the"
