@@ -127,6 +127,14 @@ class EosCommitter:
     def commit(self, catch_up_ids: list[str] | None = None) -> None:
         """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
         be busy); raises ``TransactionFailed``."""
+        self._commit_kafka(catch_up_ids)
+        self._committed(catch_up_ids)
+
+    def _commit_kafka(self, catch_up_ids: list[str] | None = None) -> None:
+        """Produce the checkpoint record and commit the Kafka transaction (``commit_transaction``
+        flushes every queued record first and fails if any of them failed). On failure the
+        delivery reports are served before raising, so a broker rejection is recorded (its
+        event is dead-lettered up front when re-sent)."""
         delivery = self.delivery
         checkpoint = self.checkpoint(catch_up_ids)
         topic = self.settings.eos.checkpoint_topic
@@ -134,10 +142,17 @@ class EosCommitter:
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
         )
         crash_point("eos.before_kafka_commit")
-        with crash_during("eos.in_kafka_commit"):
-            delivery.publisher.commit(delivery.txn_timeout_s())
+        try:
+            with crash_during("eos.in_kafka_commit"):
+                delivery.publisher.commit(delivery.txn_timeout_s())
+        except TransactionFailed:
+            delivery.publisher.poll(0)
+            raise
         crash_point("eos.after_kafka_commit")
-        delivery.committed()
+
+    def _committed(self, catch_up_ids: list[str] | None = None) -> None:
+        """The Kafka transaction committed and every report was served."""
+        self.delivery.committed()
         self.stats.eos_committed_events += self.batch.events + len(catch_up_ids or ())
         self.batch.committed()
         if self.stats.latency_observers and self.txns:
@@ -153,23 +168,39 @@ class EosCommitter:
         interrupted: Callable[[], str | None],
         idle: Callable[[], None],
     ) -> bool:
-        """Wait until every event of the batch has its outcome, then :meth:`commit`. Returns
-        False, committing nothing, once ``interrupted()`` gives a reason (stop, restart, halt,
-        leadership lost: the caller's loop deals with it); raises ``TransactionFailed``."""
+        """Commit the open Kafka transaction. Dead letters in it are settled first (acknowledged
+        and their rows FAILED in PostgreSQL: durable before the commit); otherwise the commit
+        goes out at once, and the delivery reports (all acknowledged once it succeeded) are
+        served before the ids go to the published-marker. Returns False, committing nothing,
+        once ``interrupted()`` gives a reason (stop, restart, halt, leadership lost: the
+        caller's loop deals with it); raises ``TransactionFailed``."""
         delivery = self.delivery
-        while delivery.busy or in_flight():
-            self.stats.beat()
-            if interrupted() is not None:
-                return False
-            delivery.publisher.flush(0.01)  # sends at once, without waiting for linger.ms
-            try:
+        try:
+            delivery.service()
+            while delivery.dead_letters_pending:
+                self.stats.beat()
+                if interrupted() is not None:
+                    return False
+                delivery.publisher.flush(0.01)  # sends at once, without waiting for linger.ms
                 delivery.service()
-            except ProduceInterrupted:
-                return False
-            idle()
+                idle()
+        except ProduceInterrupted:
+            return False
         if interrupted() is not None:
             return False
-        self.commit()
+        try:
+            self._commit_kafka()
+        except TransactionFailed:
+            if interrupted() is not None:  # e.g. a rejected record (its report was served)
+                return False
+            raise
+        # Committed: every record is acknowledged; serve the reports still queued (a report
+        # can only be a success now) so that every id reaches the published-marker.
+        publisher = delivery.publisher
+        while (len(publisher) or in_flight()) and interrupted() is None:
+            if publisher.poll(0) == 0:
+                publisher.poll(0.001)
+        self._committed()
         idle()
         return True
 
