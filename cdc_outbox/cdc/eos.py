@@ -23,6 +23,7 @@ EosBatch` for the rules):
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -66,13 +67,15 @@ class EosCommitter:
         self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
         self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
 
-    def load(self) -> checkpoints.Checkpoint | None:
-        """Create the checkpoint topic if missing and read the last committed checkpoint (call
-        after the producer's ``init_transactions``: our older transactions are then settled).
-        Raises ``ConnectionError`` or ``TimeoutError``."""
+    def load(self, *, ensure_topic: bool = True) -> checkpoints.Checkpoint | None:
+        """Create the checkpoint topic if missing (unless ``ensure_topic`` is False: done
+        already) and read the last committed checkpoint (call after the producer's
+        ``init_transactions``: our older transactions are then settled). Raises
+        ``ConnectionError`` or ``TimeoutError``."""
         config = self.settings.kafka_config()
         topic = self.settings.eos.checkpoint_topic
-        checkpoints.ensure_topic(config, topic)
+        if ensure_topic:
+            checkpoints.ensure_topic(config, topic)
         key = checkpoints.checkpoint_key(self.system_id, self.database, self.settings.slot_name)
         last = checkpoints.read_last(config, topic, key)
         if last is not None and last.end_lsn > self.batch.committed_lsn:
@@ -88,11 +91,40 @@ class EosCommitter:
         """A streaming session starts (only as the leader): fence older producers with our
         transactional.id, forget the aborted batch (it is re-streamed) and read the last
         checkpoint (every session: a failed commit's outcome is only known from Kafka).
-        Raises ``TransactionFailed``, ``ConnectionError``, ``TimeoutError``."""
-        self.delivery.ensure_transactions()
+        Raises ``TransactionFailed``, ``ConnectionError``, ``TimeoutError``.
+
+        The checkpoint topic is ensured on a helper thread meanwhile (it needs no fencing: only
+        reading the checkpoint must come after ``init_transactions``), so that a session start
+        pays one broker round trip less."""
+        ensured = self._fence_meanwhile_ensure_topic()
         self.batch.aborted()
         self.txns.clear()
-        self.load()
+        self.load(ensure_topic=not ensured)
+
+    def _fence_meanwhile_ensure_topic(self) -> bool:
+        """``ensure_transactions`` while a helper thread ensures the checkpoint topic; True if
+        the topic was ensured. Raises what either raised."""
+        outcome: list[Exception | None] = []
+
+        def ensure() -> None:
+            try:
+                checkpoints.ensure_topic(
+                    self.settings.kafka_config(), self.settings.eos.checkpoint_topic
+                )
+            except Exception as exc:  # re-raised on the caller's thread
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        helper = threading.Thread(target=ensure, name="eos-checkpoint-topic", daemon=True)
+        helper.start()
+        try:
+            self.delivery.ensure_transactions()
+        finally:
+            helper.join()
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+        return bool(outcome)
 
     def on_begin(self, payload: bytes) -> bool:
         """A Begin message: True if Kafka already holds this transaction (skip it)."""
@@ -127,6 +159,14 @@ class EosCommitter:
     def commit(self, catch_up_ids: list[str] | None = None) -> None:
         """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
         be busy); raises ``TransactionFailed``."""
+        self._commit_kafka(catch_up_ids)
+        self._committed(catch_up_ids)
+
+    def _commit_kafka(self, catch_up_ids: list[str] | None = None) -> None:
+        """Produce the checkpoint record and commit the Kafka transaction (``commit_transaction``
+        flushes every queued record first and fails if any of them failed). On failure the
+        delivery reports are served before raising, so a broker rejection is recorded (its
+        event is dead-lettered up front when re-sent)."""
         delivery = self.delivery
         checkpoint = self.checkpoint(catch_up_ids)
         topic = self.settings.eos.checkpoint_topic
@@ -134,10 +174,17 @@ class EosCommitter:
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
         )
         crash_point("eos.before_kafka_commit")
-        with crash_during("eos.in_kafka_commit"):
-            delivery.publisher.commit(delivery.txn_timeout_s())
+        try:
+            with crash_during("eos.in_kafka_commit"):
+                delivery.publisher.commit(delivery.txn_timeout_s())
+        except TransactionFailed:
+            delivery.publisher.poll(0)
+            raise
         crash_point("eos.after_kafka_commit")
-        delivery.committed()
+
+    def _committed(self, catch_up_ids: list[str] | None = None) -> None:
+        """The Kafka transaction committed and every report was served."""
+        self.delivery.committed()
         self.stats.eos_committed_events += self.batch.events + len(catch_up_ids or ())
         self.batch.committed()
         if self.stats.latency_observers and self.txns:
@@ -153,23 +200,39 @@ class EosCommitter:
         interrupted: Callable[[], str | None],
         idle: Callable[[], None],
     ) -> bool:
-        """Wait until every event of the batch has its outcome, then :meth:`commit`. Returns
-        False, committing nothing, once ``interrupted()`` gives a reason (stop, restart, halt,
-        leadership lost: the caller's loop deals with it); raises ``TransactionFailed``."""
+        """Commit the open Kafka transaction. Dead letters in it are settled first (acknowledged
+        and their rows FAILED in PostgreSQL: durable before the commit); otherwise the commit
+        goes out at once, and the delivery reports (all acknowledged once it succeeded) are
+        served before the ids go to the published-marker. Returns False, committing nothing,
+        once ``interrupted()`` gives a reason (stop, restart, halt, leadership lost: the
+        caller's loop deals with it); raises ``TransactionFailed``."""
         delivery = self.delivery
-        while delivery.busy or in_flight():
-            self.stats.beat()
-            if interrupted() is not None:
-                return False
-            delivery.publisher.flush(0.01)  # sends at once, without waiting for linger.ms
-            try:
+        try:
+            delivery.service()
+            while delivery.dead_letters_pending:
+                self.stats.beat()
+                if interrupted() is not None:
+                    return False
+                delivery.publisher.flush(0.01)  # sends at once, without waiting for linger.ms
                 delivery.service()
-            except ProduceInterrupted:
-                return False
-            idle()
+                idle()
+        except ProduceInterrupted:
+            return False
         if interrupted() is not None:
             return False
-        self.commit()
+        try:
+            self._commit_kafka()
+        except TransactionFailed:
+            if interrupted() is not None:  # e.g. a rejected record (its report was served)
+                return False
+            raise
+        # Committed: every record is acknowledged; serve the reports still queued (a report
+        # can only be a success now) so that every id reaches the published-marker.
+        publisher = delivery.publisher
+        while (len(publisher) or in_flight()) and interrupted() is None:
+            if publisher.poll(0) == 0:
+                publisher.poll(0.001)
+        self._committed()
         idle()
         return True
 
@@ -181,8 +244,8 @@ class EosCommitter:
 
         try:
             self.delivery.new_session()
-            self.delivery.ensure_transactions()
-            last = self.load()
+            ensured = self._fence_meanwhile_ensure_topic()
+            last = self.load(ensure_topic=not ensured)
         except (TransactionFailed, ConnectionError, TimeoutError) as exc:
             raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
         if last is not None and last.catch_up_ids:

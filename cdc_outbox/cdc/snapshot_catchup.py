@@ -16,8 +16,9 @@ others are sent again: duplicates, never losses).
 
 Exactly-once (``eos`` given): the rows go in Kafka transactions of about ``eos.max_events``
 rows (fewer if their ids would exceed 400 kB); each carries a checkpoint record with the ids
-of its rows, and after each commit those rows are marked PUBLISHED before the next batch
-starts. A crash loses at most the marking of
+of its rows, and after each commit those rows are marked PUBLISHED (on a helper thread,
+while the next batch is produced) before the next batch commits. A crash loses at most the
+marking of
 the last committed batch: :func:`mark_published` of the last checkpoint's ids, before the
 next catch-up takes its snapshot, makes the redo skip them (no duplicates).
 """
@@ -25,6 +26,7 @@ next catch-up takes its snapshot, makes the redo skip them (no duplicates).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -97,6 +99,7 @@ def publish_backlog(
 ) -> int:
     """Publish every unpublished row visible in ``snapshot``; see the module contract."""
     backlog = _Backlog()
+    marking = _Marking(settings)
     count = 0
     ids: list[str] = []
     id_bytes = 0
@@ -107,6 +110,7 @@ def publish_backlog(
         with (
             psycopg.connect(settings.postgres_dsn()) as conn,
             psycopg.connect(settings.postgres_dsn(), autocommit=True) as marks,
+            marking,  # joined before ``marks`` closes
         ):
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
@@ -130,11 +134,12 @@ def publish_backlog(
                             if eos is not None and (
                                 len(ids) >= settings.eos.max_events or id_bytes >= _MAX_ID_BYTES
                             ):
-                                _commit(settings, delivery, backlog, eos, ids, marks)
+                                _commit(delivery, backlog, eos, ids, marks, marking)
                                 id_bytes = 0
             _settle(delivery, backlog)
             if eos is not None and ids:
-                _commit(settings, delivery, backlog, eos, ids, marks)
+                _commit(delivery, backlog, eos, ids, marks, marking)
+            marking.wait()
     except ProduceInterrupted as exc:
         _check(delivery, backlog)
         raise CatchUpFailed(f"catch-up interrupted: {exc.args[0]}") from None
@@ -153,21 +158,61 @@ def _settle(delivery: Delivery, backlog: _Backlog) -> None:
 
 
 def _commit(
-    settings: Settings,
     delivery: Delivery,
     backlog: _Backlog,
     eos: EosCommitter,
     ids: list[str],
     marks: psycopg.Connection[tuple[object, ...]],
+    marking: _Marking,
 ) -> None:
-    """Exactly-once: commit the rows so far with their ids in the checkpoint, then mark them."""
+    """Exactly-once: commit the rows so far with their ids in the checkpoint (once the
+    previous batch is marked), then start marking them."""
     _settle(delivery, backlog)
+    marking.wait()
     try:
         eos.commit(catch_up_ids=ids)
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka commit failed: {exc}") from None
-    mark_published(marks, settings, ids)
+    marking.start(marks, list(ids))
     ids.clear()
+
+
+class _Marking:
+    """Exactly-once catch-up: :func:`mark_published` of the last committed batch on a helper
+    thread; :meth:`wait` (before the next commit and at the end) re-raises its error."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, conn: psycopg.Connection[tuple[object, ...]], ids: list[str]) -> None:
+        self.wait()
+
+        def mark() -> None:
+            try:
+                mark_published(conn, self.settings, ids)
+            except BaseException as exc:  # re-raised by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=mark, name="catch-up-marking", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> _Marking:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:  # never leave it using a closing connection
+            self._thread.join()
+            self._thread = None
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 def mark_published(

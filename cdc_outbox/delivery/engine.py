@@ -110,6 +110,7 @@ class Delivery:
         self._max_bytes = settings.max_record_bytes
         self._fast_bytes = settings.max_record_bytes // 2
         self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str]] = deque()
+        self.dead_in_flight = 0  # dead-letter records produced, not yet reported
         self._mark_after = 0.0
         self._replace_producer = False
         self._held: str | None = None
@@ -129,6 +130,7 @@ class Delivery:
         self.restart_reason = None
         self._held = None
         self._dead.clear()
+        self.dead_in_flight = 0
         self.to_mark.clear()
         self.keys.clear()
         self.marks.clear()
@@ -195,6 +197,12 @@ class Delivery:
     def busy(self) -> bool:
         """Records queued or in flight, or dead letters not yet settled."""
         return bool(len(self.publisher) or self._dead or self.to_mark)
+
+    @property
+    def dead_letters_pending(self) -> bool:
+        """Dead letters waiting, in flight or not yet marked ``FAILED``: exactly-once must
+        settle them before the commit."""
+        return bool(self._dead or self.dead_in_flight or self.to_mark)
 
     # -- events --------------------------------------------------------------------------
 
@@ -313,6 +321,7 @@ class Delivery:
             handle, problem, reason = self._dead.popleft()
             record = dead_letter_record(problem)
             event_id = _event_id(record.headers)
+            self.dead_in_flight += 1
             self.publisher.produce(
                 self.settings.dead_letter_topic,
                 record.key,

@@ -72,6 +72,7 @@ class DeadLetterReport:
     def delivered(self, topic: str, headers: Headers) -> None:
         d = self.delivery
         if self.epoch == d.epoch:
+            d.dead_in_flight -= 1
             d.stats.count_dead_lettered(self.intended_topic)
             d.to_mark.append(self)
 
@@ -79,6 +80,7 @@ class DeadLetterReport:
         d = self.delivery
         if self.epoch != d.epoch:
             return
+        d.dead_in_flight -= 1
         if failure.kind == "record":
             d.halt(f"the dead-letter topic rejected a record: {failure.reason}")
         else:
