@@ -55,6 +55,7 @@ from cdc_outbox.relay_stats import RelayStats
 logger = logging.getLogger(__name__)
 
 _XLOGDATA = ord("w")
+_COMMIT = ord("C")
 _FRAMES_PER_TURN = 2000
 _PROGRESS_LOG_INTERVAL_S = 30.0
 
@@ -304,6 +305,7 @@ class Relay:
             wait = wait if due_in is None else min(wait, due_in)
         read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
+        batch = self.eos.batch if self.eos is not None else None
         for _ in range(_FRAMES_PER_TURN):
             data = read(wait)
             if data is None:
@@ -315,6 +317,12 @@ class Relay:
                 self._router.handle(bytes(data[XLOG_HEADER_SIZE:]))
                 if tracker.in_flight >= limit or self._stop_requested:
                     return
+                if (
+                    batch is not None
+                    and data[XLOG_HEADER_SIZE] == _COMMIT
+                    and batch.due(time.monotonic())
+                ):
+                    return  # a PostgreSQL transaction ended and the Kafka one is due: commit
                 continue
             frame = parse_copy_data(data)
             assert isinstance(frame, Keepalive)

@@ -24,6 +24,7 @@ from tests.relay_support import (
     relay_phase,
     relay_settings,
     relay_thread,
+    service_thread,
     slot_holder,
     slot_position,
     wait_streamed_past_now,
@@ -138,6 +139,35 @@ def test_streaming_in_kafka_transactions_with_checkpoints(
     refused = run_cli("run", "--delivery", "twice", dsn=pg_dsn)
     assert refused.returncode == 2
     assert "delivery must be 'at_least_once' or 'exactly_once'" in refused.stderr
+
+
+def test_a_kafka_transaction_never_holds_more_than_max_events_of_whole_transactions(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """A backlog streamed from the slot (not catch-up) in big read turns: the Kafka
+    transaction is committed at the first PostgreSQL transaction boundary past
+    ``eos.max_events``, not at the end of a turn of up to 2,000 frames."""
+    settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
+    settings = settings.model_copy(
+        update={
+            "eos": settings.eos.model_copy(update={"max_events": 100, "commit_interval_ms": 60_000})
+        }
+    )
+    init_outbox(settings)
+    with service_thread(settings):
+        wait_until(lambda: relay_phase(pg_dsn, settings.slot_name)[0] == "STREAMING", timeout=60)
+    spec = workload.WorkloadSpec(events=3_000, writers=1, aggregates=30, txn_sizes=(1,))
+    workload.write_orders(pg_dsn, spec, columns=settings.column_names())  # waits in the slot
+    with service_thread(settings) as service:
+        _wait_relayed(pg_dsn, settings, None, 90)
+        commits = service.stats.eos_commits
+    # 1-row transactions: every Kafka transaction holds exactly max_events (100) events
+    # but the last; a turn-bound commit would hold about 667 (2,000 frames of B, I, C).
+    assert commits >= 3_000 // 100, commits
+    verdict = _tally(
+        pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix, COMMITTED
+    )
+    assert verdict.ok and verdict.duplicates == 0 and verdict.expected == 3_000, verdict.summary()
 
 
 def test_kill_9_at_random_points_and_in_commit_exactly_once(
