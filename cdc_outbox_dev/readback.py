@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from cdc_outbox.kafka.publisher import Headers
 
@@ -104,8 +104,25 @@ def _watermarks(
     for name, topic in consumer.list_topics(timeout=timeout).topics.items():
         if name.startswith(topic_prefix):
             for pid in topic.partitions:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(name, pid), timeout=timeout
-                )
-                marks[(name, pid)] = (low, high)
+                marks[(name, pid)] = _partition_marks(consumer, name, pid, timeout)
     return marks
+
+
+#: Answers of a partition that was just created (its leader not elected yet): ask again.
+_NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+
+
+def _partition_marks(
+    consumer: Consumer, topic: str, partition: int, timeout: float
+) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout
+            )
+            return low, high
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
