@@ -66,6 +66,7 @@ class EosCommitter:
         self.system_id, self.database = identity
         self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
         self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
+        self._closing_txns: list[TxnHandle] = []  # those of the closed batch
 
     def load(self, *, ensure_topic: bool = True) -> checkpoints.Checkpoint | None:
         """Create the checkpoint topic if missing (unless ``ensure_topic`` is False: done
@@ -99,6 +100,7 @@ class EosCommitter:
         ensured = self._fence_meanwhile_ensure_topic()
         self.batch.aborted()
         self.txns.clear()
+        self._closing_txns = []
         self.load(ensure_topic=not ensured)
 
     def _fence_meanwhile_ensure_topic(self) -> bool:
@@ -159,20 +161,85 @@ class EosCommitter:
     def commit(self, catch_up_ids: list[str] | None = None) -> None:
         """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
         be busy); raises ``TransactionFailed``."""
-        self._commit_kafka(catch_up_ids)
+        self._produce_checkpoint(catch_up_ids)
+        self._close()
+        self._commit_call()
         self._committed(catch_up_ids)
 
-    def _commit_kafka(self, catch_up_ids: list[str] | None = None) -> None:
-        """Produce the checkpoint record and commit the Kafka transaction (``commit_transaction``
-        flushes every queued record first and fails if any of them failed). On failure the
-        delivery reports are served before raising, so a broker rejection is recorded (its
-        event is dead-lettered up front when re-sent)."""
+    # -- streaming: close, keep reading, commit ----------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        return self.batch.closing
+
+    def step(
+        self,
+        interrupted: Callable[[], str | None],
+        idle: Callable[[], None],
+        in_flight: Callable[[], int],
+        *,
+        close: bool = True,
+    ) -> None:
+        """The relay's exactly-once turn: commit the closing Kafka transaction once all its
+        records are acknowledged, or close the open one when due (and ``close``). Reading goes
+        on while a transaction closes; with dead letters pending the commit waits for them
+        instead (:meth:`settle_and_commit`). Raises ``TransactionFailed`` and
+        ``ProduceInterrupted``."""
+        publisher = self.delivery.publisher
+        if self.closing:
+            if self.close_ready() and interrupted() is None:
+                self.finish_close(interrupted, idle)
+        elif publisher.deferring:  # an interrupted release: finish it first
+            publisher.release(interrupted=interrupted, idle=idle)
+        elif close and self.due():
+            if self.delivery.dead_letters_pending:
+                self.settle_and_commit(in_flight, interrupted, idle)
+            else:
+                self.begin_close()
+
+    def begin_close(self) -> None:
+        """Close the open Kafka transaction without waiting (no dead letter may be pending):
+        its checkpoint record goes in, and what the relay produces from now on is held back
+        for the next transaction until :meth:`finish_close`."""
+        self._produce_checkpoint()
+        self._close()
+        publisher = self.delivery.publisher
+        publisher.defer()
+        publisher.flush(0.002)  # sends what lingers now instead of after linger.ms
+
+    def close_ready(self) -> bool:
+        """Every record of the closing transaction is acknowledged (its reports served)."""
+        return self.delivery.publisher.unacknowledged == 0
+
+    def finish_close(self, interrupted: Callable[[], str | None], idle: Callable[[], None]) -> None:
+        """Commit the closed transaction (once :meth:`close_ready`), then produce the records
+        held back into the next one. Raises ``TransactionFailed``, or ``ProduceInterrupted``
+        after the commit (the rest stays held back, ahead of anything later)."""
+        self._commit_call()
+        self._committed()
+        self.delivery.publisher.release(interrupted=interrupted, idle=idle)
+
+    # -- the commit ----------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        self.batch.close()
+        self._closing_txns, self.txns = self.txns, []
+
+    def _produce_checkpoint(self, catch_up_ids: list[str] | None = None) -> None:
+        """The checkpoint record (end LSN of the open batch) into the open Kafka transaction."""
         delivery = self.delivery
         checkpoint = self.checkpoint(catch_up_ids)
         topic = self.settings.eos.checkpoint_topic
         delivery.publisher.produce(
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
         )
+
+    def _commit_call(self) -> None:
+        """Commit the Kafka transaction (``commit_transaction`` flushes every queued record
+        first and fails if any of them failed). On failure the delivery reports are served
+        before raising, so a broker rejection is recorded (its event is dead-lettered up front
+        when re-sent)."""
+        delivery = self.delivery
         crash_point("eos.before_kafka_commit")
         try:
             with crash_during("eos.in_kafka_commit"):
@@ -183,16 +250,16 @@ class EosCommitter:
         crash_point("eos.after_kafka_commit")
 
     def _committed(self, catch_up_ids: list[str] | None = None) -> None:
-        """The Kafka transaction committed and every report was served."""
+        """The closed Kafka transaction committed and every report of it was served."""
+        events = self.batch.committed()
         self.delivery.committed()
-        self.stats.eos_committed_events += self.batch.events + len(catch_up_ids or ())
-        self.batch.committed()
-        if self.stats.latency_observers and self.txns:
+        self.stats.eos_committed_events += events + len(catch_up_ids or ())
+        if self.stats.latency_observers and self._closing_txns:
             now = time.time()
-            for txn in self.txns:
+            for txn in self._closing_txns:
                 if txn.commit_unix:
                     self.stats.observe_latency(now - txn.commit_unix, txn.events)
-        self.txns.clear()
+        self._closing_txns = []
 
     def settle_and_commit(
         self,
@@ -220,8 +287,10 @@ class EosCommitter:
             return False
         if interrupted() is not None:
             return False
+        self._produce_checkpoint()
+        self._close()
         try:
-            self._commit_kafka()
+            self._commit_call()
         except TransactionFailed:
             if interrupted() is not None:  # e.g. a rejected record (its report was served)
                 return False

@@ -272,15 +272,20 @@ class Relay:
                     self._finish()
                     return
             try:
-                if self._tracker.in_flight < self.settings.max_in_flight:
+                if self._tracker.in_flight < self.settings.max_in_flight and not (
+                    eos is not None and eos.closing and eos.batch.full()
+                ):
                     self._read_turn()
                 else:
                     delivery.publisher.poll(0.01)
             except ProduceInterrupted:
                 continue  # the checks above say why
             delivery.service()
-            if eos is not None and eos.due():
-                self._commit_kafka_transaction(eos, checkpoint)
+            if eos is not None:
+                try:
+                    self._step_eos(eos, checkpoint)
+                except ProduceInterrupted:
+                    continue  # the checks above say why
             checkpoint.maybe_send()
             self.stats.in_flight = self._tracker.in_flight
             now = time.monotonic()
@@ -317,12 +322,12 @@ class Relay:
                 self._router.handle(bytes(data[XLOG_HEADER_SIZE:]))
                 if tracker.in_flight >= limit or self._stop_requested:
                     return
-                if (
-                    batch is not None
-                    and data[XLOG_HEADER_SIZE] == _COMMIT
-                    and batch.due(time.monotonic())
-                ):
-                    return  # a PostgreSQL transaction ended and the Kafka one is due: commit
+                if batch is not None and data[XLOG_HEADER_SIZE] == _COMMIT:
+                    if batch.closing:
+                        if publisher.unacknowledged == 0 or batch.full():
+                            return  # the closing Kafka transaction can commit (or must)
+                    elif batch.due(time.monotonic()):
+                        return  # a PostgreSQL transaction ended and the Kafka one is due
                 continue
             frame = parse_copy_data(data)
             assert isinstance(frame, Keepalive)
@@ -333,14 +338,18 @@ class Relay:
 
     # -- confirmation ------------------------------------------------------------------------
 
-    def _commit_kafka_transaction(self, eos: EosCommitter, checkpoint: Checkpointer) -> None:
+    def _step_eos(self, eos: EosCommitter, checkpoint: Checkpointer, *, close: bool = True) -> None:
+        eos.step(
+            self._commit_interrupted,
+            checkpoint.maybe_send,
+            lambda: self._tracker.in_flight,
+            close=close,
+        )
+
+    def _commit_interrupted(self) -> str | None:
         delivery = self.delivery
-
-        def interrupted() -> str | None:
-            reason = delivery.halt_reason or delivery.restart_reason or self._interrupted()
-            return reason or (None if self._is_leader() else "leadership lost")
-
-        eos.settle_and_commit(lambda: self._tracker.in_flight, interrupted, checkpoint.maybe_send)
+        reason = delivery.halt_reason or delivery.restart_reason or self._interrupted()
+        return reason or (None if self._is_leader() else "leadership lost")
 
     def _finish(self) -> None:
         """Flush Kafka until the grace deadline, confirm what is acknowledged, wait for the
@@ -350,19 +359,35 @@ class Relay:
         deadline = self._grace_deadline
         delivery = self.delivery
         checkpoint = self._require_checkpoint()
-        while time.monotonic() < deadline - 1.0 and delivery.busy and self._is_leader():
+        eos = self.eos
+        while (
+            time.monotonic() < deadline - 1.0
+            and (delivery.busy or (eos is not None and eos.closing))
+            and self._is_leader()
+        ):
+            if eos is not None and eos.closing and self._commit_interrupted() is not None:
+                break  # e.g. halted: the closing transaction is not committed
             delivery.publisher.poll(0.05)
             try:
                 delivery.service()
-            except ProduceInterrupted:
+                if eos is not None:
+                    self._step_eos(eos, checkpoint, close=False)
+            except (ProduceInterrupted, TransactionFailed):
                 break
             checkpoint.maybe_send()
         if not self._is_leader():
             return
-        eos = self.eos
-        if eos is not None and eos.batch.events and not eos.batch.in_txn:
+        if (
+            eos is not None
+            and eos.batch.events
+            and not eos.batch.in_txn
+            and not eos.closing
+            and not delivery.publisher.deferring
+        ):
             try:
-                self._commit_kafka_transaction(eos, checkpoint)
+                eos.settle_and_commit(
+                    lambda: self._tracker.in_flight, self._commit_interrupted, checkpoint.maybe_send
+                )
             except TransactionFailed as exc:
                 logger.warning("final Kafka commit failed (%s): it will be re-sent", exc)
         checkpoint.send(reply_requested=True)

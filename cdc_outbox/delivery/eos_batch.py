@@ -11,9 +11,13 @@ Contract of :class:`EosBatch`:
   commit LSN (Begin's final LSN) is below ``committed_lsn`` (the end LSN of the last
   transaction committed to Kafka, from the checkpoint topic or this process): PostgreSQL
   re-sends from the slot's confirmed position, which may be behind the Kafka commit.
+* **Commits what it closed**: :meth:`close` (at a boundary) fixes what the commit covers
+  (``closing_events`` up to ``closing_end_lsn``); events read meanwhile form the next
+  transaction, which is not :meth:`due` before :meth:`committed` (one commit at a time).
+  :meth:`committed` makes ``closing_end_lsn`` the new ``committed_lsn``.
 * **Confirms nothing uncommitted**: :meth:`ceiling` is the highest LSN the slot may be confirmed
-  to: ``committed_lsn`` while the Kafka transaction holds events, unbounded (``None``)
-  otherwise. ``committed_lsn`` never decreases.
+  to: ``committed_lsn`` while a Kafka transaction (open or closing) holds events, unbounded
+  (``None``) otherwise. ``committed_lsn`` never decreases.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ class EosBatch:
     """The open Kafka transaction's PostgreSQL transactions (see the module contract)."""
 
     __slots__ = (
+        "_closing",
         "_in_txn",
         "_interval_s",
         "_max_events",
         "_started",
+        "closing_end_lsn",
+        "closing_events",
         "committed_lsn",
         "end_lsn",
         "events",
@@ -44,6 +51,9 @@ class EosBatch:
         self.end_lsn = committed_lsn  # end LSN of the last of them
         self._in_txn = False
         self._started = 0.0
+        self._closing = False
+        self.closing_events = 0  # events of the closing transaction (see close)
+        self.closing_end_lsn = committed_lsn
 
     def skip(self, final_lsn: int) -> bool:
         """True if the PostgreSQL transaction committed at ``final_lsn`` is already in Kafka."""
@@ -76,11 +86,22 @@ class EosBatch:
     def in_txn(self) -> bool:
         return self._in_txn
 
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
     def due(self, now: float) -> bool:
-        """Commit the Kafka transaction now? (only at a PostgreSQL transaction boundary)"""
-        if self._in_txn or self.events == 0:
+        """Close the Kafka transaction now? (only at a PostgreSQL transaction boundary, and
+        not while the previous one is closing)"""
+        if self._in_txn or self.events == 0 or self._closing:
             return False
         return self.events >= self._max_events or now - self._started >= self._interval_s
+
+    def full(self) -> bool:
+        """At a boundary with ``max_events`` or more: while the previous transaction is
+        closing, read no further (a Kafka transaction never grows past ``max_events`` by more
+        than one PostgreSQL transaction)."""
+        return not self._in_txn and self.events >= self._max_events
 
     def seconds_to_due(self, now: float) -> float | None:
         """How long until :meth:`due` by the interval (``None``: no event waiting)."""
@@ -90,18 +111,32 @@ class EosBatch:
 
     def ceiling(self) -> int | None:
         """Highest LSN the slot may be confirmed to (``None``: no bound)."""
-        return self.committed_lsn if self.events else None
+        return self.committed_lsn if self.events or self._closing else None
+
+    def close(self) -> int:
+        """Fix what the commit covers (the events so far, up to ``end_lsn``); later events
+        form the next transaction. Returns ``closing_end_lsn``."""
+        if self._in_txn:
+            raise ValueError("closing inside a PostgreSQL transaction")
+        if self._closing:
+            raise ValueError("the previous Kafka transaction is still closing")
+        self._closing = True
+        self.closing_events, self.closing_end_lsn = self.events, self.end_lsn
+        self.events = self.txns = 0
+        return self.closing_end_lsn
 
     def committed(self) -> int:
-        """The Kafka transaction committed: its end LSN becomes ``committed_lsn``."""
-        if self._in_txn:
-            raise ValueError("committing inside a PostgreSQL transaction")
-        self.committed_lsn = max(self.committed_lsn, self.end_lsn)
-        self.events = self.txns = 0
-        return self.committed_lsn
+        """The closed Kafka transaction committed: ``closing_end_lsn`` becomes
+        ``committed_lsn``. Returns the number of events it held."""
+        if not self._closing:
+            raise ValueError("nothing was closed")
+        self._closing = False
+        self.committed_lsn = max(self.committed_lsn, self.closing_end_lsn)
+        events, self.closing_events = self.closing_events, 0
+        return events
 
     def aborted(self) -> None:
         """The Kafka transaction was aborted: forget it (its transactions are re-streamed)."""
-        self.events = self.txns = 0
-        self.end_lsn = self.committed_lsn
-        self._in_txn = False
+        self.events = self.txns = self.closing_events = 0
+        self.end_lsn = self.closing_end_lsn = self.committed_lsn
+        self._in_txn = self._closing = False

@@ -1,6 +1,7 @@
 """The relay's Kafka producer. Only the :mod:`cdc_outbox.kafka` package imports confluent-kafka
 (this module; :mod:`cdc_outbox.kafka.checkpoints`, the exactly-once checkpoint topic;
-:mod:`cdc_outbox.kafka.consumer`, the consumer's side; a unit test checks it).
+:mod:`cdc_outbox.kafka.consumer`, the consumer's side; :mod:`cdc_outbox.kafka.probe`, the
+readiness check; a unit test checks it).
 
 Reading topics back (demo, tests, benchmarks) is ``cdc_outbox_dev.readback``, not shipped.
 
@@ -27,46 +28,27 @@ Contract:
   :meth:`begin` / :meth:`commit` / :meth:`abort`. A delivery report then means "written inside
   the open transaction", not "visible": only a successful :meth:`commit` makes records visible
   to ``read_committed`` consumers. Every transaction call raises :class:`TransactionFailed`.
+  Between :meth:`defer` and the :meth:`release` that follows the next :meth:`commit`,
+  :meth:`produce` only queues records in this process, in order, for the next transaction:
+  the caller keeps working while the open transaction's records are acknowledged.
+  :meth:`abort` and :meth:`close` drop them with the transaction.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
 logger = logging.getLogger(__name__)
-
-
-class _QuietLibrdkafkaLog:
-    """librdkafka's log lines, each distinct line at most once per ``interval_s``.
-
-    While a broker is down librdkafka logs every reconnect attempt; the relay's own
-    rate-limited warnings (``error_cb``) already say so.
-    """
-
-    def __init__(self, interval_s: float = 30.0, max_level: int = logging.WARNING) -> None:
-        self._logger = logging.getLogger("cdc_outbox.librdkafka")
-        self._interval_s = interval_s
-        self._max_level = max_level
-        self._last: dict[str, float] = {}
-
-    def log(self, level: int, msg: str, *args: object) -> None:
-        text = msg % args if args else msg
-        key = text[:80]
-        now = time.monotonic()
-        if now - self._last.get(key, -self._interval_s) < self._interval_s:
-            return
-        if len(self._last) > 1000:
-            self._last.clear()
-        self._last[key] = now
-        self._logger.log(min(level, self._max_level), "%s", text)
 
 
 Headers = list[tuple[str, bytes]]
@@ -191,6 +173,8 @@ class KafkaPublisher:
         self.transactional = transactional_id is not None
         #: Records produced in the open transaction (transactional only).
         self.txn_records = 0
+        #: Records held for the next transaction while the open one commits (see :meth:`defer`).
+        self._deferred: deque[tuple[str, bytes | None, bytes | None, Headers, Any]] | None = None
         for key, value in required.items():
             if str(config.get(key, value)).lower() != value:
                 logger.warning("kafka setting %s=%s overridden to %s", key, config[key], value)
@@ -199,7 +183,7 @@ class KafkaPublisher:
         self._last_error_log = 0.0
         logger.debug("kafka producer config: %s", redact_config(merged))
         try:
-            self._producer = Producer(merged, logger=_QuietLibrdkafkaLog())
+            self._producer = Producer(merged, logger=QuietLibrdkafkaLog())
         except KafkaException as exc:
             raise ValueError(f"invalid Kafka configuration: {exc.args[0]}") from exc
 
@@ -219,6 +203,9 @@ class KafkaPublisher:
         While the local queue is full: serve delivery reports, call ``idle()`` (e.g. keep a
         replication connection alive) and raise :class:`ProduceInterrupted` once
         ``interrupted()`` returns a reason."""
+        if self._deferred is not None:
+            self._deferred.append((topic, key, value, headers, listener))
+            return
         report = _DeliveryReport(listener, headers)
         produce = self._producer.produce
         while True:
@@ -264,11 +251,19 @@ class KafkaPublisher:
         self._producer.poll(0)
 
     def __len__(self) -> int:
-        """Records queued or in flight."""
+        """Records queued or in flight (deferred ones included)."""
+        return len(self._producer) + (len(self._deferred) if self._deferred is not None else 0)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Records in librdkafka (queued, in flight or with a report not yet served): those of
+        the open transaction while :meth:`defer` holds the next one's back."""
         return len(self._producer)
 
     def close(self, timeout: float = 5.0) -> int:
-        """Flush what can be flushed within ``timeout``; returns records left undelivered."""
+        """Flush what can be flushed within ``timeout``; returns records left undelivered
+        (deferred ones are dropped)."""
+        self._deferred = None
         left = self.flush(timeout)
         if left:
             self.purge()
@@ -302,8 +297,45 @@ class KafkaPublisher:
                     raise
         self.begin()
 
+    def defer(self) -> None:
+        """From now on, :meth:`produce` holds records back for the next transaction."""
+        if not self.transactional:
+            raise RuntimeError("only a transactional producer defers records")
+        if self._deferred is None:
+            self._deferred = deque()
+
+    @property
+    def deferring(self) -> bool:
+        return self._deferred is not None
+
+    def release(
+        self,
+        *,
+        interrupted: Callable[[], str | None] = lambda: None,
+        idle: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Produce the deferred records, in order, into the open transaction and stop
+        deferring. Raises :class:`ProduceInterrupted` (the produce loop's rule) with the rest
+        still deferred, ahead of anything produced later."""
+        pending = self._deferred
+        if pending is None:
+            return
+        self._deferred = None
+        try:
+            while pending:
+                topic, key, value, headers, listener = pending[0]
+                self.produce(
+                    topic, key, value, headers, listener, interrupted=interrupted, idle=idle
+                )
+                pending.popleft()
+        except ProduceInterrupted:
+            self._deferred = pending
+            raise
+
     def abort(self, timeout: float) -> None:
-        """Drop queued records and abort the open transaction, then begin the next one."""
+        """Drop queued (and deferred) records and abort the open transaction, then begin the
+        next one."""
+        self._deferred = None
         self._producer.purge(in_queue=True, in_flight=True, blocking=True)
         self._producer.poll(0)
         self._txn_call(self._producer.abort_transaction, timeout)
@@ -339,28 +371,6 @@ class KafkaPublisher:
         if now - self._last_error_log > 10.0:
             self._last_error_log = now
             logger.warning("kafka: %s", err.str())
-
-
-class KafkaProbe:
-    """Readiness: is the cluster reachable? One long-lived client (the configured security
-    settings, never producing) whose metadata request is the check; errors go to the caller,
-    librdkafka's own lines to DEBUG (the relay's producer already warns)."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        merged = {**config, "error_cb": lambda err: None}
-        try:
-            self._producer = Producer(merged, logger=_QuietLibrdkafkaLog(max_level=logging.DEBUG))
-        except KafkaException as exc:
-            raise ValueError(f"invalid Kafka configuration: {exc.args[0]}") from exc
-
-    def check(self, timeout: float) -> int:
-        """Number of brokers in fresh cluster metadata; ``ConnectionError`` if none arrives
-        within ``timeout`` s."""
-        try:
-            metadata = self._producer.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise ConnectionError(f"Kafka not reachable: {exc.args[0].str()}") from exc
-        return len(metadata.brokers)
 
 
 def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka.publisher import KafkaProbe
+from cdc_outbox.kafka.probe import KafkaProbe
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
 from cdc_outbox.relay_stats import RelayStats

@@ -18,7 +18,10 @@ def test_commits_at_max_events_only_at_a_transaction_boundary() -> None:
     b.end(500, had_events=True)
     assert b.due(0.0)
     assert b.ceiling() == 0
-    assert b.committed() == 500
+    assert b.close() == 500
+    assert b.ceiling() == 0  # closing: still bounded until the commit
+    assert b.committed() == 5
+    assert b.committed_lsn == 500
     assert b.ceiling() is None and b.events == 0
 
 
@@ -37,7 +40,9 @@ def test_skips_transactions_kafka_already_holds_and_never_goes_back() -> None:
     b.begin()
     b.add_event(0.0)
     b.end(900, had_events=True)  # cannot happen in order, but never lowers the position
-    assert b.committed() == 1000
+    b.close()
+    b.committed()
+    assert b.committed_lsn == 1000
 
 
 def test_abort_forgets_the_batch() -> None:
@@ -55,30 +60,85 @@ def test_misuse_raises() -> None:
         b.add_event(0.0)
     with pytest.raises(ValueError):
         b.end(1, had_events=False)
+    with pytest.raises(ValueError):
+        b.committed()  # nothing closed
     b.begin()
     with pytest.raises(ValueError):
         b.begin()
     with pytest.raises(ValueError):
-        b.committed()
+        b.close()  # inside a PostgreSQL transaction
+    b.add_event(0.0)
+    b.end(10, had_events=True)
+    b.close()
+    with pytest.raises(ValueError):
+        b.close()  # one commit at a time
+
+
+def test_events_read_while_closing_form_the_next_transaction() -> None:
+    b = EosBatch(interval_s=0.1, max_events=2)
+    b.begin()
+    b.add_event(0.0)
+    b.add_event(0.0)
+    b.end(100, had_events=True)
+    assert b.close() == 100
+    b.begin()
+    b.add_event(0.01)
+    b.add_event(0.01)
+    b.add_event(0.01)
+    b.end(200, had_events=True)
+    assert not b.due(5.0)  # full, but the previous one has not committed yet
+    assert b.full()  # so the relay reads no further
+    assert b.ceiling() == 0
+    assert b.committed() == 2
+    assert b.committed_lsn == 100 and b.ceiling() == 100
+    assert b.due(0.02)  # 3 events >= max_events
+    assert b.close() == 200 and b.committed() == 3
+    assert b.ceiling() is None
+
+
+def test_abort_while_closing_forgets_both() -> None:
+    b = EosBatch(0.1, 10, committed_lsn=50)
+    b.begin()
+    b.add_event(0.0)
+    b.end(100, had_events=True)
+    b.close()
+    b.begin()
+    b.add_event(0.0)
+    b.aborted()
+    assert not b.closing and b.ceiling() is None and b.committed_lsn == 50 and not b.in_txn
 
 
 @given(
     txns=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=60),
     max_events=st.integers(min_value=1, max_value=40),
     gaps=st.lists(st.floats(min_value=0, max_value=0.2), min_size=60, max_size=60),
+    commit_after=st.lists(st.integers(min_value=0, max_value=3), min_size=60, max_size=60),
 )
 def test_model_every_transaction_lands_whole_in_one_commit_in_order(
-    txns: list[int], max_events: int, gaps: list[float]
+    txns: list[int], max_events: int, gaps: list[float], commit_after: list[int]
 ) -> None:
-    """Replaying a stream: each PostgreSQL transaction's events end up in exactly one Kafka
-    commit, commits cover transactions in order, the ceiling never exceeds what is committed,
-    and nothing is left uncommitted at the end."""
+    """Replaying a stream, each closed Kafka transaction committing 0..3 PostgreSQL
+    transactions later (reading goes on meanwhile): each PostgreSQL transaction's events end up
+    in exactly one commit, commits cover transactions in order, the ceiling never exceeds what
+    is committed, and nothing is left uncommitted at the end."""
     b = EosBatch(interval_s=0.1, max_events=max_events)
     now = 0.0
     lsn = 100
     last_with_events = 0
     batch: list[int] = []
+    closing: tuple[list[int], int, int] | None = None  # (txns, end LSN, commit at txn index)
     commits: list[list[int]] = []
+
+    def commit() -> None:
+        nonlocal closing
+        assert closing is not None
+        closed, end, _ = closing
+        events = b.committed()
+        assert events == sum(txns[i] for i in closed)
+        assert b.committed_lsn == end
+        commits.append(closed)
+        closing = None
+
     for i, size in enumerate(txns):
         now += gaps[i]
         b.begin()
@@ -92,18 +152,23 @@ def test_model_every_transaction_lands_whole_in_one_commit_in_order(
             last_with_events = lsn
         ceiling = b.ceiling()
         assert ceiling is None or ceiling <= b.committed_lsn
+        if closing is not None and i >= closing[2]:
+            commit()
         if b.due(now):
-            assert b.committed() == last_with_events
-            commits.append(batch)
+            assert closing is None
+            assert b.close() == last_with_events
+            closing = (batch, last_with_events, i + commit_after[i])
             batch = []
             assert b.events == 0
+    if closing is not None:
+        commit()
     if b.events:
-        b.committed()
-        commits.append(batch)
+        b.close()
+        closing = (batch, last_with_events, 0)
+        commit()
     flat = [i for c in commits for i in c]
     assert flat == [i for i, size in enumerate(txns) if size]
-    for c in commits[:-1]:  # a closed batch reached a limit at a boundary
-        assert c
+    assert all(commits)
     assert b.ceiling() is None
 
 
@@ -144,6 +209,9 @@ def test_the_slot_is_never_confirmed_past_the_kafka_commit() -> None:
     assert tracker.confirmed == 300
     cp.send()
     assert stream.sent[-1][1] == 100  # acked, but not committed in Kafka
+    batch.close()
+    cp.send()
+    assert stream.sent[-1][1] == 100  # closed, not committed yet
     batch.committed()
     cp.send()
     assert stream.sent[-1][1] == 300
