@@ -73,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--writers", type=int, default=4)
     compare.add_argument("--rate", type=float, default=2_000.0, help="latency phase events/s")
     compare.add_argument("--latency-seconds", type=float, default=30.0)
+    compare.add_argument(
+        "--eos-events",
+        type=int,
+        default=100_000,
+        help="events per exactly-once vs at-least-once run",
+    )
+    compare.add_argument("--eos-rounds", type=int, default=3, help="rounds of that pair (median)")
     compare.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     compare.add_argument("--json", type=Path, default=Path("benchmarks/out/compare.json"))
@@ -92,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         relay_bench.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":
-        if args.events <= 0 or args.rate <= 0 or args.latency_seconds <= 0:
-            parser.error("--events, --rate and --latency-seconds must be positive")
+        if min(args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds) <= 0:
+            parser.error(
+                "--events, --rate, --latency-seconds, --eos-events and --eos-rounds must be"
+                " positive"
+            )
         result = compare_bench.run(args)
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)

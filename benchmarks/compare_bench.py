@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import statistics
 import threading
 import time
 from typing import Any
@@ -271,6 +272,30 @@ def latency_phase(settings: Settings, rate: float, seconds: float, cpu: CpuMeter
     }
 
 
+def eos_rounds(
+    args: argparse.Namespace, dsn: str, bootstrap: str, cpu: CpuMeter, stamp: int
+) -> list[dict[str, Any]]:
+    """At-least-once and exactly-once throughput at ``EOS_TXN_SIZE``-row transactions,
+    ``--eos-rounds`` times, the two modes back to back in each round (the first alternates), so
+    that each round's ratio compares runs made under the same machine load."""
+    rounds: list[dict[str, Any]] = []
+    for number in range(args.eos_rounds):
+        pair: dict[str, Any] = {}
+        for mode in ("cdc", "cdc_eos") if number % 2 == 0 else ("cdc_eos", "cdc"):
+            print(f"-- {mode}: {EOS_TXN_SIZE}-row transactions, round {number + 1}", flush=True)
+            prefix = f"bench.{stamp}.{mode}.txn{EOS_TXN_SIZE}.{number}"
+            settings = _settings(dsn, bootstrap, mode, prefix)
+            _create_topic(settings, f"{prefix}.order")
+            spec = workload.WorkloadSpec(
+                events=args.eos_events, writers=args.writers, txn_sizes=(EOS_TXN_SIZE,)
+            )
+            phase = throughput_phase(settings, spec, cpu, timeout=600)
+            phase["records_in_kafka"] = count_records(bootstrap, prefix) - 1
+            pair[mode] = phase
+        rounds.append(pair)
+    return rounds
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu):
         stamp = int(time.time())
@@ -294,22 +319,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "cdc_mark_published": settings.cdc_mark_published,
             }
             out[mode] = results
+        out["eos_rounds"] = eos_rounds(args, dsn, bootstrap, cpu, stamp)
         for mode in ("cdc", "cdc_eos"):
-            print(f"-- {mode}: throughput phase, {EOS_TXN_SIZE}-row transactions", flush=True)
-            prefix = f"bench.{stamp}.{mode}.txn{EOS_TXN_SIZE}"
-            settings = _settings(dsn, bootstrap, mode, prefix)
-            _create_topic(settings, f"{prefix}.order")
-            spec100 = workload.WorkloadSpec(
-                events=args.events, writers=args.writers, txn_sizes=(EOS_TXN_SIZE,)
-            )
-            phase = throughput_phase(settings, spec100, cpu, timeout=600)
-            phase["records_in_kafka"] = count_records(bootstrap, prefix) - 1
-            out[mode][f"throughput_txn{EOS_TXN_SIZE}"] = phase
+            runs = [r[mode] for r in out["eos_rounds"]]
+            out[mode][f"throughput_txn{EOS_TXN_SIZE}"] = {
+                "events_per_s": statistics.median(r["events_per_s"] for r in runs),
+                "cores_used": runs[len(runs) // 2]["cores_used"],
+            }
         alo, eos = out["cdc"], out["cdc_eos"]
         interval_ms = float(settings.eos.commit_interval_ms)
-        key = f"throughput_txn{EOS_TXN_SIZE}"
+        ratios = [
+            r["cdc_eos"]["events_per_s"] / r["cdc"]["events_per_s"] for r in out["eos_rounds"]
+        ]
         out["eos"] = {
-            "throughput_ratio": round(eos[key]["events_per_s"] / alo[key]["events_per_s"], 3),
+            "throughput_ratio": round(statistics.median(ratios), 3),
+            "throughput_ratio_rounds": [round(r, 3) for r in ratios],
             "throughput_ratio_min": EOS_THROUGHPUT_RATIO,
             "p99_ms": eos["latency"]["latency_ms"]["p99"],
             "p99_max_ms": round(alo["latency"]["latency_ms"]["p99"] + interval_ms, 1),
@@ -338,6 +362,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "txn_sizes_throughput": list(spec.txn_sizes),
             "rate": args.rate,
             "latency_seconds": args.latency_seconds,
+            "eos_events": args.eos_events,
+            "eos_txn_size": EOS_TXN_SIZE,
+            "eos_rounds": args.eos_rounds,
         }
         out["machine"] = compare_report.machine(dsn)
         return out

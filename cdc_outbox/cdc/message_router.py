@@ -16,7 +16,6 @@ A relation must be described before it is used; otherwise decoding raises.
 from __future__ import annotations
 
 import logging
-import time
 
 from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.ack_tracker import AckTracker
@@ -84,7 +83,7 @@ class MessageRouter:
             txn = self._txn
             txn.add_event()
             if self.eos is not None:
-                self.eos.batch.add_event(time.monotonic())
+                self.eos.add_event()
             self.delivery.submit(self._mapper.map_insert(rel, row), txn)
         elif kind == _BEGIN:
             self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)

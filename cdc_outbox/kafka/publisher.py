@@ -70,6 +70,10 @@ DEFAULT_CONFIG: Mapping[str, str] = {
     "queue.buffering.max.kbytes": "262144",
 }
 
+#: Defaults of a transactional producer (exactly-once): a closing Kafka transaction waits for
+#: its last records, so they should not linger long (the commit interval batches anyway).
+TRANSACTIONAL_DEFAULTS: Mapping[str, str] = {"linger.ms": "5"}
+
 #: Record-level rejections: this record can never be written (the only dead-letter cases).
 _RECORD_CODES = frozenset(
     {
@@ -169,7 +173,8 @@ class KafkaPublisher:
         required = {**REQUIRED_CONFIG, **({"enable.gapless.guarantee": "true"} if gapless else {})}
         if transactional_id is not None:
             required["transactional.id"] = transactional_id
-        merged: dict[str, Any] = {**DEFAULT_CONFIG, **config, **required}
+        defaults = {**DEFAULT_CONFIG, **(TRANSACTIONAL_DEFAULTS if transactional_id else {})}
+        merged: dict[str, Any] = {**defaults, **config, **required}
         self.transactional = transactional_id is not None
         #: Records produced in the open transaction (transactional only).
         self.txn_records = 0

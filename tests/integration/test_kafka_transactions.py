@@ -75,3 +75,62 @@ def test_checkpoint_read_committed_sees_only_committed_and_newer_instance_fences
     assert sorted(r.value for r in committed) == [b"100", b"200"]
     assert sorted(r.value for r in uncommitted) == [b"100", b"200", b"300"]
     second.close()
+
+
+def test_deferred_records_go_into_the_next_transaction_in_order_or_nowhere(
+    kafka_broker, kafka_topic_prefix: str
+) -> None:
+    """While a transaction closes, produce() holds records back: none of them is in the
+    committed transaction, release() produces them in order into the next one, abort() drops
+    them, and a release interrupted midway keeps the rest ahead of later records."""
+    from cdc_outbox.kafka.publisher import ProduceInterrupted
+
+    config = {"bootstrap.servers": kafka_broker.bootstrap_servers}
+    data = f"{kafka_topic_prefix}.event.d"
+    publisher = KafkaPublisher(config, transactional_id=f"{kafka_topic_prefix}-defer")
+    publisher.init_transactions(30)
+    count = _Count()
+    publisher.produce(data, b"k", b"1", [], count)
+    publisher.defer()
+    for value in (b"2", b"3"):
+        publisher.produce(data, b"k", value, [], count)
+    assert publisher.deferring and len(publisher) == publisher.unacknowledged + 2
+    assert publisher.flush(30) == 0 and len(publisher) == 2  # only the held-back ones left
+    assert publisher.unacknowledged == 0 and count.ok == 1
+    publisher.commit(30)  # holds "1" only
+    publisher.release()
+    assert not publisher.deferring
+    publisher.produce(data, b"k", b"4", [], count)
+    publisher.commit(30)  # "2", "3", "4"
+
+    publisher.defer()
+    publisher.produce(data, b"k", b"dropped", [], count)
+    publisher.abort(30)
+    assert not publisher.deferring and len(publisher) == 0
+
+    publisher.commit(30)  # empty
+    publisher.close()
+
+    # A queue of 2 records: a release interrupted while the queue is full keeps the rest
+    # held back, ahead of what is produced later.
+    small = KafkaPublisher(
+        {**config, "queue.buffering.max.messages": "2"},
+        transactional_id=f"{kafka_topic_prefix}-defer",
+    )
+    small.init_transactions(30)
+    small.defer()
+    for value in (b"5", b"6", b"7", b"8", b"9"):
+        small.produce(data, b"k", value, [], count)
+    with pytest.raises(ProduceInterrupted):
+        small.release(interrupted=lambda: "stop")
+    assert small.deferring
+    small.produce(data, b"k", b"10", [], count)
+    small.release()
+    small.commit(30)
+    assert not count.failed
+
+    committed = read_topics(
+        kafka_broker.bootstrap_servers, data, extra_config={"isolation.level": "read_committed"}
+    )
+    assert [r.value for r in committed] == [str(n).encode() for n in range(1, 11)]
+    small.close()
