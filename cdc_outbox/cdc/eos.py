@@ -47,6 +47,9 @@ from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
+#: After a commit every record is acknowledged: serving the last reports takes no longer.
+_REPORTS_AFTER_COMMIT_S = 5.0
+
 
 def transactional_id(settings: Settings, system_id: str, database: str) -> str:
     """The configured ``eos.transactional_id`` or ``cdc-outbox.<system>.<database>.<slot>``."""
@@ -188,12 +191,7 @@ class EosCommitter:
         return self.batch.closing
 
     def step(
-        self,
-        interrupted: Callable[[], str | None],
-        idle: Callable[[], None],
-        in_flight: Callable[[], int],
-        *,
-        close: bool = True,
+        self, interrupted: Callable[[], str | None], idle: Callable[[], None], *, close: bool = True
     ) -> None:
         """The relay's exactly-once turn: commit the closing Kafka transaction once all its
         records are acknowledged, or close the open one when due (and ``close``). Reading goes
@@ -208,7 +206,7 @@ class EosCommitter:
             publisher.release(interrupted=interrupted, idle=idle)
         elif close and self.due():
             if self.delivery.dead_letters_pending:
-                self.settle_and_commit(in_flight, interrupted, idle)
+                self.settle_and_commit(interrupted, idle)
             else:
                 self.begin_close()
 
@@ -280,10 +278,7 @@ class EosCommitter:
         self._closing_txns = []
 
     def settle_and_commit(
-        self,
-        in_flight: Callable[[], int],
-        interrupted: Callable[[], str | None],
-        idle: Callable[[], None],
+        self, interrupted: Callable[[], str | None], idle: Callable[[], None]
     ) -> bool:
         """Commit the open Kafka transaction. Dead letters in it are settled first (acknowledged
         and their rows FAILED in PostgreSQL: durable before the commit); otherwise the commit
@@ -313,12 +308,13 @@ class EosCommitter:
             if interrupted() is not None:  # e.g. a rejected record (its report was served)
                 return False
             raise
-        # Committed: every record is acknowledged; serve the reports still queued (a report
-        # can only be a success now) so that every id reaches the published-marker.
+        # Committed: every record is acknowledged. Serve the reports still queued (each a
+        # success now, no broker round trip), whatever interrupts, so that every id reaches
+        # the published-marker (a row left PENDING would be published again by a catch-up).
         publisher = delivery.publisher
-        while (len(publisher) or in_flight()) and interrupted() is None:
-            if publisher.poll(0) == 0:
-                publisher.poll(0.001)
+        deadline = time.monotonic() + _REPORTS_AFTER_COMMIT_S
+        while publisher.unacknowledged and time.monotonic() < deadline:
+            publisher.poll(0.001)
         self._committed()
         idle()
         return True

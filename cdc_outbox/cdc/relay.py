@@ -339,12 +339,7 @@ class Relay:
     # -- confirmation ------------------------------------------------------------------------
 
     def _step_eos(self, eos: EosCommitter, checkpoint: Checkpointer, *, close: bool = True) -> None:
-        eos.step(
-            self._commit_interrupted,
-            checkpoint.maybe_send,
-            lambda: self._tracker.in_flight,
-            close=close,
-        )
+        eos.step(self._commit_interrupted, checkpoint.maybe_send, close=close)
 
     def _commit_interrupted(self) -> str | None:
         delivery = self.delivery
@@ -385,9 +380,7 @@ class Relay:
             and not delivery.publisher.deferring
         ):
             try:
-                eos.settle_and_commit(
-                    lambda: self._tracker.in_flight, self._commit_interrupted, checkpoint.maybe_send
-                )
+                eos.settle_and_commit(self._commit_interrupted, checkpoint.maybe_send)
             except TransactionFailed as exc:
                 logger.warning("final Kafka commit failed (%s): it will be re-sent", exc)
         checkpoint.send(reply_requested=True)
