@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         help="avro: also relay the same WAL with Avro values (local registry) and compare",
     )
     relay.add_argument(
+        "--avro-rounds",
+        type=int,
+        default=3,
+        help="with --value-format avro: Avro/JSON pairs over the same WAL (median ratio)",
+    )
+    relay.add_argument(
         "--delivery",
         choices=["at_least_once", "exactly_once"],
         default="at_least_once",
@@ -93,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "relay":
-        if args.events <= 0 or args.txn_size <= 0:
-            parser.error("--events and --txn-size must be positive")
+        if min(args.events, args.txn_size, args.avro_rounds) <= 0:
+            parser.error("--events, --txn-size and --avro-rounds must be positive")
         result = relay_bench.run(args)
         relay_bench.print_table(result)
         _save(result, args, argv)

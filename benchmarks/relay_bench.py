@@ -2,10 +2,12 @@
 
 Two slots are created at the same point before the data is written, so both phases decode
 exactly the same transactions: (a) receive-only drain of slot A (frames counted, nothing
-decoded, nothing published); (b) the relay on slot B until Kafka has acknowledged every event.
-With ``--value-format avro`` a third slot, created at the same point, is relayed again with
-Avro values (Confluent wire format, schema from a local Apicurio registry): (c), compared with
-(b) as ``avro_vs_json``.
+decoded, nothing published); (b) the relay on slot B until Kafka has acknowledged every event
+(exactly-once: committed), timed from its first acknowledged event (its start-up, i.e. election,
+slot and producer set-up, is ``start_s``, as in ``compare``).
+With ``--value-format avro`` more slots, created at the same point, are relayed again with Avro
+values (Confluent wire format, schema from a local Apicurio registry) and JSON, in
+``--avro-rounds`` rounds: :mod:`benchmarks.avro_rounds`, ``avro_vs_json`` the median ratio.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from benchmarks import avro_rounds
 from benchmarks.cpu import CpuMeter, process_cpu, thread_cpu, tree_cpu
 from cdc_outbox.admin.schema import (
     outbox_table_ddl,
@@ -42,8 +46,6 @@ from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
-AVRO_SLOT = "bench_relay_avro"
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "cdc_outbox_dev" / "schemas"
 
 
 @contextlib.contextmanager
@@ -149,13 +151,20 @@ def raw_drain(
         stream.close()
 
 
-def relay_phase(
-    settings: Settings, events: int, profile: Path | None, cpu: CpuMeter
-) -> tuple[float, dict[str, float]]:
-    """Run the relay until Kafka acknowledged ``events`` events.
+@dataclass(frozen=True)
+class RelayRun:
+    """One relay phase: ``seconds`` from the first acknowledged event to the last (start-up,
+    i.e. election, slot and producer set-up, is ``start_s``), cores used per process over the
+    whole phase, and the relay thread's CPU seconds (start-up included)."""
 
-    Returns (seconds, cores used per process while relaying, including ``relay_thread``: the
-    Python thread that decodes, maps and produces)."""
+    seconds: float
+    start_s: float
+    cores: dict[str, float]
+    thread_cpu_s: float
+
+
+def relay_phase(settings: Settings, events: int, profile: Path | None, cpu: CpuMeter) -> RelayRun:
+    """Run the relay until Kafka acknowledged (exactly-once: committed) ``events`` events."""
     relay = Service(settings)  # what `cdc-outbox run --mode cdc` runs
     profiler = cProfile.Profile() if profile else None
     errors: list[BaseException] = []
@@ -178,14 +187,19 @@ def relay_phase(
     thread = threading.Thread(target=target, name="relay")
     thread.start()
     eos = settings.delivery == "exactly_once"  # done once committed (read_committed sees it)
-    while (
-        thread.is_alive()
-        and (relay.stats.eos_committed_events if eos else relay.stats.events_published) < events
+    stats = relay.stats
+    first: float | None = None
+    while thread.is_alive() and (stats.eos_committed_events if eos else stats.events_published) < (
+        events
     ):
-        time.sleep(0.005)
-    elapsed = time.perf_counter() - t0
-    cores = cpu.cores_used(elapsed)
-    cores["relay_thread"] = round(thread_cpu(native_id[0]) / elapsed, 2)
+        if first is None and stats.events_published:
+            first = time.perf_counter()
+        time.sleep(0.001 if first is None else 0.005)
+    end = time.perf_counter()
+    first = end if first is None else first
+    cores = cpu.cores_used(end - t0)
+    thread_s = thread_cpu(native_id[0])
+    cores["relay_thread"] = round(thread_s / (end - t0), 2)
     relay.request_stop()
     thread.join(60)
     if errors:
@@ -195,7 +209,7 @@ def relay_phase(
     if profiler and profile:
         profile.parent.mkdir(parents=True, exist_ok=True)
         profiler.dump_stats(str(profile))
-    return elapsed, cores
+    return RelayRun(end - first, first - t0, cores, thread_s)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,8 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu),
         registry(avro) as registry_url,
     ):
-        topic_prefix = f"bench.{int(time.time())}"
-        avro_prefix = topic_prefix.replace("bench.", "bench-avro.")
+        stamp = int(time.time())
+        topic_prefix = f"bench.{stamp}"
         settings = Settings.model_validate(
             {
                 "dsn": dsn,
@@ -224,12 +238,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 },
             }
         )
-        setup(settings, [RAW_SLOT, RELAY_SLOT, *([AVRO_SLOT] if avro else [])])
-        # Create the topic up front so the relay phase does not time topic creation.
+        plan = avro_rounds.phases(args.avro_rounds, stamp) if avro else []
+        setup(settings, [RAW_SLOT, RELAY_SLOT, *(slot for _, _, slot, _ in plan)])
+        # Create the topics up front so that no relay phase times topic creation (the counts
+        # below subtract the warm-up record).
         warm = KafkaPublisher(settings.kafka_config())
-        warm.produce(f"{topic_prefix}.order", b"warmup", b"{}", [], _WarmupListener())
-        if avro:  # its own topic, also created up front (the count below subtracts it)
-            warm.produce(f"{avro_prefix}.order", b"warmup", b"{}", [], _WarmupListener())
+        for prefix in (topic_prefix, *(prefix for _, _, _, prefix in plan)):
+            warm.produce(f"{prefix}.order", b"warmup", b"{}", [], _WarmupListener())
         warm.flush(30)
         spec = workload.WorkloadSpec(
             events=args.events, writers=args.writers, txn_sizes=(args.txn_size,)
@@ -241,45 +256,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_s = time.perf_counter() - t0
         wal_bytes = current_wal(dsn)
         raw_s, frames, raw_cores = raw_drain(settings, RAW_SLOT, args.events, cpu)
-        relay_s, relay_cores = relay_phase(settings, args.events, args.profile, cpu)
+        relay = relay_phase(settings, args.events, args.profile, cpu)
+        relay_s = relay.seconds
         in_kafka = count_records(bootstrap, topic_prefix) - 1
         raw_eps = args.events / raw_s
         relay_eps = args.events / relay_s
         extra: dict[str, Any] = {}
         if avro:
-            avro_settings = settings.model_copy(
-                update={
-                    "slot_name": AVRO_SLOT,
-                    "topic_template": avro_prefix + ".{aggregate_type}",
-                    "value_format": "avro",
-                    "schema_registry": settings.schema_registry.model_copy(
-                        update={
-                            "url": registry_url,
-                            "schemas_dir": str(SCHEMAS_DIR),
-                            "auto_register": True,
-                        }
-                    ),
-                }
+            extra = avro_rounds.compare(
+                settings,
+                registry_url,
+                bootstrap,
+                plan,
+                relay,
+                args.events,
+                lambda phase: relay_phase(phase, args.events, None, cpu),
             )
-            # Registered before the timed phase, as `cdc-outbox schemas check` does before a
-            # deploy: the relay's own (idempotent) registration then does not time the
-            # registry's cold start. The relay still resolves the id itself, once.
-            from cdc_outbox.avro.check import check_schemas
-
-            check_schemas(avro_settings, {"OrderPlaced": f"{avro_prefix}.order"})
-            avro_profile = args.profile.with_suffix(".avro.prof") if args.profile else None
-            avro_s, avro_cores = relay_phase(avro_settings, args.events, avro_profile, cpu)
-            avro_eps = args.events / avro_s
-            extra = {
-                "avro_relay_s": round(avro_s, 3),
-                "avro_relay_eps": round(avro_eps, 1),
-                "avro_vs_json": round(avro_eps / relay_eps, 3),
-                "avro_relay_thread_us_per_event": round(
-                    avro_cores["relay_thread"] * avro_s / args.events * 1e6, 2
-                ),
-                "avro_records_in_kafka": count_records(bootstrap, avro_prefix) - 1,
-                "cores_avro_relay_phase": avro_cores,
-            }
         return {
             "value_format": args.value_format,
             "events": args.events,
@@ -293,18 +285,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "raw_drain_eps": round(raw_eps, 1),
             "raw_frames": frames,
             "relay_s": round(relay_s, 3),
+            "start_s": round(relay.start_s, 3),
             "relay_eps": round(relay_eps, 1),
             "ratio": round(relay_eps / raw_eps, 3),
             # CPU the relay's Python thread spent per event; 1e6 / this is what one free core
             # could relay, the ceiling of the pure-Python hot path.
-            "relay_thread_us_per_event": round(
-                relay_cores["relay_thread"] * relay_s / args.events * 1e6, 2
-            ),
+            "relay_thread_us_per_event": round(relay.thread_cpu_s / args.events * 1e6, 2),
             "records_in_kafka": in_kafka,
             # Average cores used per process during each phase (the machine's total is
             # os.cpu_count()): shows what bounds the relay when the ratio is low.
             "cores_raw_phase": raw_cores,
-            "cores_relay_phase": relay_cores,
+            "cores_relay_phase": relay.cores,
             "wal_position_bytes": wal_bytes,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "machine": _machine(),
@@ -350,8 +341,12 @@ def print_table(result: dict[str, Any]) -> None:
     ]
     if "avro_relay_eps" in result:
         rows[5:5] = [
-            ("relay, Avro values (acked)", f"{result['avro_relay_eps']:,.0f} events/s"),
-            ("ratio Avro/JSON relay", f"{result['avro_vs_json']:.2f}"),
+            ("relay, Avro values (median)", f"{result['avro_relay_eps']:,.0f} events/s"),
+            (
+                "ratio Avro/JSON relay (median)",
+                f"{result['avro_vs_json']:.2f} of "
+                + ", ".join(f"{p['ratio']:.2f}" for p in result["avro_rounds"]),
+            ),
             ("Avro relay thread CPU/event", f"{result['avro_relay_thread_us_per_event']:.1f} us"),
         ]
     width = max(len(k) for k, _ in rows)
