@@ -21,24 +21,33 @@ def thread_cpu(native_id: int) -> float:
     return _stat_cpu(Path(f"/proc/{os.getpid()}/task/{native_id}/stat"))
 
 
-def _stat_cpu(path: Path) -> float:
+def _stat_cpu(path: Path, *, reaped: bool = False) -> float:
+    """utime + stime from a stat file; with ``reaped`` also cutime + cstime (the CPU of
+    children that exited and were waited for)."""
     try:
         fields = path.read_text().rpartition(")")[2].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / _TICK
 
 
 def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and its direct children (e.g. a postmaster and its backends)."""
-    return process_cpu(root) + sum(process_cpu(pid) for pid in children(root))
+    """CPU seconds of ``root``, its live direct children and the children it has reaped (e.g. a
+    postmaster and its backends: a backend's CPU moves to the postmaster's count when it
+    exits, so the total never drops)."""
+    own = _stat_cpu(Path(f"/proc/{root}/stat"), reaped=True)
+    return own + sum(process_cpu(pid) for pid in children(root))
 
 
 class CpuMeter:
     """Snapshot CPU of named probes before and after a phase; report per wall second.
 
-    Processes that exit during the phase (e.g. backends) are not counted: probe long-lived
-    processes (the relay itself, the broker, the postmaster tree during streaming).
+    Processes that exit during the phase are counted only when their parent is a
+    :func:`tree_cpu` root that waited for them (e.g. PostgreSQL backends): probe long-lived
+    processes (the relay itself, the broker, the postmaster tree).
     """
 
     def __init__(self, probes: dict[str, Callable[[], float]]) -> None:

@@ -7,9 +7,12 @@ zombie fencing by ``init_transactions``. Contract (with :class:`~cdc_outbox.deli
 EosBatch` for the rules):
 
 - Events of whole PostgreSQL transactions go into the open Kafka transaction; at a boundary,
-  once :meth:`EosCommitter.due`, the relay waits for every outcome (dead-lettered rows are
-  then FAILED in PostgreSQL) and :meth:`EosCommitter.commit` writes the checkpoint (end LSN of
-  the batch's last PostgreSQL transaction) and commits.
+  once it is due, :meth:`EosCommitter.step` closes it: the checkpoint record (end LSN of the
+  batch's last PostgreSQL transaction) goes in, later records are held back for the next
+  transaction while the relay keeps reading, and once every record of the closed one is
+  acknowledged it commits, then releases the held-back records. With dead letters pending it
+  waits instead until they are acknowledged and their rows FAILED in PostgreSQL, then commits
+  (:meth:`EosCommitter.settle_and_commit`; catch-up batches: :meth:`EosCommitter.commit`).
 - The slot is confirmed only up to the last committed end LSN (:meth:`EosCommitter.ceiling`).
 - Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
   checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
