@@ -13,25 +13,15 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from cdc_outbox.config import Settings
 from cdc_outbox_dev.readback import count_records
 
+if TYPE_CHECKING:
+    from benchmarks.relay_bench import RelayRun
+
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "cdc_outbox_dev" / "schemas"
-
-
-class Run(Protocol):
-    """What :func:`benchmarks.relay_bench.relay_phase` returns."""
-
-    @property
-    def seconds(self) -> float: ...
-    @property
-    def start_s(self) -> float: ...
-    @property
-    def cores(self) -> dict[str, float]: ...
-    @property
-    def thread_cpu_s(self) -> float: ...
 
 
 def phases(rounds: int, stamp: int) -> list[tuple[int, str, str, str]]:
@@ -39,8 +29,11 @@ def phases(rounds: int, stamp: int) -> list[tuple[int, str, str, str]]:
     order they run."""
     out: list[tuple[int, str, str, str]] = []
     for number in range(rounds):
-        formats = ("avro",) if number == 0 else ("avro", "json")
-        if number % 2 == 0 and number:
+        if number == 0:  # round 0's JSON phase is the relay benchmark's own
+            formats: tuple[str, ...] = ("avro",)
+        elif number % 2:
+            formats = ("avro", "json")
+        else:
             formats = ("json", "avro")
         for fmt in formats:
             out.append((number, fmt, f"bench_relay_{fmt}{number}", f"bench-{fmt}{number}.{stamp}"))
@@ -52,9 +45,9 @@ def compare(
     registry_url: str,
     bootstrap: str,
     plan: list[tuple[int, str, str, str]],
-    json_run: Run,
+    json_run: RelayRun,
     events: int,
-    relay: Callable[[Settings], Run],
+    relay: Callable[[Settings], RelayRun],
 ) -> dict[str, Any]:
     """Run ``plan`` (see :func:`phases`) with ``relay``; round 0's JSON phase is ``json_run``.
     Returns the benchmark's ``avro_*`` fields (medians) and ``avro_rounds`` (every pair)."""
@@ -63,7 +56,7 @@ def compare(
     registry = settings.schema_registry.model_copy(
         update={"url": registry_url, "schemas_dir": str(SCHEMAS_DIR), "auto_register": True}
     )
-    runs: dict[tuple[int, str], tuple[Run, int]] = {(0, "json"): (json_run, -1)}
+    runs: dict[tuple[int, str], tuple[RelayRun, int]] = {(0, "json"): (json_run, -1)}
     for number, fmt, slot, prefix in plan:
         phase = settings.model_copy(
             update={

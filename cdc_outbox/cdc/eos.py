@@ -167,18 +167,6 @@ class EosCommitter:
     def due(self) -> bool:
         return self.batch.due(time.monotonic())
 
-    def checkpoint(
-        self, catch_up_ids: list[str] | None = None, end_lsn: int | None = None
-    ) -> checkpoints.Checkpoint:
-        """The checkpoint record of the open batch (or of ``end_lsn``)."""
-        return checkpoints.Checkpoint(
-            self.settings.slot_name,
-            self.system_id,
-            self.database,
-            self.batch.end_lsn if end_lsn is None else end_lsn,
-            catch_up_ids or [],
-        )
-
     def commit(self, catch_up_ids: list[str] | None = None) -> None:
         """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
         be busy); raises ``TransactionFailed``."""
@@ -212,6 +200,14 @@ class EosCommitter:
                 self.settle_and_commit(interrupted, idle)
             else:
                 self.begin_close()
+
+    def turn_ends(self) -> bool:
+        """At a PostgreSQL commit: should the relay's read turn end here for :meth:`step`?
+        Yes if the closing transaction can commit (or the next one is :meth:`~EosBatch.full`),
+        or if the open one is due."""
+        if self.closing:
+            return self.close_ready() or self.batch.full()
+        return self.due()
 
     def begin_close(self) -> None:
         """Close the open Kafka transaction without waiting (no dead letter may be pending):
@@ -247,7 +243,13 @@ class EosCommitter:
         """A checkpoint record (end LSN of the open batch, or ``end_lsn``) into the open Kafka
         transaction (held back while the previous one closes)."""
         delivery = self.delivery
-        checkpoint = self.checkpoint(catch_up_ids, end_lsn)
+        checkpoint = checkpoints.Checkpoint(
+            self.settings.slot_name,
+            self.system_id,
+            self.database,
+            self.batch.end_lsn if end_lsn is None else end_lsn,
+            catch_up_ids or [],
+        )
         topic = self.settings.eos.checkpoint_topic
         delivery.publisher.produce(
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)

@@ -273,7 +273,7 @@ class Relay:
                     return
             try:
                 if self._tracker.in_flight < self.settings.max_in_flight and not (
-                    eos is not None and eos.closing and eos.batch.full()
+                    eos is not None and eos.batch.full()
                 ):
                     self._read_turn()
                 else:
@@ -304,13 +304,13 @@ class Relay:
     def _read_turn(self) -> None:
         """Handle the frames available now (waiting briefly if there are none)."""
         publisher = self.delivery.publisher
+        eos = self.eos
         wait = 0.0 if self._tracker.in_flight or len(publisher) else 0.1
-        if wait and self.eos is not None:  # wake up when the Kafka transaction is due
-            due_in = self.eos.batch.seconds_to_due(time.monotonic())
+        if wait and eos is not None:  # wake up when the Kafka transaction is due
+            due_in = eos.batch.seconds_to_due(time.monotonic())
             wait = wait if due_in is None else min(wait, due_in)
         read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
-        batch = self.eos.batch if self.eos is not None else None
         for _ in range(_FRAMES_PER_TURN):
             data = read(wait)
             if data is None:
@@ -322,12 +322,8 @@ class Relay:
                 self._router.handle(bytes(data[XLOG_HEADER_SIZE:]))
                 if tracker.in_flight >= limit or self._stop_requested:
                     return
-                if batch is not None and data[XLOG_HEADER_SIZE] == _COMMIT:
-                    if batch.closing:
-                        if publisher.unacknowledged == 0 or batch.full():
-                            return  # the closing Kafka transaction can commit (or must)
-                    elif batch.due(time.monotonic()):
-                        return  # a PostgreSQL transaction ended and the Kafka one is due
+                if eos is not None and data[XLOG_HEADER_SIZE] == _COMMIT and eos.turn_ends():
+                    return
                 continue
             frame = parse_copy_data(data)
             assert isinstance(frame, Keepalive)

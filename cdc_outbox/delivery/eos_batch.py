@@ -98,10 +98,10 @@ class EosBatch:
         return self.events >= self._max_events or now - self._started >= self._interval_s
 
     def full(self) -> bool:
-        """At a boundary with ``max_events`` or more: while the previous transaction is
-        closing, read no further (a Kafka transaction never grows past ``max_events`` by more
-        than one PostgreSQL transaction)."""
-        return not self._in_txn and self.events >= self._max_events
+        """The previous transaction is closing and this one, at a boundary, holds
+        ``max_events`` or more: read no further (a Kafka transaction never grows past
+        ``max_events`` by more than one PostgreSQL transaction)."""
+        return self._closing and not self._in_txn and self.events >= self._max_events
 
     def seconds_to_due(self, now: float) -> float | None:
         """How long until :meth:`due` by the interval (``None``: no event waiting)."""
