@@ -24,8 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from cdc_outbox.config_models import SchemaRegistrySettings
+from cdc_outbox.config_models import SchemaRegistrySettings, check_ident, check_topic
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.outbox_mapping import is_legal_topic
 
 __all__ = [
     "DEFAULT_DEAD_LETTER_TOPIC",
@@ -36,9 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_DEAD_LETTER_TOPIC = "cdc_outbox.consumer_dead_letter"
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _FIELD_RE = re.compile(r"\{(aggregate_type|event_type)\}")
-_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
 
 class ConsumerSettings(BaseModel):
@@ -73,23 +72,19 @@ class ConsumerSettings(BaseModel):
     @classmethod
     def _topics(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for t in v:
-            if not t.startswith("^") and not _TOPIC_RE.fullmatch(t):
+            if not t.startswith("^") and not is_legal_topic(t):
                 raise ValueError(f"topic {t!r} is not a legal Kafka topic name nor a ^regex")
         return v
 
     @field_validator("dead_letter_topic")
     @classmethod
     def _dlq(cls, v: str) -> str:
-        if not _TOPIC_RE.fullmatch(v):
-            raise ValueError(f"dead_letter_topic {v!r} is not a legal Kafka topic name")
-        return v
+        return check_topic("dead_letter_topic", v)
 
     @field_validator("schema_name")
     @classmethod
     def _schema(cls, v: str) -> str:
-        if not _IDENT_RE.fullmatch(v):
-            raise ValueError(f"schema {v!r} is not a valid identifier")
-        return v
+        return check_ident("schema", v)
 
     @model_validator(mode="after")
     def _registry(self) -> ConsumerSettings:
