@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--rate", type=float, default=2_000.0, help="latency phase events/s")
     compare.add_argument("--latency-seconds", type=float, default=30.0)
     compare.add_argument(
+        "--latency-warmup-seconds",
+        type=float,
+        default=10.0,
+        help="unmeasured load at --rate before each latency phase",
+    )
+    compare.add_argument(
         "--eos-events",
         type=int,
         default=100_000,
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--events, --rate, --latency-seconds, --eos-events and --eos-rounds must be"
                 " positive"
             )
+        if args.latency_warmup_seconds < 0:
+            parser.error("--latency-warmup-seconds must not be negative")
         result = compare_bench.run(args)
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)

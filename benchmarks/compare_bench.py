@@ -5,8 +5,12 @@ Each mode runs ``cdc-outbox run``'s :class:`~cdc_outbox.service.Service` with de
 fresh outbox table filled by the same workload:
 
 1. throughput: ``--events`` events are written first (a backlog), then the relay runs until
-   Kafka acknowledged all of them (events/s from relay start).
-2. latency: with the relay running, writers (another process) offer ``--rate`` events/s for
+   all of them are visible in Kafka (acknowledged; exactly-once: committed); events/s counts
+   from the first visible events, the ones after them (start-up and exactly-once's first
+   commit interval are reported apart, as ``start_s``).
+2. latency: with the relay running, writers (another process) offer ``--rate`` events/s, first
+   for ``--latency-warmup-seconds`` unmeasured (the broker's JIT compiles the mode's code
+   paths: a fresh broker's first seconds of transactions stall now and then), then for
    ``--latency-seconds``; each event's latency runs to its delivery report from the commit
    (CDC: the commit record's timestamp) or from ``created_at`` (polling: ``clock_timestamp()``
    at insert, shortly before the commit, which if anything favours polling by up to one
@@ -138,14 +142,16 @@ class _Running:
         """Events a consumer can read (exactly-once: committed in a Kafka transaction)."""
         return self.stats.eos_committed_events if self.eos else self.stats.events_published
 
-    def wait_first(self, timeout: float) -> None:
-        """Until the relay has published (been acknowledged for) its first event."""
+    def wait_first(self, timeout: float) -> int:
+        """Until the relay has made its first events visible (acknowledged; exactly-once:
+        committed); returns how many are visible then."""
         deadline = time.monotonic() + timeout
-        while self.stats.events_published == 0:
+        while (visible := self.visible()) == 0:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{self.stats.mode}: nothing published")
             time.sleep(0.001)
+        return visible
 
     def wait_published(self, events: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -183,8 +189,10 @@ def throughput_phase(
     running = _Running(settings)
     cpu.start()
     t0 = time.perf_counter()
-    running.start().wait_first(timeout)
-    t1 = time.perf_counter()  # start-up (election, phase, slot, producer) is not throughput
+    # Timed from the first visible events: start-up (election, phase, slot, producer) and
+    # exactly-once's first commit interval are latency, not throughput.
+    first = running.start().wait_first(timeout)
+    t1 = time.perf_counter()
     running.wait_published(spec.events, timeout)
     elapsed = time.perf_counter() - t1
     cores = cpu.cores_used(time.perf_counter() - t0)
@@ -194,7 +202,8 @@ def throughput_phase(
         "events": spec.events,
         "start_s": round(t1 - t0, 3),
         "seconds": round(elapsed, 3),
-        "events_per_s": round(spec.events / elapsed, 1),
+        "timed_events": spec.events - first,
+        "events_per_s": round((spec.events - first) / elapsed, 1),
         "writers": _costs(spec.events, writes1, wal1 - wal0),
         "relay": _costs(spec.events, writes2 - writes1, wal2 - wal1),
         "cores_used": cores,
@@ -219,8 +228,11 @@ def _write(dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames) -> None:
     workload.write_orders(dsn, spec, table=TABLE, columns=columns)
 
 
-def latency_phase(settings: Settings, rate: float, seconds: float, cpu: CpuMeter) -> dict[str, Any]:
-    """Relay running; writers offer ``rate`` events/s for ``seconds``; latency percentiles."""
+def latency_phase(
+    settings: Settings, rate: float, seconds: float, cpu: CpuMeter, warmup_s: float = 0.0
+) -> dict[str, Any]:
+    """Relay running; writers offer ``rate`` events/s for ``warmup_s`` (not measured), then for
+    ``seconds``; latency percentiles of the latter."""
     dsn = settings.postgres_dsn()
     _fresh(settings)
     samples: list[tuple[float, int]] = []
@@ -231,27 +243,27 @@ def latency_phase(settings: Settings, rate: float, seconds: float, cpu: CpuMeter
     warm = workload.WorkloadSpec(events=20, writers=1, txn_sizes=(1,))
     workload.write_orders(dsn, warm, table=TABLE, columns=columns)
     running.wait_published(warm.events, 120)
+    written = warm.events
+    if warmup_s > 0:
+        warmup = _spec(rate, warmup_s)
+        _run_writers(dsn, warmup, columns, running)
+        written += warmup.events
+        running.wait_published(written, 300)
+    # Every event written so far has its sample (exactly-once observes at the Kafka commit,
+    # a moment after the acknowledgement wait_published counts): none may leak into the
+    # measured ones.
+    deadline = time.monotonic() + 30
+    while sum(n for _, n in list(samples)) < written and time.monotonic() < deadline:
+        time.sleep(0.01)
     samples.clear()
-    events = int(rate * seconds)
-    spec = workload.WorkloadSpec(events=events, writers=4, txn_sizes=(1, 5, 10), rate=rate)
+    spec = _spec(rate, seconds)
+    events = spec.events
     wal0, writes0 = current_wal(dsn), outbox_writes(dsn, TABLE, settle_s=0.2)
     cpu.start()
     t0 = time.perf_counter()
-    # The writers run in their own process: in this one they would compete with the relay
-    # for the GIL and inflate its latency.
-    writer = multiprocessing.get_context("spawn").Process(
-        target=_write, args=(dsn, spec, columns), name="writers"
-    )
-    try:
-        writer.start()
-        writer.join()
-        if writer.exitcode != 0:
-            raise RuntimeError(f"writer process failed (exit code {writer.exitcode})")
-    except BaseException:
-        running.stop()
-        raise
+    _run_writers(dsn, spec, columns, running)
     offered_s = time.perf_counter() - t0
-    running.wait_published(warm.events + events, 300)
+    running.wait_published(written + events, 300)
     elapsed = time.perf_counter() - t0
     cores = cpu.cores_used(elapsed)
     running.stop()
@@ -270,6 +282,30 @@ def latency_phase(settings: Settings, rate: float, seconds: float, cpu: CpuMeter
         "writers_and_relay": _costs(events, writes1 - writes0, wal1 - wal0),
         "cores_used": cores,
     }
+
+
+def _spec(rate: float, seconds: float) -> workload.WorkloadSpec:
+    return workload.WorkloadSpec(
+        events=int(rate * seconds), writers=4, txn_sizes=(1, 5, 10), rate=rate
+    )
+
+
+def _run_writers(
+    dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames, running: _Running
+) -> None:
+    """Write ``spec`` from another process: in this one the writers would compete with the
+    relay for the GIL and inflate its latency. Stops the relay if they fail."""
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_write, args=(dsn, spec, columns), name="writers"
+    )
+    try:
+        writer.start()
+        writer.join()
+        if writer.exitcode != 0:
+            raise RuntimeError(f"writer process failed (exit code {writer.exitcode})")
+    except BaseException:
+        running.stop()
+        raise
 
 
 def eos_rounds(
@@ -311,7 +347,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if phase == "throughput":
                     results[phase] = throughput_phase(settings, spec, cpu, timeout=600)
                 else:
-                    results[phase] = latency_phase(settings, args.rate, args.latency_seconds, cpu)
+                    results[phase] = latency_phase(
+                        settings, args.rate, args.latency_seconds, cpu, args.latency_warmup_seconds
+                    )
                 results[phase]["records_in_kafka"] = count_records(bootstrap, prefix) - 1
             results["settings"] = {
                 "batch_size": settings.polling.batch_size,
@@ -361,6 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "txn_sizes_throughput": list(spec.txn_sizes),
             "rate": args.rate,
             "latency_seconds": args.latency_seconds,
+            "latency_warmup_seconds": args.latency_warmup_seconds,
             "eos_events": args.eos_events,
             "eos_txn_size": EOS_TXN_SIZE,
             "eos_rounds": args.eos_rounds,

@@ -190,16 +190,20 @@ class EosCommitter:
         instead (:meth:`settle_and_commit`). Raises ``TransactionFailed`` and
         ``ProduceInterrupted``."""
         publisher = self.delivery.publisher
-        if self.closing:
-            if self.close_ready() and interrupted() is None:
-                self.finish_close(interrupted, idle)
-        elif publisher.deferring:  # an interrupted release: finish it first
-            publisher.release(interrupted=interrupted, idle=idle)
-        elif close and self.due():
+        if not self.closing:
+            if publisher.deferring:  # an interrupted release: finish it first
+                publisher.release(interrupted=interrupted, idle=idle)
+                return
+            if not (close and self.due()):
+                return
             if self.delivery.dead_letters_pending:
                 self.settle_and_commit(interrupted, idle)
-            else:
-                self.begin_close()
+                return
+            # Often acknowledged at once (its flush serves the reports): then commit now, as
+            # nothing else would wake the relay before its next read times out.
+            self.begin_close()
+        if self.close_ready() and interrupted() is None:
+            self.finish_close(interrupted, idle)
 
     def turn_ends(self) -> bool:
         """At a PostgreSQL commit: should the relay's read turn end here for :meth:`step`?
@@ -234,7 +238,7 @@ class EosCommitter:
     # -- the commit ----------------------------------------------------------------------------
 
     def _close(self) -> None:
-        self.batch.close()
+        self.batch.close(time.monotonic())
         self._closing_txns, self.txns = self.txns, []
 
     def _produce_checkpoint(
@@ -272,7 +276,7 @@ class EosCommitter:
 
     def _committed(self, catch_up_ids: list[str] | None = None) -> None:
         """The closed Kafka transaction committed and every report of it was served."""
-        events = self.batch.committed()
+        events = self.batch.committed(time.monotonic())
         self.delivery.committed()
         self.stats.eos_committed_events += events + len(catch_up_ids or ())
         if self.stats.latency_observers and self._closing_txns:

@@ -6,7 +6,10 @@ Contract of :class:`EosBatch`:
 * **Never splits a PostgreSQL transaction**: :meth:`due` is false while one is open; a
   PostgreSQL transaction larger than ``max_events`` is committed whole, at its end.
 * **Commits often enough**: at a boundary, :meth:`due` is true once the Kafka transaction
-  holds ``max_events`` events or its first event is ``interval_s`` old.
+  holds ``max_events`` events or its first event is ``interval_s - lead_s`` old, where
+  ``lead_s`` is the recent time from :meth:`close` to :meth:`committed` (a moving average
+  of the timed ones, at most ``interval_s / 4``): the commit then lands about ``interval_s``
+  after the first event was read, not ``interval_s`` plus the time closing takes.
 * **Skips what Kafka already holds**: :meth:`skip` is true for a PostgreSQL transaction whose
   commit LSN (Begin's final LSN) is below ``committed_lsn`` (the end LSN of the last
   transaction committed to Kafka, from the checkpoint topic or this process): PostgreSQL
@@ -24,11 +27,15 @@ from __future__ import annotations
 
 __all__ = ["EosBatch"]
 
+#: Weight of the latest close duration in ``lead_s`` (an exponential moving average).
+_LEAD_WEIGHT = 0.25
+
 
 class EosBatch:
     """The open Kafka transaction's PostgreSQL transactions (see the module contract)."""
 
     __slots__ = (
+        "_closed_at",
         "_closing",
         "_in_txn",
         "_interval_s",
@@ -39,6 +46,7 @@ class EosBatch:
         "committed_lsn",
         "end_lsn",
         "events",
+        "lead_s",
         "txns",
     )
 
@@ -54,6 +62,8 @@ class EosBatch:
         self._closing = False
         self.closing_events = 0  # events of the closing transaction (see close)
         self.closing_end_lsn = committed_lsn
+        self.lead_s = 0.0  # see the module contract
+        self._closed_at: float | None = None
 
     def skip(self, final_lsn: int) -> bool:
         """True if the PostgreSQL transaction committed at ``final_lsn`` is already in Kafka."""
@@ -95,7 +105,9 @@ class EosBatch:
         not while the previous one is closing)"""
         if self._in_txn or self.events == 0 or self._closing:
             return False
-        return self.events >= self._max_events or now - self._started >= self._interval_s
+        return self.events >= self._max_events or (
+            now - self._started >= self._interval_s - self.lead_s
+        )
 
     def full(self) -> bool:
         """The previous transaction is closing and this one, at a boundary, holds
@@ -107,30 +119,37 @@ class EosBatch:
         """How long until :meth:`due` by the interval (``None``: no event waiting)."""
         if self.events == 0:
             return None
-        return max(0.0, self._started + self._interval_s - now)
+        return max(0.0, self._started + self._interval_s - self.lead_s - now)
 
     def ceiling(self) -> int | None:
         """Highest LSN the slot may be confirmed to (``None``: no bound)."""
         return self.committed_lsn if self.events or self._closing else None
 
-    def close(self) -> int:
+    def close(self, now: float | None = None) -> int:
         """Fix what the commit covers (the events so far, up to ``end_lsn``); later events
-        form the next transaction. Returns ``closing_end_lsn``."""
+        form the next transaction. Returns ``closing_end_lsn``. ``now`` (the clock of
+        :meth:`due`) times the close for ``lead_s``."""
         if self._in_txn:
             raise ValueError("closing inside a PostgreSQL transaction")
         if self._closing:
             raise ValueError("the previous Kafka transaction is still closing")
         self._closing = True
+        self._closed_at = now
         self.closing_events, self.closing_end_lsn = self.events, self.end_lsn
         self.events = self.txns = 0
         return self.closing_end_lsn
 
-    def committed(self) -> int:
+    def committed(self, now: float | None = None) -> int:
         """The closed Kafka transaction committed: ``closing_end_lsn`` becomes
-        ``committed_lsn``. Returns the number of events it held."""
+        ``committed_lsn``. Returns the number of events it held. With ``now`` (and a timed
+        :meth:`close`), the close's duration updates ``lead_s``."""
         if not self._closing:
             raise ValueError("nothing was closed")
         self._closing = False
+        if now is not None and self._closed_at is not None:
+            took = min(max(0.0, now - self._closed_at), self._interval_s / 4)
+            self.lead_s += _LEAD_WEIGHT * (took - self.lead_s)
+        self._closed_at = None
         self.committed_lsn = max(self.committed_lsn, self.closing_end_lsn)
         events, self.closing_events = self.closing_events, 0
         return events
@@ -140,3 +159,4 @@ class EosBatch:
         self.events = self.txns = self.closing_events = 0
         self.end_lsn = self.closing_end_lsn = self.committed_lsn
         self._in_txn = self._closing = False
+        self._closed_at = None

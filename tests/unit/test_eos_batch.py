@@ -34,6 +34,48 @@ def test_commits_after_the_interval_since_the_first_event() -> None:
     assert b.due(10.2)
 
 
+def _one_commit(b: EosBatch, start: float, took: float, lsn: int) -> None:
+    """One PostgreSQL transaction read at ``start``, closed then and committed ``took`` later."""
+    b.begin()
+    b.add_event(start)
+    b.end(lsn, had_events=True)
+    b.close(start)
+    b.committed(start + took)
+
+
+def test_closes_early_by_the_recent_close_duration_so_the_commit_lands_on_the_interval() -> None:
+    b = EosBatch(interval_s=0.1, max_events=1000)
+    for n in range(40):  # closes that take 20 ms: lead_s approaches 0.02
+        _one_commit(b, float(n), 0.02, 100 + n)
+    assert 0.019 < b.lead_s <= 0.02
+    b.begin()
+    b.add_event(100.0)
+    b.end(500, had_events=True)
+    assert not b.due(100.079)
+    assert b.due(100.081)  # 100 ms - 20 ms: the commit then lands ~100 ms after the event
+    assert b.seconds_to_due(100.05) == pytest.approx(0.03, abs=1e-3)
+
+
+def test_the_lead_is_at_most_a_quarter_interval_and_untimed_commits_leave_it() -> None:
+    b = EosBatch(interval_s=0.1, max_events=1000)
+    for n in range(40):  # a broker stalling every close for 2 s
+        _one_commit(b, float(n * 10), 2.0, 100 + n)
+    assert b.lead_s == pytest.approx(0.025, rel=1e-3)  # never "commit at once"
+    b.begin()
+    b.add_event(1000.0)
+    b.end(900, had_events=True)
+    b.close()  # untimed (the blocking commit of catch-up may be timed or not)
+    b.committed(1001.0)
+    assert b.lead_s == pytest.approx(0.025, rel=1e-3)
+    b.begin()
+    b.add_event(2000.0)
+    b.end(950, had_events=True)
+    b.close(2000.0)
+    b.aborted()  # an aborted close teaches nothing either
+    _one_commit(b, 3000.0, 0.0, 990)
+    assert b.lead_s == pytest.approx(0.025 * 0.75, rel=1e-3)
+
+
 def test_skips_transactions_kafka_already_holds_and_never_goes_back() -> None:
     b = EosBatch(0.1, 10, committed_lsn=1000)
     assert b.skip(999) and not b.skip(1000) and not b.skip(2000)

@@ -1,0 +1,86 @@
+"""EosCommitter's streaming turn against a real broker (the relay around it is tested in
+test_exactly_once.py)."""
+
+from __future__ import annotations
+
+import time
+
+from cdc_outbox.cdc.eos import EosCommitter
+from cdc_outbox.config import Settings
+from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.outbox_mapping import OutboxRecord
+from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox_dev.readback import read_topics
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    def published(self, topic: str) -> None:
+        self.outcomes.append("published")
+
+    def dead_lettered(self) -> None:
+        self.outcomes.append("dead")
+
+    def retry(self, reason: str) -> None:
+        self.outcomes.append(f"retry: {reason}")
+
+
+def _wait(condition: object, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_a_close_that_is_acknowledged_at_once_commits_in_the_same_step(
+    kafka_broker, kafka_topic_prefix: str
+) -> None:
+    """The relay blocks on its next WAL read (up to 100 ms) unless the exactly-once step left
+    something to wait for: a step must never return with a close that could commit."""
+    settings = Settings.model_validate(
+        {
+            "dsn": "postgresql://unused@127.0.0.1:1/none",
+            "delivery": "exactly_once",
+            "slot_name": "eos_step",
+            "eos": {
+                "checkpoint_topic": f"{kafka_topic_prefix}.checkpoints",
+                "commit_interval_ms": 1,
+            },
+            "kafka": {"bootstrap_servers": kafka_broker.bootstrap_servers},
+        }
+    )
+    stats = RelayStats()
+    delivery = Delivery(settings, stats, transactional_id=f"{kafka_topic_prefix}-step")
+    eos = EosCommitter(settings, delivery, stats, ("7", "db"))
+    eos.start_session()
+    publisher = delivery.publisher
+    topic = f"{kafka_topic_prefix}.order"
+    handles, commits_left_ready = [], 0
+    try:
+        for n in range(20):
+            eos.batch.begin()
+            eos.add_event()
+            handle = _Handle()
+            handles.append(handle)
+            record = OutboxRecord(topic, b"agg", str(n).encode(), [("id", b"%d" % n)], str(n))
+            delivery.submit(record, handle)
+            eos.batch.end(1000 + n, had_events=True)
+            _wait(lambda: publisher.flush(0.01) == 0, "the event's acknowledgement")
+            _wait(eos.due, "the interval")
+            eos.step(lambda: None, lambda: None)
+            if eos.closing and eos.close_ready():
+                commits_left_ready += 1
+            while eos.closing:  # not acknowledged within begin_close's flush: the next turn
+                publisher.poll(0.01)
+                eos.step(lambda: None, lambda: None)
+            assert eos.batch.committed_lsn == 1000 + n
+    finally:
+        publisher.close(5)
+    assert commits_left_ready == 0
+    assert all(h.outcomes == ["published"] for h in handles)
+    got = read_topics(
+        kafka_broker.bootstrap_servers, topic, extra_config={"isolation.level": "read_committed"}
+    )
+    assert [r.value for r in got] == [str(n).encode() for n in range(20)]
