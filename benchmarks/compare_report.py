@@ -185,10 +185,10 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         " from then (start-up, i.e. leader election, slot and producer set-up, and"
         " exactly-once's first commit interval are reported separately as start_s in the"
         " JSON).",
-        f"- Latency: {p['rate']:,.0f} events/s offered for {p['latency_seconds']:.0f} s, after"
-        f" {p.get('latency_warmup_seconds', 0):.0f} s of the same load not measured (a fresh"
-        " broker's JIT compiles the mode's code paths meanwhile)"
-        " (4 writers, transactions of 1, 5, 10 events) with the relay running; from the commit"
+        f"- Latency: {p['rate']:,.0f} events/s offered (4 writers, transactions of 1, 5, 10"
+        f" events) with the relay running, {p.get('latency_warmup_seconds', 0):.0f} s unmeasured"
+        " (a fresh broker's JIT compiles the mode's code paths meanwhile), then"
+        f" {p['latency_seconds']:.0f} s measured; from the commit"
         " timestamp (CDC) or created_at = clock_timestamp() at insert (polling) to the"
         " delivery report, weighted per event.",
         f"- Exactly-once vs at-least-once throughput: {p['eos_events']:,} events in"
