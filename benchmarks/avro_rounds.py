@@ -4,7 +4,8 @@ Round 0 pairs the relay benchmark's own JSON phase (slot ``bench_relay``) with a
 each further round relays the same WAL once more with each format, on slots of its own (every
 slot is created at the same point, before the data is written), back to back, the first of
 the two alternating. The reported ratio is the median of the rounds' Avro/JSON throughput
-ratios: a single pair is at the mercy of whatever else the two cores do at that moment.
+ratios: a single pair is at the mercy of whatever else the two cores do at that moment. The
+default is 4 rounds, so that Avro runs second (rounds 0 and 2) as often as first (1 and 3).
 Avro phases use a local Apicurio registry and ``cdc_outbox_dev/schemas/OrderPlaced.avsc``.
 """
 

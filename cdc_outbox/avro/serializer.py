@@ -32,7 +32,14 @@ from typing import Any, Literal
 from fastavro import parse_schema
 
 from cdc_outbox.avro.registry import RegistryClient, RegistryError, RegistryUnavailable
-from cdc_outbox.avro.wire import AvroEncodeError, encode_json, frame, record_names, subject_name
+from cdc_outbox.avro.wire import (
+    AvroEncodeError,
+    JsonToAvro,
+    frame,
+    header,
+    record_names,
+    subject_name,
+)
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.outbox_mapping import OutboxRecord
@@ -66,6 +73,10 @@ class _Writer:
     subject: str
     from_registry: bool
     checked_at: float
+    encoder: JsonToAvro | None = None  # framed with schema_id's header
+
+    def __post_init__(self) -> None:
+        self.encoder = JsonToAvro(self.parsed, header(self.schema_id))
 
 
 def load_schemas_dir(directory: str) -> dict[str, LocalSchema]:
@@ -145,8 +156,10 @@ class AvroSerializer:
             if isinstance(got_w, EncodeProblem):
                 return got_w
             writer = got_w
+        encoder = writer.encoder
+        assert encoder is not None
         try:
-            return key, frame(writer.schema_id, encode_json(writer.parsed, value))
+            return key, encoder.encode(value)
         except AvroEncodeError as exc:
             problem = EncodeProblem("invalid", str(exc))
         if writer.from_registry and self._refresh(record.topic, event_type, writer):

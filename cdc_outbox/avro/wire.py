@@ -3,7 +3,8 @@
 Wire format: byte 0 (magic), the writer schema id as 4 bytes big-endian, then the Avro binary
 encoding of the datum (``fastavro.schemaless_writer``).
 
-- :func:`encode_json` turns a JSON payload into Avro binary against a parsed schema, or raises
+- :class:`JsonToAvro` (one per schema; :func:`encode_json` for a single payload) turns a JSON
+  payload into Avro binary against a parsed schema, or raises
   :class:`AvroEncodeError` whose text is fastavro's reason (wrong type, missing field, a field
   the schema does not have, invalid JSON). Never a partial result.
 - :func:`frame` / :func:`unframe` add and split the 5-byte header.
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import io
 import json
-import json.scanner
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
 
@@ -31,9 +32,11 @@ from cdc_outbox.avro.precheck import Check, compile_check
 __all__ = [
     "MAGIC",
     "AvroEncodeError",
+    "JsonToAvro",
     "decode",
     "encode_json",
     "frame",
+    "header",
     "parse",
     "record_names",
     "subject_name",
@@ -43,7 +46,6 @@ __all__ = [
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 _from_json = json.JSONDecoder().decode
-_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 class AvroEncodeError(ValueError):
@@ -63,43 +65,70 @@ def record_names(schema: Any) -> set[str]:
     return set()
 
 
-def encode_json(parsed_schema: Any, payload: bytes) -> bytes:
-    """Avro binary of the JSON ``payload`` under ``parsed_schema`` (see the module contract).
+class JsonToAvro:
+    """Encodes JSON payloads under one parsed schema, the checks worked out once (see the
+    module contract and :meth:`encode`)."""
 
-    Checked: JSON syntax, the top-level record's fields (none unknown, none without default
-    missing), then every value's type: a per-schema compiled pre-check
-    (:mod:`cdc_outbox.avro.precheck`) passes the common case; anything it is unsure of goes
-    to ``fastavro.validation.validate``, the authority and the source of the reason. Unknown
-    fields of nested records are not checked (fastavro drops them).
-    """
-    datum = _json(payload)
-    rule = _rule(parsed_schema)
-    if rule is None or not rule.passes(datum):  # else: the pre-check implies both checks below
-        problem = None if rule is None else rule.top_level(datum)
-        if problem is None:
-            try:
-                validate(datum, parsed_schema, raise_errors=True)
-            except Exception as exc:  # fastavro's ValidationError (a list of messages)
-                problem = " ".join(str(exc).split()).strip('[]" ')
-        if problem is not None:
-            raise AvroEncodeError(f"avro: {problem[:500]}")
-    buf = io.BytesIO()
-    try:
-        schemaless_writer(buf, parsed_schema, datum)
-    except Exception as exc:  # what validate let through (fastavro raises various types)
-        raise AvroEncodeError(f"avro: {type(exc).__name__}: {exc}"[:500]) from None
-    return buf.getvalue()
+    __slots__ = ("_rule", "header", "schema")
+
+    def __init__(self, parsed_schema: Any, header: bytes = b"") -> None:
+        self.schema = parsed_schema
+        self.header = header
+        self._rule = _new_rule(parsed_schema)
+
+    def encode(self, payload: bytes) -> bytes:
+        """``header`` then the Avro binary of the JSON ``payload``, or :class:`AvroEncodeError`.
+
+        Checked: JSON syntax, the top-level record's fields (none unknown, none without
+        default missing), then every value's type: a per-schema compiled pre-check
+        (:mod:`cdc_outbox.avro.precheck`) passes the common case; anything it is unsure of
+        goes to ``fastavro.validation.validate``, the authority and the source of the reason,
+        as does anything fastavro's writer refuses. Unknown fields of nested records are not
+        checked (fastavro drops them).
+        """
+        datum = _json(payload)
+        rule, schema = self._rule, self.schema
+        if rule is None or not rule.passes(datum):  # else: the pre-check implies both checks
+            problem = _problem(rule, datum, schema)
+            if problem is not None:
+                raise AvroEncodeError(f"avro: {problem[:500]}")
+        head = self.header
+        buf = io.BytesIO(head)
+        buf.seek(len(head))
+        try:
+            schemaless_writer(buf, schema, datum)
+        except Exception as exc:  # refused by the writer: fastavro's validate words why
+            problem = _problem(rule, datum, schema) or f"{type(exc).__name__}: {exc}"
+            raise AvroEncodeError(f"avro: {problem[:500]}") from None
+        return buf.getvalue()
+
+
+def encode_json(parsed_schema: Any, payload: bytes, header: bytes = b"") -> bytes:
+    """``JsonToAvro(parsed_schema, header).encode(payload)``: for one payload (a relay keeps
+    one :class:`JsonToAvro` per schema)."""
+    return JsonToAvro(parsed_schema, header).encode(payload)
+
+
+def _problem(rule: _Rule | None, datum: Any, parsed_schema: Any) -> str | None:
+    """Why ``datum`` is not valid for the schema (None: fastavro's validate accepts it)."""
+    problem = None if rule is None else rule.top_level(datum)
+    if problem is None:
+        try:
+            validate(datum, parsed_schema, raise_errors=True)
+        except Exception as exc:  # fastavro's ValidationError (a list of messages)
+            problem = " ".join(str(exc).split()).strip('[]" ')
+    return problem
 
 
 def _json(payload: bytes) -> Any:
-    """The parsed JSON ``payload``: the stdlib's C scanner directly when the text is exactly
-    one value, else the full decoder (which also words the error)."""
+    """The parsed JSON ``payload``: orjson's, or (for what orjson refuses: ``NaN``, numbers
+    beyond a double, lone surrogates, invalid JSON) the stdlib's, which also words the error.
+    Where both parse, they agree, except that orjson reads an integer beyond 64 bits as a
+    double; no Avro type accepts such an integer except as a double, so the encoding (or the
+    reason it fails) is the same."""
     try:
-        text = payload.decode()
-        datum, end = _scan(text, 0)
-        if end == len(text):
-            return datum
-    except (StopIteration, ValueError, RecursionError):
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
         pass
     try:
         return _from_json(payload.decode())
@@ -139,27 +168,23 @@ class _Rule:
         return None
 
 
-_rules: dict[int, _Rule] = {}
-
-
-def _rule(schema: Any) -> _Rule | None:
-    """The cached :class:`_Rule` of a record schema (None for other schemas)."""
-    rule = _rules.get(id(schema))
-    if rule is not None and rule.schema is schema:
-        return rule
+def _new_rule(schema: Any) -> _Rule | None:
+    """The :class:`_Rule` of a record schema (None for other schemas)."""
     if not (isinstance(schema, dict) and schema.get("type") == "record"):
         return None
     fields = schema["fields"]
-    if len(_rules) > 1024:
-        _rules.clear()
-    rule = _rules[id(schema)] = _Rule(
+    return _Rule(
         schema,
         str(schema.get("name")),
         frozenset(f["name"] for f in fields),
         tuple(f["name"] for f in fields if "default" not in f),
         compile_check(schema),
     )
-    return rule
+
+
+def header(schema_id: int) -> bytes:
+    """The Confluent wire format's 5-byte header: magic byte, 4-byte big-endian schema id."""
+    return _HEADER.pack(MAGIC, schema_id)
 
 
 def frame(schema_id: int, body: bytes) -> bytes:

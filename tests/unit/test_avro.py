@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
-from fastavro import schemaless_reader
+from fastavro import schemaless_reader, schemaless_writer
 from fastavro.validation import validate
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_outbox.avro import wire
 from cdc_outbox.avro.precheck import compile_check
 from cdc_outbox.avro.serializer import _avro_string, load_schemas_dir
 from cdc_outbox.avro.wire import (
@@ -20,6 +22,7 @@ from cdc_outbox.avro.wire import (
     decode,
     encode_json,
     frame,
+    header,
     parse,
     record_names,
     subject_name,
@@ -91,6 +94,61 @@ def test_mismatches_are_refused_with_fastavros_reason(payload: bytes, reason: st
 def test_any_valid_payload_round_trips(amount: int, sku: str) -> None:
     payload = json.dumps({"amount": amount, "note": None, "item": {"sku": sku}}).encode()
     assert decode(frame(9, encode_json(SCHEMA, payload)), lambda _: SCHEMA) == json.loads(payload)
+
+
+DOUBLE = parse('{"type": "record", "name": "D", "fields": [{"name": "x", "type": "double"}]}')
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b'{"x": NaN}', math.nan),  # orjson refuses these three; the stdlib reads them
+        (b'{"x": 1e400}', math.inf),
+        (b'{"x": -Infinity}', -math.inf),
+        (b'{"x": 123456789012345678901234567890}', 1.2345678901234568e29),  # beyond 64 bits
+        (b'{"x": 2}', 2.0),
+    ],
+)
+def test_what_orjson_refuses_or_widens_encodes_as_with_the_stdlib(
+    payload: bytes, expected: float
+) -> None:
+    got = decode(frame(1, encode_json(DOUBLE, payload)), lambda _: DOUBLE)["x"]
+    assert got == expected or (math.isnan(got) and math.isnan(expected))
+
+
+def test_an_integer_beyond_64_bits_is_no_long_and_a_lone_surrogate_no_string() -> None:
+    with pytest.raises(AvroEncodeError, match="amount"):
+        encode_json(SCHEMA, b'{"amount": 123456789012345678901234567890, "item": {"sku": "a"}}')
+    with pytest.raises(AvroEncodeError, match=r"^avro: "):
+        encode_json(SCHEMA, b'{"amount": 1, "item": {"sku": "\\ud800"}}')
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)  # what orjson reads as int; beyond: see above
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+@given(_JSON)
+def test_payloads_parse_as_the_stdlib_parses_them(value: object) -> None:
+    text = json.dumps(value).encode()
+    assert repr(wire._json(text)) == repr(json.loads(text))  # same types too (1 is not 1.0)
+
+
+def test_integers_beyond_64_bits_are_read_as_doubles() -> None:
+    assert repr(wire._json(b"[18446744073709551616, -9223372036854775809]")) == repr(
+        [1.8446744073709552e19, -9.223372036854776e18]
+    )
+
+
+def test_the_header_goes_in_front_of_the_body() -> None:
+    payload = b'{"amount": 5, "item": {"sku": "a"}}'
+    assert encode_json(SCHEMA, payload, header(258)) == frame(258, encode_json(SCHEMA, payload))
 
 
 def test_unframe_refuses_other_bytes() -> None:
@@ -234,14 +292,34 @@ _json_values = st.recursive(
 )
 
 
+def _writer_refuses(datum: object, schema: object) -> bool:
+    try:
+        schemaless_writer(io.BytesIO(), schema, datum)
+    except Exception:
+        return True
+    return False
+
+
 @given(st.sampled_from(range(len(_PRECHECK_SCHEMAS))), _json_values)
 def test_precheck_is_sound(which: int, datum: object) -> None:
-    """Whatever the compiled pre-check accepts, fastavro's validate accepts too."""
+    """Whatever the compiled pre-check accepts, fastavro's validate accepts too, or else
+    fastavro's writer refuses it (nothing invalid is ever written)."""
     schema = _PRECHECK_SCHEMAS[which]
     check = compile_check(schema)
     assert check is not None
     if check(datum):
-        assert validate(datum, schema, raise_errors=False), datum
+        assert validate(datum, schema, raise_errors=False) or _writer_refuses(datum, schema), datum
+
+
+def test_string_fields_are_left_to_the_writer_which_refuses_anything_else() -> None:
+    check = compile_check(SCHEMA)
+    assert check is not None
+    for item in ({}, {"sku": 7}, {"sku": None}, {"sku": ["a"]}):
+        datum = {"amount": 0, "item": item}
+        assert check(datum) and not validate(datum, SCHEMA, raise_errors=False)
+        assert _writer_refuses(datum, SCHEMA)
+        with pytest.raises(AvroEncodeError, match=r"shop\.Item\.sku"):  # validate's reason
+            encode_json(SCHEMA, json.dumps(datum).encode())
 
 
 def test_precheck_passes_the_common_case_and_defers_the_rest() -> None:
