@@ -53,6 +53,23 @@ def wait_until(
         time.sleep(interval)
 
 
+class RecordingHandle:
+    """An ``EventHandle`` (cdc_outbox.delivery.engine) that records each outcome in order:
+    ``published``, ``dead_lettered`` or ``retry: <reason>``."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[str] = []
+
+    def published(self, topic: str) -> None:
+        self.outcomes.append("published")
+
+    def dead_lettered(self) -> None:
+        self.outcomes.append("dead_lettered")
+
+    def retry(self, reason: str) -> None:
+        self.outcomes.append(f"retry: {reason}")
+
+
 @dataclass(frozen=True)
 class ConsumedMessage:
     """One Kafka record as read back by :func:`consume_all`."""

@@ -3,35 +3,13 @@ test_exactly_once.py)."""
 
 from __future__ import annotations
 
-import time
-
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.outbox_mapping import OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox_dev.readback import read_topics
-
-
-class _Handle:
-    def __init__(self) -> None:
-        self.outcomes: list[str] = []
-
-    def published(self, topic: str) -> None:
-        self.outcomes.append("published")
-
-    def dead_lettered(self) -> None:
-        self.outcomes.append("dead")
-
-    def retry(self, reason: str) -> None:
-        self.outcomes.append(f"retry: {reason}")
-
-
-def _wait(condition: object, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
+from tests.helpers import RecordingHandle, wait_until
 
 
 def test_a_close_that_is_acknowledged_at_once_commits_in_the_same_step(
@@ -57,18 +35,19 @@ def test_a_close_that_is_acknowledged_at_once_commits_in_the_same_step(
     eos.start_session()
     publisher = delivery.publisher
     topic = f"{kafka_topic_prefix}.order"
-    handles, commits_left_ready = [], 0
+    handles: list[RecordingHandle] = []
+    commits_left_ready = 0
     try:
         for n in range(20):
             eos.batch.begin()
             eos.add_event()
-            handle = _Handle()
+            handle = RecordingHandle()
             handles.append(handle)
             record = OutboxRecord(topic, b"agg", str(n).encode(), [("id", b"%d" % n)], str(n))
             delivery.submit(record, handle)
             eos.batch.end(1000 + n, had_events=True)
-            _wait(lambda: publisher.flush(0.01) == 0, "the event's acknowledgement")
-            _wait(eos.due, "the interval")
+            wait_until(lambda: publisher.flush(0.01) == 0, 30, 0.001, "the acknowledgement")
+            wait_until(eos.due, 30, 0.001, "the interval")
             eos.step(lambda: None, lambda: None)
             if eos.closing and eos.close_ready():
                 commits_left_ready += 1

@@ -31,6 +31,7 @@ from cdc_outbox.avro.wire import (
 from cdc_outbox.config import load_settings
 from cdc_outbox.delivery.policy import FailureAction, on_encode_failure
 from cdc_outbox.errors import ConfigError
+from tests.helpers import RecordingHandle
 
 SCHEMA = parse(
     json.dumps(
@@ -215,20 +216,6 @@ def test_schemas_dir(tmp_path: Path) -> None:
         load_schemas_dir(str(tmp_path))
 
 
-class _Handle:
-    def __init__(self) -> None:
-        self.outcomes: list[str] = []
-
-    def published(self, topic: str) -> None:
-        self.outcomes.append("published")
-
-    def dead_lettered(self) -> None:
-        self.outcomes.append("dead_lettered")
-
-    def retry(self, reason: str) -> None:
-        self.outcomes.append(f"retry: {reason}")
-
-
 def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
     """Delivery with a registry nobody listens on (and a producer that never connects):
     the event is retried (restart), not dead-lettered; later events are not produced."""
@@ -249,14 +236,14 @@ def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
     delivery = Delivery(settings, RelayStats())
     try:
         headers = [("id", b"1"), ("event_type", b"Paid"), ("aggregate_type", b"order")]
-        first, later = _Handle(), _Handle()
+        first, later = RecordingHandle(), RecordingHandle()
         delivery.submit(OutboxRecord("t", b"k", b'{"amount": 1}', headers, "1"), first)
         assert first.outcomes and first.outcomes[0].startswith("retry: no cached schema for Paid")
         assert delivery.restart_reason is not None and "unreachable" in delivery.restart_reason
         delivery.submit(OutboxRecord("t", b"k", b'{"amount": 2}', headers, "2"), later)
         assert later.outcomes == [f"retry: {delivery.restart_reason}"]
         # a later event of a type that needs no registry (a tombstone) is held back too
-        tomb = _Handle()
+        tomb = RecordingHandle()
         delivery.submit(OutboxRecord("t", b"k", None, headers, "3"), tomb)
         assert tomb.outcomes == [f"retry: {delivery.restart_reason}"]
         assert len(delivery.keys) == 0 and not delivery.to_mark  # nothing produced, none dead
