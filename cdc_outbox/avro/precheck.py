@@ -29,12 +29,14 @@ def _int_range(lo: int, hi: int) -> Check:
     return lambda v: type(v) is int and lo <= v <= hi
 
 
+_INT_BOUNDS = {"int": (INT_MIN_VALUE, INT_MAX_VALUE), "long": (LONG_MIN_VALUE, LONG_MAX_VALUE)}
+
 _PRIMITIVES: dict[str, Check] = {
     "null": lambda v: v is None,
     "boolean": lambda v: type(v) is bool,
     "string": lambda v: type(v) is str,
-    "int": _int_range(INT_MIN_VALUE, INT_MAX_VALUE),
-    "long": _int_range(LONG_MIN_VALUE, LONG_MAX_VALUE),
+    "int": _int_range(*_INT_BOUNDS["int"]),
+    "long": _int_range(*_INT_BOUNDS["long"]),
     "double": lambda v: type(v) is float or type(v) is int,
 }
 
@@ -69,9 +71,6 @@ def _writer_refuses_others(schema: Any) -> bool:
     if schema == "string":
         return True
     return isinstance(schema, dict) and schema.get("type") == "enum" and "logicalType" not in schema
-
-
-_INT_BOUNDS = {"int": (INT_MIN_VALUE, INT_MAX_VALUE), "long": (LONG_MIN_VALUE, LONG_MAX_VALUE)}
 
 
 def _record(schema: dict[str, Any]) -> Check | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,7 +73,7 @@ class _Writer:
     subject: str
     from_registry: bool
     checked_at: float
-    encoder: JsonToAvro | None = None  # framed with schema_id's header
+    encoder: JsonToAvro = field(init=False)  # framed with schema_id's header
 
     def __post_init__(self) -> None:
         self.encoder = JsonToAvro(self.parsed, header(self.schema_id))
@@ -156,10 +156,8 @@ class AvroSerializer:
             if isinstance(got_w, EncodeProblem):
                 return got_w
             writer = got_w
-        encoder = writer.encoder
-        assert encoder is not None
         try:
-            return key, encoder.encode(value)
+            return key, writer.encoder.encode(value)
         except AvroEncodeError as exc:
             problem = EncodeProblem("invalid", str(exc))
         if writer.from_registry and self._refresh(record.topic, event_type, writer):

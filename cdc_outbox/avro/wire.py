@@ -140,7 +140,6 @@ def _json(payload: bytes) -> Any:
 class _Rule:
     """What is worked out once per record schema: field names, required fields, pre-check."""
 
-    schema: Any
     name: str
     names: frozenset[str]
     required: tuple[str, ...]
@@ -174,7 +173,6 @@ def _new_rule(schema: Any) -> _Rule | None:
         return None
     fields = schema["fields"]
     return _Rule(
-        schema,
         str(schema.get("name")),
         frozenset(f["name"] for f in fields),
         tuple(f["name"] for f in fields if "default" not in f),
@@ -189,7 +187,7 @@ def header(schema_id: int) -> bytes:
 
 def frame(schema_id: int, body: bytes) -> bytes:
     """Confluent wire format: magic byte, 4-byte big-endian schema id, Avro body."""
-    return _HEADER.pack(MAGIC, schema_id) + body
+    return header(schema_id) + body
 
 
 def unframe(data: bytes) -> tuple[int, bytes]:
