@@ -268,7 +268,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 registry_url,
                 bootstrap,
                 plan,
-                relay,
                 args.events,
                 lambda phase: relay_phase(phase, args.events, None, cpu),
             )

@@ -3,10 +3,11 @@
 Contract of :func:`compile_check`: it returns ``check(datum) -> bool`` or ``None``. The check
 is *sound but not complete*: ``True`` means fastavro's ``validate`` accepts the datum (same
 rules: ints in range and not bool, strings, booleans, null, doubles, enums, unions and nested
-records of these, defaults of absent fields), or else ``fastavro.schemaless_writer`` raises for
-it: inside a record, a field whose type is ``string`` or an enum is not checked, because the
-writer refuses any other value there (a missing one included) on its own. So nothing invalid
-is ever written. ``False`` only means "not sure", and the caller then asks fastavro, which
+records of these, defaults of absent fields), or else fastavro's writer raises for it: inside
+a record, the value of a field whose type is ``string``, an enum or a union is not checked,
+because the writer refuses any other value there on its own (only an absent union field
+without a default is checked: the writer would write a null). So nothing invalid is ever
+written. ``False`` only means "not sure", and the caller then asks fastavro, which
 stays the one authority and gives the reason. ``None`` means the schema holds a type without
 a fast check (arrays, maps, bytes, fixed, float, logical types, named references): use
 fastavro for every datum.
@@ -64,51 +65,56 @@ def compile_check(schema: Any) -> Check | None:
     return None
 
 
-def _writer_refuses_others(schema: Any) -> bool:
-    """fastavro's writer raises for any value but a valid one of this type (a string, or one
-    of the enum's symbols); other types it would write from a wrong value (a bool as a long,
-    anything as a boolean or a null)."""
-    if schema == "string":
+def _writer_checks(schema: Any) -> bool:
+    """fastavro's writer raises for any value but a valid one of this type: a string, one of
+    an enum's symbols, or a union's (it picks the branch with fastavro's own validation; but
+    it writes an absent union field without a default as a null). Other types it would write
+    from a wrong value (a bool or a float as a long, an int out of an int's range, anything as
+    a boolean or a null)."""
+    if schema == "string" or isinstance(schema, list):
         return True
     return isinstance(schema, dict) and schema.get("type") == "enum" and "logicalType" not in schema
 
 
 def _record(schema: dict[str, Any]) -> Check | None:
-    ints: list[tuple[str, int, int, bool]] = []  # checked inline: the common case
-    others: list[tuple[str, Check, bool]] = []
+    # An absent field reads as its default (_MISSING without one: every check refuses it).
+    longs: list[tuple[str, Any]] = []  # type(v) is int: the writer refuses ints out of range
+    ints: list[tuple[str, Any, int, int]] = []
+    others: list[tuple[str, Any, Check]] = []
+    present: list[str] = []  # unions without a default: the writer would write a null
     for field in schema["fields"]:
         kind = field["type"]
-        if _writer_refuses_others(kind):
-            continue  # see the module contract
+        if _writer_checks(kind):  # see the module contract
+            if isinstance(kind, list) and "default" not in field:
+                present.append(field["name"])
+            continue
         check = compile_check(kind)
         if check is None:
             return None
-        default_ok = "default" in field and check(field["default"])
-        bounds = _INT_BOUNDS.get(kind) if isinstance(kind, str) else None
-        if bounds is not None:
-            ints.append((field["name"], *bounds, default_ok))
+        name, default = field["name"], field.get("default", _MISSING)
+        if kind == "long":
+            longs.append((name, default))
+        elif kind == "int":
+            ints.append((name, default, *_INT_BOUNDS["int"]))
         else:
-            others.append((field["name"], check, default_ok))
-    int_spec, other_spec = tuple(ints), tuple(others)
+            others.append((name, default, check))
+    long_spec, int_spec, other_spec = tuple(longs), tuple(ints), tuple(others)
+    present_spec = tuple(present)
 
     def record(datum: Any) -> bool:
-        if type(datum) is not dict or "-type" in datum:  # fastavro's union-branch marker
+        if type(datum) is not dict:
             return False
+        for name in present_spec:
+            if name not in datum:
+                return False
         get = datum.get
-        for name, lo, hi, default_ok in int_spec:
-            value = get(name, _MISSING)
-            if type(value) is int:
-                if not lo <= value <= hi:
-                    return False
-            elif value is not _MISSING or not default_ok:
+        for name, default in long_spec:
+            if type(get(name, default)) is not int:
                 return False
-        for name, check, default_ok in other_spec:
-            value = get(name, _MISSING)
-            if value is _MISSING:
-                if not default_ok:
-                    return False
-            elif not check(value):
+        for name, default, lo, hi in int_spec:
+            value = get(name, default)
+            if type(value) is not int or not lo <= value <= hi:
                 return False
-        return True
+        return not other_spec or all(check(get(n, d)) for n, d, check in other_spec)
 
     return record
