@@ -37,8 +37,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from cdc_outbox.admin.bootstrap import DatabaseUnavailable
 from cdc_outbox.config import Settings
+from cdc_outbox.errors import DatabaseUnavailable
 from cdc_outbox.redaction import redact_dsn
 
 __all__ = ["BORROW_TIMEOUT_S", "CONNECT_TIMEOUT_S", "close_all", "hold", "pool_kwargs", "pooled"]

@@ -27,3 +27,7 @@ class DecodeError(CdcOutboxError):
 
 class RelayHalted(CdcOutboxError):
     """The relay stopped on purpose (e.g. a permanent delivery error with halt policy)."""
+
+
+class DatabaseUnavailable(CdcOutboxError):
+    """PostgreSQL could not be reached or refused the login (exit code 1)."""

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -223,6 +224,23 @@ def outbox_statuses(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall()
     return {status: int(n) for status, n in rows}
+
+
+def drop_slot_under_the_relay(dsn: str, slot: str) -> None:
+    """Terminate the walsender and drop its slot before the relay reconnects."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(200):
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE slot_name = %s AND active",
+                (slot,),
+            )
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                return
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.02)
+    raise AssertionError("could not drop the slot")
 
 
 def relay_phase(dsn: str, slot: str) -> tuple[str | None, str | None]:

@@ -36,7 +36,7 @@ from cdc_outbox.admin.preflight import (
 )
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.policy import guarantee_in_effect
-from cdc_outbox.errors import CdcOutboxError, PreflightError
+from cdc_outbox.errors import DatabaseUnavailable, PreflightError
 from cdc_outbox.ha import relay_state
 from cdc_outbox.ha.leadership_rules import application_name
 from cdc_outbox.redaction import redact_dsn
@@ -62,10 +62,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class DatabaseUnavailable(CdcOutboxError):
-    """PostgreSQL could not be reached or refused the login (exit code 1)."""
 
 
 class SlotActive(PreflightError):
@@ -137,6 +133,8 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
             ddl.append(("create_publication", schema.publication_ddl(settings)))
         if not _state_table_exists(conn, settings):
             ddl += [("create_state_table", s) for s in schema.relay_state_ddl(settings)]
+        elif not relay_state.has_confirmed_lsn(conn, settings):
+            ddl.append(("add_confirmed_lsn", schema.relay_state_confirmed_ddl(settings)))
         slot_sql = schema.create_slot_sql(settings) if st.slot is None else None
         actions = [Action(name, stmt.as_string(conn)) for name, stmt in ddl]
         if slot_sql is not None:

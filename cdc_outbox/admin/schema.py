@@ -114,7 +114,8 @@ def relay_state_ident(settings: Settings) -> sql.Identifier:
 
 
 def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
-    """The relay state table: persisted phase, consistent point and leader lease per slot."""
+    """The relay state table: persisted phase, consistent point, leader lease and confirmed
+    position per slot."""
     phases = sql.SQL(", ").join(sql.Literal(p) for p in PHASES)
     return [
         sql.SQL(
@@ -125,10 +126,18 @@ def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
             "    leader_id text,\n"
             "    leader_pid integer,\n"
             "    lease_until timestamptz,\n"
+            "    confirmed_lsn pg_lsn,\n"
             "    updated_at timestamptz NOT NULL DEFAULT now()\n"
             ")"
         ).format(relay_state_ident(settings), phases)
     ]
+
+
+def relay_state_confirmed_ddl(settings: Settings) -> sql.Composed:
+    """Adds ``confirmed_lsn`` to a relay state table made by an older ``init``."""
+    return sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS confirmed_lsn pg_lsn").format(
+        relay_state_ident(settings)
+    )
 
 
 def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:

@@ -5,7 +5,9 @@ Contract: the flushed position sent is ``AckTracker.confirmed`` and never decrea
 gives a bound (exactly-once: nothing past the last Kafka commit); written >= flushed.
 Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also
 while Kafka is down) and, at most five times a second, when the confirmed position
-advanced (a smaller unconfirmed window means fewer duplicates after a crash).
+advanced (a smaller unconfirmed window means fewer duplicates after a crash). A position is
+handed to ``keep`` (the relay: :func:`cdc_outbox.ha.relay_state.keep_position`) before it is
+first sent, so it survives a PostgreSQL crash, which may take the slot's own back.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ class Checkpointer:
         start: int,
         interval_s: float,
         ceiling: Callable[[], int | None] = lambda: None,
+        keep: Callable[[int], None] = lambda lsn: None,
     ) -> None:
         self._ceiling = ceiling
+        self._keep = keep
         self._stream = stream
         self._tracker = tracker
         self._stats = stats
@@ -64,6 +68,8 @@ class Checkpointer:
     def send(self, *, reply_requested: bool = False) -> None:
         """Send an update now."""
         flushed = max(self.confirmable(), self.sent_flush)
+        if flushed > self.sent_flush:
+            self._keep(flushed)
         self._stream.send_status(
             max(self.written, flushed), flushed, reply_requested=reply_requested
         )

@@ -47,7 +47,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
-from cdc_outbox.ha.relay_state import NotLeader
+from cdc_outbox.ha.relay_state import NotLeader, keep_position, kept_position
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
@@ -107,6 +107,7 @@ class Relay:
         self._checkpoint: Checkpointer | None = None
         self._started = False
         self._catching_up = False
+        self._keeps_position = True  # False: the state table cannot (see keep_position)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -227,8 +228,8 @@ class Relay:
     def _stream_session(self) -> None:
         delivery = self.delivery
         eos = self.eos
-        if eos is not None and not self._is_leader():
-            self._stop_requested = True  # never fence the leader's producer
+        if not self._is_leader():  # never hold the leader's slot, never fence its producer
+            self._stop_requested = True
             return
         delivery.new_session()
         if eos is not None:
@@ -236,7 +237,7 @@ class Relay:
                 eos.start_session()
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
-        start = self._stream.open(self._tracker.confirmed)
+        start = self._stream.open(max(self._tracker.confirmed, kept_position(self.settings)))
         self._session_opened = True
         if self._bookkept:
             with psycopg.connect(self.settings.postgres_dsn()) as conn:
@@ -249,6 +250,7 @@ class Relay:
             start=start,
             interval_s=self.settings.status_interval_s,
             ceiling=eos.ceiling if eos is not None else lambda: None,
+            keep=self._keep_position,
         )
         delivery.idle = checkpoint.maybe_send
         self._router.new_session(self._tracker, checkpoint)
@@ -396,6 +398,10 @@ class Relay:
             self.delivery.publisher.flush(flush_s)
         self.delivery.abandon()
         self.stats.in_flight = 0
+
+    def _keep_position(self, lsn: int) -> None:
+        if self._keeps_position:
+            self._keeps_position = keep_position(self.settings, lsn)
 
     def _require_checkpoint(self) -> Checkpointer:
         assert self._checkpoint is not None, "a streaming session creates the checkpointer"

@@ -14,17 +14,26 @@ Contract:
   row while that instance holds the lease, and raises :class:`NotLeader` otherwise.
 - A missing row (a database set up by an older ``init``) reads as ``CATCHING_UP``: the safe
   choice, since whether the slot's backlog was relayed is unknown.
+- ``confirmed_lsn``: the position the relay confirms to the slot (every event before it is in
+  Kafka), written by :func:`keep_position` (committed) before each confirmation is sent. The
+  slot's own ``confirmed_flush_lsn`` is only saved to disk now and then, so a PostgreSQL crash
+  can move it back by seconds or (with a long-running transaction open) far more; a stream
+  starts from the greater of the two (:func:`kept_position`), and PostgreSQL skips the
+  transactions before it. It only grows, and only ever holds confirmed positions; a value of
+  an earlier incarnation of the slot is harmless: it is below the new slot's consistent point.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from cdc_outbox import db_pool
 from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
@@ -36,11 +45,15 @@ __all__ = [
     "RelayState",
     "ensure_row",
     "ensure_table",
+    "has_confirmed_lsn",
+    "keep_position",
+    "kept_position",
     "read_state",
     "write_phase",
 ]
 
 Conn = psycopg.Connection[Any]
+logger = logging.getLogger(__name__)
 
 
 class Phase(enum.StrEnum):
@@ -63,6 +76,7 @@ class RelayState:
     leader_pid: int | None = None
     lease_expired: bool | None = None
     exists: bool = True
+    confirmed_lsn: Lsn | None = None
 
     def to_dict(self) -> dict[str, Any]:
         point = self.consistent_point
@@ -71,22 +85,40 @@ class RelayState:
             "consistent_point": None if point is None else str(point),
             "leader_id": self.leader_id,
             "lease_expired": self.lease_expired,
+            "confirmed_lsn": None if self.confirmed_lsn is None else str(self.confirmed_lsn),
         }
 
 
 def ensure_table(conn: Conn, settings: Settings) -> None:
-    """Create the state table if it is missing and this role may (``init`` normally does;
-    a polling-only deployment may never run ``init``). A role without CREATE gets the
-    leader election's own "run `cdc-outbox init`" error later."""
+    """Create the state table if it is missing, or add ``confirmed_lsn`` to an older one, if
+    this role may (``init`` normally does; a polling-only deployment may never run ``init``).
+    A role without the privilege gets the leader election's own "run `cdc-outbox init`"
+    error later (no table), or a relay that warns it cannot keep its position (no column)."""
     ident = schema.relay_state_ident(settings).as_string(conn)
     row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ident,)).fetchone()
     if row and row[0]:
-        return
+        stmts = (
+            []
+            if has_confirmed_lsn(conn, settings)
+            else [schema.relay_state_confirmed_ddl(settings)]
+        )
+    else:
+        stmts = schema.relay_state_ddl(settings)
     try:
-        for stmt in schema.relay_state_ddl(settings):
+        for stmt in stmts:
             conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege:
         return
+
+
+def has_confirmed_lsn(conn: Conn, settings: Settings) -> bool:
+    """Whether the (existing) state table has the ``confirmed_lsn`` column."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass"
+        " AND attname = 'confirmed_lsn' AND NOT attisdropped",
+        (schema.relay_state_ident(settings).as_string(conn),),
+    ).fetchone()
+    return row is not None
 
 
 def read_state(conn: Conn, settings: Settings) -> RelayState:
@@ -94,16 +126,60 @@ def read_state(conn: Conn, settings: Settings) -> RelayState:
     row = conn.execute(
         sql.SQL(
             "SELECT phase, consistent_point::text, leader_id, leader_pid,"
-            " lease_until IS NULL OR lease_until < now() FROM {} WHERE slot_name = %s"
+            " lease_until IS NULL OR lease_until < now(),"
+            " to_jsonb(s) ->> 'confirmed_lsn'"  # NULL in a table made by an older init
+            " FROM {} s WHERE slot_name = %s"
         ).format(schema.relay_state_ident(settings)),
         (settings.slot_name,),
     ).fetchone()
     if row is None:
         return RelayState(Phase.CATCHING_UP, exists=False)
-    phase, point, leader, pid, expired = row
+    phase, point, leader, pid, expired, confirmed = row
     return RelayState(
-        Phase(phase), None if point is None else Lsn.parse(point), leader, pid, bool(expired)
+        Phase(phase),
+        None if point is None else Lsn.parse(point),
+        leader,
+        pid,
+        bool(expired),
+        confirmed_lsn=None if confirmed is None else Lsn.parse(confirmed),
     )
+
+
+def keep_position(settings: Settings, lsn: int) -> bool:
+    """Raise the slot's ``confirmed_lsn`` to ``lsn`` (committed when this returns); False if
+    the table has no such column (made by an older ``init``: warned, never to be tried again).
+    Other failures are logged: the confirmation still goes out, a crash may re-send more."""
+    try:
+        with db_pool.pooled(settings, statement_timeout_s=5.0) as conn:
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET confirmed_lsn = greatest(confirmed_lsn, %s::pg_lsn)"
+                    " WHERE slot_name = %s"
+                ).format(schema.relay_state_ident(settings)),
+                (str(Lsn(lsn)), settings.slot_name),
+            )
+    except psycopg.errors.UndefinedColumn:
+        logger.warning(
+            "the relay state table has no confirmed_lsn column: run `cdc-outbox init` (as its"
+            " owner) to add it; until then a PostgreSQL crash may make the relay re-send the"
+            " events of the seconds (or more) before it"
+        )
+        return False
+    except (CdcOutboxError, psycopg.Error) as exc:
+        logger.warning("could not keep the confirmed position %s: %s", Lsn(lsn), exc)
+    return True
+
+
+def kept_position(settings: Settings) -> int:
+    """The slot's persisted ``confirmed_lsn``, where a stream may start (see the module
+    contract); 0 if there is none or it cannot be read (logged: a start from the slot's own
+    position then re-sends more, loses nothing)."""
+    try:
+        with db_pool.pooled(settings) as conn:
+            return int(read_state(conn, settings).confirmed_lsn or 0)
+    except (CdcOutboxError, psycopg.Error) as exc:
+        logger.warning("could not read the kept confirmed position: %s", exc)
+        return 0
 
 
 def ensure_row(conn: Conn, settings: Settings, *, catch_up: bool) -> None:

@@ -219,7 +219,7 @@ class KafkaPublisher:
                 self.txn_records += 1
                 return
             except BufferError:
-                self._producer.poll(0.05)
+                self.poll(0.05)
                 idle()
                 reason = interrupted()
                 if reason is not None:
@@ -233,7 +233,7 @@ class KafkaPublisher:
         transactional producer) is not raised: it is in :attr:`fatal_error`."""
         try:
             return int(self._producer.poll(timeout))
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             self._note_fatal(exc)
             return 0
 
@@ -241,19 +241,28 @@ class KafkaPublisher:
         """Wait up to ``timeout`` s for all queued records; returns how many are left."""
         try:
             return int(self._producer.flush(timeout))
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             self._note_fatal(exc)
             return len(self._producer)
 
-    def _note_fatal(self, exc: KafkaException) -> None:
-        err = exc.args[0]
+    def _note_fatal(self, exc: KafkaException | SystemError) -> None:
+        """A fatal error raised by a call that serves reports. confluent-kafka 2.x raises a
+        ``SystemError`` instead of the fatal ``KafkaException`` from ``flush`` on a fenced
+        producer (measured with 2.16.1): the producer is unusable either way."""
         if self.fatal_error is None:
-            self.fatal_error = err.str()
+            if isinstance(exc, KafkaException):
+                self.fatal_error = exc.args[0].str()
+            else:
+                self.fatal_error = f"producer failed ({type(exc).__name__}: {exc})"
 
     def purge(self) -> None:
-        """Drop queued records; their listeners get transient failures on the next poll."""
-        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
-        self._producer.poll(0)
+        """Drop queued records; their listeners get transient failures on the next poll. A
+        fatal error is not raised (see :meth:`poll`)."""
+        try:
+            self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+        except (KafkaException, SystemError) as exc:
+            self._note_fatal(exc)
+        self.poll(0)
 
     def __len__(self) -> int:
         """Records queued or in flight (deferred ones included)."""
@@ -272,7 +281,6 @@ class KafkaPublisher:
         left = self.flush(timeout)
         if left:
             self.purge()
-            self._producer.poll(0)
         return left
 
     # -- transactions (exactly-once delivery) ---------------------------------------------
@@ -341,14 +349,18 @@ class KafkaPublisher:
         """Drop queued (and deferred) records and abort the open transaction, then begin the
         next one."""
         self._deferred = None
-        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
-        self._producer.poll(0)
+        self.purge()  # a fenced producer's fatal error surfaces in the abort below
         self._txn_call(self._producer.abort_transaction, timeout)
         self.begin()
 
     def _txn_call(self, call: Callable[..., None], *args: float) -> None:
         try:
             call(*args)
+        except SystemError as exc:  # see _note_fatal
+            self._note_fatal(exc)
+            raise TransactionFailed(
+                f"producer failed: {exc}", fatal=True, abortable=False
+            ) from None
         except KafkaException as exc:
             err = exc.args[0]
             fatal = bool(err.fatal()) or err.code() in (KafkaError._FENCED, KafkaError._FATAL)

@@ -134,3 +134,30 @@ def test_deferred_records_go_into_the_next_transaction_in_order_or_nowhere(
     )
     assert [r.value for r in committed] == [str(n).encode() for n in range(1, 11)]
     small.close()
+
+
+def test_a_fenced_producer_with_records_in_flight_aborts_and_closes_without_raising(
+    kafka_broker, kafka_topic_prefix: str
+) -> None:
+    """A zombie woken after a takeover: its next produce is refused as fenced; the abort says
+    so as a fatal TransactionFailed, and nothing (poll, purge, close) raises librdkafka's
+    KafkaException, which would end the process instead of the zombie standing by."""
+    config = {"bootstrap.servers": kafka_broker.bootstrap_servers}
+    data = f"{kafka_topic_prefix}.event.x"
+    zombie = KafkaPublisher(config, transactional_id=f"{kafka_topic_prefix}-zombie")
+    zombie.init_transactions(30)
+    count = _Count()
+    zombie.produce(data, b"k", b"1", [("id", b"1")], count)
+    assert zombie.flush(30) == 0
+    leader = KafkaPublisher(config, transactional_id=f"{kafka_topic_prefix}-zombie")
+    leader.init_transactions(60)
+    for n in range(5):
+        zombie.produce(data, b"k", str(n).encode(), [("id", b"2")], count)
+    zombie.flush(10)  # the broker refuses them: fenced
+    zombie.poll(0)
+    with pytest.raises(TransactionFailed) as failed:
+        zombie.abort(10)
+    assert failed.value.fatal and zombie.fatal_error is not None
+    zombie.purge()
+    zombie.close(1)
+    leader.close()

@@ -8,7 +8,6 @@ Kafka, in per-aggregate order; duplicates are reported.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -22,6 +21,7 @@ from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
 from tests.relay_support import (
     current_wal_lsn,
+    drop_slot_under_the_relay,
     init_outbox,
     outbox_statuses,
     relay_settings,
@@ -77,23 +77,6 @@ def _slot_exists(dsn: str, slot: str) -> bool:
         )
 
 
-def _drop_slot_under_the_relay(dsn: str, slot: str) -> None:
-    """Terminate the walsender and drop its slot before the relay reconnects."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for _ in range(200):
-            conn.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-                " WHERE slot_name = %s AND active",
-                (slot,),
-            )
-            try:
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                return
-            except psycopg.errors.ObjectInUse:
-                time.sleep(0.02)
-    raise AssertionError("could not drop the slot")
-
-
 def test_auto_mode_publishes_backlog_written_before_the_slot_existed(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
@@ -140,7 +123,7 @@ def test_slot_dropped_under_load_loses_nothing(
         pg_dsn,
         kafka_broker,
         kafka_topic_prefix,
-        lambda settings: _drop_slot_under_the_relay(pg_dsn, settings.slot_name),
+        lambda settings: drop_slot_under_the_relay(pg_dsn, settings.slot_name),
         "slot dropped",
     )
 
@@ -219,7 +202,7 @@ def test_wal_level_replica_falls_back_to_polling_and_returns(
             wait_until(lambda: service.stats.events_published > 300, timeout=60)
             # PostgreSQL refuses to start with logical slots under wal_level=replica, so the
             # operator drops the slot first (the relay is streaming from it).
-            _drop_slot_under_the_relay(dsn, settings.slot_name)
+            drop_slot_under_the_relay(dsn, settings.slot_name)
             server.restart(wal_level="replica")
             wait_until(lambda: service.stats.mode == "polling", timeout=90)
             polled_from = service.stats.events_published

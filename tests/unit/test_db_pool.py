@@ -8,8 +8,8 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from cdc_outbox import db_pool
-from cdc_outbox.admin.bootstrap import DatabaseUnavailable
 from cdc_outbox.config import Settings
+from cdc_outbox.errors import DatabaseUnavailable
 
 
 def _settings(dsn: str, **extra: object) -> Settings:

@@ -1,0 +1,225 @@
+"""Faults at random, several at once, the way an outside audit runs them.
+
+Two ``cdc-outbox run`` processes share one slot while writers commit (and roll back)
+transactions at a fixed rate. A seeded random schedule injects, one after another with short
+pauses under load: kill -9 of either instance (restarted at once), PostgreSQL crashes
+(immediate shutdown), broker kills, the leader frozen (SIGSTOP) until the standby took over
+(then woken), and, at least once, the slot dropped under the leader (auto mode only: it falls
+back to polling and returns). Afterwards every committed event must be in Kafka, first
+arrivals in per-aggregate order, no rolled-back event anywhere, and duplicates within a
+bound per fault; exactly-once: each event exactly once for read_committed.
+
+``CDC_OUTBOX_CHAOS_SEED`` replays one schedule (the seed in use is printed; timing still
+varies); ``CDC_OUTBOX_CHAOS_ONLY=kill_9,crash_postgres`` limits the faults drawn to those.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from cdc_outbox.config import Settings
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.readback import read_topics
+from tests.helpers import wait_until
+from tests.relay_support import (
+    RelayProcess,
+    drop_slot_under_the_relay,
+    init_outbox,
+    relay_phase,
+    relay_settings,
+    slot_holder,
+    wait_streamed_past_now,
+)
+
+RATE = 600  # committed events/s offered by the writers
+FAULTS = 9
+# Re-sent per fault at most: what was unconfirmed when it struck (in flight, acknowledged since
+# the last confirmation, or, after a PostgreSQL crash, since the last lease renewal kept the
+# position: lease/5 = 1 s). Two seconds of the offered load per fault; a relay that re-sent
+# from an older position (the slot's saved one, or the start) would exceed it.
+DUPLICATES_PER_FAULT = 2 * RATE
+
+
+class _Chaos:
+    """The two instances and the fault schedule (see the module docstring)."""
+
+    def __init__(self, dsn: str, settings: Settings, pg_server: Any, kafka: Any, seed: int) -> None:
+        self.dsn, self.settings, self.pg, self.kafka = dsn, settings, pg_server, kafka
+        self.rng = random.Random(seed)
+        self.relays = [RelayProcess(settings, f"chaos-{settings.delivery}-{i}-0") for i in range(2)]
+        self.started = 2
+        self.done: list[str] = []
+
+    def start(self) -> None:
+        for relay in self.relays:
+            relay.start()
+        wait_until(
+            lambda: slot_holder(self.dsn, self.settings.slot_name) is not None,
+            timeout=90,
+            message=self.logs,
+        )
+
+    def logs(self) -> str:
+        return "\n---\n".join(relay.log_tail(3000) for relay in self.relays)
+
+    def run(self, faults: list[Callable[[], str]], count: int) -> None:
+        for _ in range(count):
+            time.sleep(self.rng.uniform(0.5, 2.5))
+            self.done.append(self.rng.choice(faults)())
+            print(f"fault {len(self.done)}: {self.done[-1]}")
+
+    def stop(self) -> None:
+        for relay in self.relays:
+            if relay.proc is not None and relay.proc.poll() is None:
+                relay.proc.send_signal(signal.SIGCONT)
+            relay.stop_quietly()
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def kill_9(self) -> str:
+        i = self.rng.randrange(2)
+        self.relays[i].kill()
+        self.relays[i] = RelayProcess(
+            self.settings, f"chaos-{self.settings.delivery}-{i}-{self.started}"
+        )
+        self.started += 1
+        self.relays[i].start()
+        return f"kill -9 instance {i}"
+
+    def crash_postgres(self) -> str:
+        self.pg.crash()
+        self.pg.start()
+        return "PostgreSQL crashed (immediate) and restarted"
+
+    def kill_broker(self) -> str:
+        self.kafka.kill()
+        time.sleep(self.rng.uniform(0.5, 3.0))
+        self.kafka.start()
+        return "broker killed and restarted"
+
+    def freeze_leader(self) -> str:
+        leader = self._leader()
+        if leader is None:
+            return self.kill_9()
+        victim, other = self.relays[leader], self.relays[1 - leader]
+        assert victim.proc is not None and other.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(
+                lambda: (
+                    self._leader() == 1 - leader
+                    and slot_holder(self.dsn, self.settings.slot_name) is not None
+                ),
+                timeout=60,
+                interval=0.1,
+                message=other.log_tail,
+            )
+        finally:
+            victim.proc.send_signal(signal.SIGCONT)
+        return f"leader {leader} frozen until instance {1 - leader} took over, then woken"
+
+    def drop_slot(self, *, wait: bool = False) -> str:
+        if wait:
+            wait_until(
+                lambda: slot_holder(self.dsn, self.settings.slot_name) is not None,
+                timeout=90,
+                message=self.logs,
+            )
+        elif slot_holder(self.dsn, self.settings.slot_name) is None:
+            return self.kill_9()  # nothing streams now (falling back or starting)
+        drop_slot_under_the_relay(self.dsn, self.settings.slot_name)
+        return "slot dropped under the leader"
+
+    def _leader(self) -> int | None:
+        leader_id = relay_phase(self.dsn, self.settings.slot_name)[1]
+        for i, relay in enumerate(self.relays):
+            if leader_id and relay.proc is not None and f":{relay.proc.pid}:" in leader_id:
+                return i
+        return None
+
+
+def _seed() -> int:
+    seed = int(os.environ.get("CDC_OUTBOX_CHAOS_SEED") or time.time_ns() % 1_000_000)
+    print(f"CDC_OUTBOX_CHAOS_SEED={seed}")
+    return seed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+def test_random_faults_against_two_instances_lose_nothing_and_keep_order(
+    delivery: str, pg_dsn: str, pg_server: Any, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    eos = delivery == "exactly_once"
+    extra: dict[str, Any] = (
+        {"mode": "cdc", "eos": {"checkpoint_topic": f"{kafka_topic_prefix}.checkpoints"}}
+        if eos
+        else {"mode": "auto", "cdc_probe_interval_s": 1.0, "cdc_max_failures": 2}
+    )
+    settings = relay_settings(
+        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, delivery=delivery, **extra
+    )
+    init_outbox(settings)
+    chaos = _Chaos(pg_dsn, settings, pg_server, kafka_broker, _seed())
+    spec = workload.WorkloadSpec(
+        events=10_000_000,
+        writers=4,
+        aggregates=200,
+        txn_sizes=(1, 5, 20),
+        rate=RATE,
+        rollback_every=9,
+    )
+    stop = threading.Event()
+    reports: list[workload.WriteReport] = []
+    writers = threading.Thread(
+        target=lambda: reports.append(
+            workload.write_orders(pg_dsn, spec, columns=settings.column_names(), stop=stop)
+        ),
+        name="writers",
+    )
+    faults = [chaos.kill_9, chaos.crash_postgres, chaos.kill_broker, chaos.freeze_leader]
+    only = os.environ.get("CDC_OUTBOX_CHAOS_ONLY")
+    if only:
+        faults = [f for f in faults if f.__name__ in only.split(",")]
+    try:
+        chaos.start()
+        writers.start()
+        if not eos:  # a slot drop in auto mode falls back to polling: at least once by design
+            chaos.run(faults, FAULTS // 2)
+            chaos.done.append(chaos.drop_slot(wait=True))
+            print(f"fault {len(chaos.done)}: {chaos.done[-1]}")
+            faults.append(chaos.drop_slot)
+        chaos.run(faults, FAULTS - len(chaos.done))
+        time.sleep(1.0)  # under load, faults over
+        stop.set()
+        writers.join(120)
+        assert reports, "writers failed"
+        wait_streamed_past_now(pg_dsn, settings.slot_name, 240, chaos.logs)
+        assert all(relay.alive for relay in chaos.relays), chaos.logs()
+    finally:
+        stop.set()
+        chaos.stop()
+        if writers.ident is not None:
+            writers.join(120)
+    report = reports[0]
+    stored = workload.stored_events(pg_dsn, columns=settings.column_names())
+    records = read_topics(
+        kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.", timeout=120
+    )
+    verdict = workload.tally(stored, records, forbidden_ids=report.rolled_back_ids)
+    print(f"{len(chaos.done)} faults: {verdict.summary()}")
+    assert len(chaos.done) == FAULTS
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == report.committed > 0
+    assert report.rolled_back_ids
+    if eos:
+        assert verdict.duplicates == 0
+    else:
+        assert verdict.duplicates <= FAULTS * DUPLICATES_PER_FAULT
