@@ -313,3 +313,11 @@ def tally_topics(
     verdict = workload.tally(expected, records, decode_value=decode_value, decode_key=decode_key)
     print(verdict.summary())
     return verdict
+
+
+def all_relayed(dsn: str, settings: Settings, bootstrap: str, prefix: str, expected: int) -> Any:
+    """:func:`tally_topics`, checked: nothing missing or out of order, ``expected`` events."""
+    verdict = tally_topics(dsn, settings, bootstrap, prefix)
+    assert verdict.ok, verdict.summary()
+    assert verdict.expected == expected
+    return verdict
