@@ -9,8 +9,8 @@ because the writer refuses any other value there on its own (only an absent unio
 without a default is checked: the writer would write a null). So nothing invalid is ever
 written. ``False`` only means "not sure", and the caller then asks fastavro, which
 stays the one authority and gives the reason. ``None`` means the schema holds a type without
-a fast check (arrays, maps, bytes, fixed, float, logical types, named references): use
-fastavro for every datum.
+a fast check outside the fields left to the writer (arrays, maps, bytes, fixed, float,
+logical types, named references): use fastavro for every datum.
 """
 
 from __future__ import annotations
