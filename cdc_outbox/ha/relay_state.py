@@ -150,7 +150,9 @@ def keep_position(settings: Settings, lsn: int) -> bool:
     the table has no such column (made by an older ``init``: warned, never to be tried again).
     Other failures are logged: the confirmation still goes out, a crash may re-send more."""
     try:
-        with db_pool.pooled(settings, statement_timeout_s=5.0) as conn:
+        # Short waits: this runs on the relay thread, and a database that is down fails the
+        # stream anyway (the confirmation cannot go out either).
+        with db_pool.pooled(settings, timeout=2.0, statement_timeout_s=5.0) as conn:
             conn.execute(
                 sql.SQL(
                     "UPDATE {} SET confirmed_lsn = greatest(confirmed_lsn, %s::pg_lsn)"
@@ -175,7 +177,7 @@ def kept_position(settings: Settings) -> int:
     contract); 0 if there is none or it cannot be read (logged: a start from the slot's own
     position then re-sends more, loses nothing)."""
     try:
-        with db_pool.pooled(settings) as conn:
+        with db_pool.pooled(settings, timeout=5.0, statement_timeout_s=5.0) as conn:
             return int(read_state(conn, settings).confirmed_lsn or 0)
     except (CdcOutboxError, psycopg.Error) as exc:
         logger.warning("could not read the kept confirmed position: %s", exc)
