@@ -7,7 +7,11 @@ Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeo
 while Kafka is down) and, at most five times a second, when the confirmed position
 advanced (a smaller unconfirmed window means fewer duplicates after a crash). A position is
 handed to ``keep`` (the relay: :func:`cdc_outbox.ha.relay_state.keep_position`) before it is
-first sent, so it survives a PostgreSQL crash, which may take the slot's own back.
+first sent, so it survives a PostgreSQL crash, which may take the slot's own back. With a
+published-marker (``marker``), a position is confirmed only once every event up to it is
+marked published (:class:`~cdc_outbox.cdc.published_marker.MarkedWatermark`): a crash then
+re-streams any row still unmarked, so none is left PENDING for a later polling pass or
+catch-up to publish again.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker
 from cdc_outbox.cdc.replication_stream import ReplicationStream
 from cdc_outbox.relay_stats import RelayStats
 
@@ -35,7 +40,10 @@ class Checkpointer:
         interval_s: float,
         ceiling: Callable[[], int | None] = lambda: None,
         keep: Callable[[int], None] = lambda lsn: None,
+        marker: PublishedMarker | None = None,
     ) -> None:
+        self._marker = marker
+        self._marked = MarkedWatermark(start)
         self._ceiling = ceiling
         self._keep = keep
         self._stream = stream
@@ -47,9 +55,13 @@ class Checkpointer:
         self._last_sent = 0.0
 
     def confirmable(self) -> int:
-        """The tracker's confirmed position, capped by the ceiling."""
+        """The tracker's confirmed position, capped by the ceiling and by marking."""
         ceiling = self._ceiling()
         confirmed = self._tracker.confirmed
+        marker = self._marker
+        if marker is not None:  # acknowledged ids were handed over before ``confirmed`` moved
+            self._marked.note(confirmed, marker.handed)
+            confirmed = self._marked.through(marker.settled)
         return confirmed if ceiling is None else min(confirmed, ceiling)
 
     def note_written(self, lsn: int) -> None:

@@ -4,10 +4,18 @@ Runs off the hot path, on its own thread and connection, in batches. It exists s
 polling pass (fallback mode) does not publish again what CDC already delivered.
 
 Contract: an id is handed over only after Kafka acknowledged its event, so a row is never
-marked before it is durable in Kafka. Marking is best effort and at-least-once friendly: ids
-still buffered when the process dies, or dropped when the buffer is full (the database is down
-for long), leave their rows PENDING; a polling pass would then publish them again (duplicates,
-never losses). That window is at most ``flush_interval_s`` plus the time of one batch.
+marked before it is durable in Kafka. Ids still buffered when the process dies, or dropped
+when the buffer is full (the database is down for long), leave their rows PENDING; a polling
+pass or a catch-up would publish them again (duplicates, never losses). So that such rows
+cannot pile up over crashes, nothing is treated as done before it is marked:
+
+- :class:`MarkedWatermark` holds the slot's confirmation back to the positions whose events are
+  all marked (a crash re-streams, and so marks, whatever is unmarked);
+- a catch-up waits for :attr:`PublishedMarker.unmarked` to stay small and for
+  :meth:`PublishedMarker.settle` before it streams.
+
+``handed`` counts ids accepted by :meth:`~PublishedMarker.add`, ``settled`` those marked (or
+given up on when marking is impossible: no id column); both only grow.
 
 Ids are matched as the id column's own type, looked up once (first connection): uuid ids go
 as one comma-joined text parameter split by the server (cheapest); any other type (text,
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 import psycopg
@@ -36,7 +45,7 @@ _MAX_BUFFERED = 1_000_000
 class PublishedMarker:
     """Buffers acknowledged event ids and marks their rows in batches (thread-safe ``add``)."""
 
-    def __init__(self, settings: Settings, *, flush_interval_s: float = 0.5) -> None:
+    def __init__(self, settings: Settings, *, flush_interval_s: float = 0.2) -> None:
         self._settings = settings
         self._flush_interval_s = flush_interval_s
         self._ids: deque[bytes] = deque()
@@ -46,6 +55,8 @@ class PublishedMarker:
         self.marked = 0
         self.dropped = 0
         self.failures = 0
+        self.handed = 0  # ids accepted by add (relay thread)
+        self.settled = 0  # of those, marked or given up on (marker thread)
         self._enabled = _statement(settings, _UUID) is not None
         self._statement: sql.Composed | None = None  # for the id type; on first connection
         self._joined = True  # one comma-joined text parameter (uuid ids), else an array
@@ -61,6 +72,28 @@ class PublishedMarker:
             self.dropped += 1
             return
         self._ids.append(event_id)
+        self.handed += 1
+
+    @property
+    def unmarked(self) -> int:
+        """Ids handed over and not marked yet (0 once housekeeping has stopped)."""
+        return self.handed - self.settled if self._thread is not None else 0
+
+    def hurry(self) -> None:
+        """Mark what is buffered now instead of at the next interval."""
+        self._wake.set()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until every id handed over so far is marked; True if so
+        (also when housekeeping is off or has stopped)."""
+        target = self.handed
+        deadline = time.monotonic() + timeout
+        while self.settled < target and self._thread is not None and self._enabled:
+            if time.monotonic() >= deadline:
+                return False
+            self._wake.set()
+            time.sleep(0.005)
+        return True
 
     def start(self) -> None:
         if not self._enabled or self._thread is not None:
@@ -90,6 +123,7 @@ class PublishedMarker:
             except CdcOutboxError as exc:  # no id column: nothing can be marked
                 logger.error("marking published rows stopped: %s", exc)
                 self.dropped += len(self._ids)
+                self.settled += len(self._ids)
                 self._ids.clear()
                 self._enabled = False
                 break
@@ -129,6 +163,7 @@ class PublishedMarker:
                 self._ids.extendleft(reversed(batch))
                 raise
             self.marked += cur.rowcount if cur.rowcount > 0 else 0
+            self.settled += len(batch)
 
 
 _UUID = ColumnType("uuid", "pg_catalog", "uuid")
@@ -152,3 +187,36 @@ def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
             " locked_at = NULL WHERE {} AND status <> 'PUBLISHED'"
         ).format(table, match)
     return None
+
+
+class MarkedWatermark:
+    """Pure: the newest confirmable position whose events are all marked published.
+
+    :meth:`note` ``(position, handed)``: every event up to ``position`` was acknowledged, so
+    its id had been handed to the marker by the time ``handed`` was read. :meth:`through`
+    ``(settled)``: the newest noted position with ``handed <= settled`` (else the start).
+    Used as a :class:`~cdc_outbox.cdc.checkpoint.Checkpointer` ceiling.
+    """
+
+    __slots__ = ("_noted", "_pending", "position")
+
+    def __init__(self, start: int) -> None:
+        self.position = start
+        self._noted = start
+        self._pending: deque[list[int]] = deque()  # [position, handed], both increasing
+
+    def note(self, position: int, handed: int) -> None:
+        if position <= self._noted:
+            return
+        self._noted = position
+        pending = self._pending
+        if pending and pending[-1][1] == handed:
+            pending[-1][0] = position  # nothing new to wait for: the later position covers it
+        else:
+            pending.append([position, handed])
+
+    def through(self, settled: int) -> int:
+        pending = self._pending
+        while pending and pending[0][1] <= settled:
+            self.position = pending.popleft()[0]
+        return self.position

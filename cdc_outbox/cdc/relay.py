@@ -251,6 +251,7 @@ class Relay:
             interval_s=self.settings.status_interval_s,
             ceiling=eos.ceiling if eos is not None else lambda: None,
             keep=self._keep_position,
+            marker=self.marker,
         )
         delivery.idle = checkpoint.maybe_send
         self._router.new_session(self._tracker, checkpoint)
@@ -381,6 +382,8 @@ class Relay:
                 eos.settle_and_commit(self._commit_interrupted, checkpoint.maybe_send)
             except TransactionFailed as exc:
                 logger.warning("final Kafka commit failed (%s): it will be re-sent", exc)
+        if self.marker is not None:  # confirmed positions must be marked (see checkpoint)
+            self.marker.settle(max(0.0, deadline - 0.5 - time.monotonic()))
         checkpoint.send(reply_requested=True)
         reply_deadline = time.monotonic() + max(0.2, min(1.0, deadline - time.monotonic()))
         while time.monotonic() < reply_deadline:

@@ -8,11 +8,14 @@ acknowledged or durably dead-lettered before streaming starts from the consisten
 nothing falls between the two and per-aggregate order holds (backlog first, then the stream
 in commit order). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere.
 
-Contract: :func:`publish_backlog` returns the number of rows once every outcome is known, or
+Contract: :func:`publish_backlog` returns the number of rows once every outcome is known (and,
+at least once, every published row is marked PUBLISHED by the published-marker), or
 raises :class:`CatchUpFailed` (Kafka trouble, stop, leadership lost) or ``RelayHalted``. The
 caller's durable phase stays ``CATCHING_UP`` until it returns, so a crash anywhere here means
 the whole catch-up is redone (rows acknowledged and already marked PUBLISHED are skipped;
-others are sent again: duplicates, never losses).
+others are sent again: duplicates, never losses). At least once, at most ``UNMARKED_WINDOW``
+rows are unacknowledged and at most as many acknowledged but not yet marked at any time, so a
+redo re-sends at most about ``2 * UNMARKED_WINDOW + 1000`` rows, whatever the backlog.
 
 Exactly-once (``eos`` given): the rows go in Kafka transactions of about ``eos.max_events``
 rows (fewer if their ids would exceed 400 kB); each carries a checkpoint record with the ids
@@ -45,6 +48,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _FETCH = 1_000
+#: At least once: rows of the backlog unacknowledged, and acknowledged but unmarked, at most.
+UNMARKED_WINDOW = 2_000
 #: Exactly-once: a catch-up batch's ids (in its checkpoint record) stay well below Kafka's
 #: default 1 MB record limit.
 _MAX_ID_BYTES = 400_000
@@ -131,6 +136,8 @@ def publish_backlog(
                         if count % _FETCH == 0:
                             delivery.service()
                             _check(delivery, backlog)
+                            if eos is None:
+                                _bound_unmarked(delivery, backlog)
                             if eos is not None and (
                                 len(ids) >= settings.eos.max_events or id_bytes >= _MAX_ID_BYTES
                             ):
@@ -140,6 +147,9 @@ def publish_backlog(
             if eos is not None and ids:
                 _commit(delivery, backlog, eos, ids, marks, marking)
             marking.wait()
+            if eos is None and delivery.marker is not None:
+                while not delivery.marker.settle(0.1):  # all marked before streaming
+                    _check(delivery, backlog)
     except ProduceInterrupted as exc:
         _check(delivery, backlog)
         raise CatchUpFailed(f"catch-up interrupted: {exc.args[0]}") from None
@@ -153,6 +163,20 @@ def _settle(delivery: Delivery, backlog: _Backlog) -> None:
     """Wait until every outcome is known (dead-lettered rows are then FAILED)."""
     while backlog.pending > 0 or (delivery.eos and delivery.busy):
         delivery.publisher.poll(0.05)
+        delivery.service()
+        _check(delivery, backlog)
+
+
+def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
+    """At least once: wait while more than ``UNMARKED_WINDOW`` rows are unacknowledged or
+    acknowledged but unmarked (see the module contract)."""
+    marker = delivery.marker
+    if marker is None:
+        return
+    if marker.unmarked >= UNMARKED_WINDOW // 2:
+        marker.hurry()
+    while backlog.pending > UNMARKED_WINDOW or marker.unmarked > UNMARKED_WINDOW:
+        delivery.publisher.poll(0.005)
         delivery.service()
         _check(delivery, backlog)
 

@@ -1,14 +1,21 @@
-"""The housekeeping statement per id type (rendered without a connection)."""
+"""The housekeeping statement per id type (rendered without a connection), and the rule that
+a confirmed position is a marked one (the watermark, the Checkpointer's use of it)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from cdc_outbox.admin.inspection import ColumnType
-from cdc_outbox.cdc.published_marker import PublishedMarker, _statement
+from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker, _statement
 from cdc_outbox.config import Settings
+from cdc_outbox.relay_stats import RelayStats
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")
 TEXT = ColumnType("text", "pg_catalog", "text")
@@ -46,3 +53,97 @@ def test_housekeeping_off_or_without_status_column_marks_nothing() -> None:
     assert render(UUID, columns={"preset": "debezium"}) is None
     assert not PublishedMarker(settings(columns={"preset": "debezium"})).enabled
     assert PublishedMarker(settings(cdc_mark_published="delete")).enabled
+
+
+# -- confirmed means marked ---------------------------------------------------------------
+
+
+@dataclass
+class _Marker:
+    """What the Checkpointer reads of a PublishedMarker: the two counters."""
+
+    handed: int = 0
+    settled: int = 0
+
+
+@st.composite
+def _runs(draw: st.DrawFn) -> list[tuple[str, int]]:
+    """Steps of a relay: 'txn' n (a transaction of n events, all acknowledged), 'mark' n (the
+    marker marks up to n more ids), 'read' (the Checkpointer asks)."""
+    steps = st.one_of(
+        st.tuples(st.just("txn"), st.integers(0, 4)),
+        st.tuples(st.just("mark"), st.integers(1, 6)),
+        st.tuples(st.just("read"), st.just(0)),
+    )
+    return draw(st.lists(steps, max_size=60))
+
+
+@given(_runs())
+def test_the_watermark_never_passes_an_unmarked_event_and_catches_up(
+    run: list[tuple[str, int]],
+) -> None:
+    marker = _Marker()
+    watermark = MarkedWatermark(0)
+    confirmed = 0
+    event_positions: list[int] = []  # the commit position of the event with id index i
+    for step, n in run:
+        if step == "txn":
+            confirmed += 10
+            event_positions += [confirmed] * n
+            marker.handed += n  # acknowledged: handed over before the position moves
+        elif step == "mark":
+            marker.settled = min(marker.handed, marker.settled + n)
+        watermark.note(confirmed, marker.handed)
+        got = watermark.through(marker.settled)
+        unmarked = event_positions[marker.settled :]
+        assert got <= confirmed
+        assert not unmarked or got < min(unmarked)  # every event up to it is marked
+    marker.settled = marker.handed
+    watermark.note(confirmed, marker.handed)
+    assert watermark.through(marker.settled) == confirmed
+
+
+def test_the_checkpointer_confirms_only_what_is_marked() -> None:
+    tracker = AckTracker(100)
+    marker = _Marker()
+    stream = _Stream()
+    cp = Checkpointer(
+        stream,  # type: ignore[arg-type]
+        tracker,
+        RelayStats(),
+        start=100,
+        interval_s=10.0,
+        marker=marker,  # type: ignore[arg-type]
+    )
+    txn = tracker.begin()
+    tracker.add_event(txn)
+    tracker.ack(txn)
+    marker.handed += 1  # the report hands the id over, then the tracker counts the ack
+    tracker.commit(txn, 200)
+    assert tracker.confirmed == 200
+    cp.send()
+    assert stream.sent[-1][1] == 100  # acknowledged, not marked
+    marker.settled = 1
+    cp.send()
+    assert stream.sent[-1][1] == 200
+    tracker.keepalive(300)  # no events since: nothing to wait for
+    cp.send()
+    assert stream.sent[-1][1] == 300
+
+
+def test_a_marker_not_running_has_nothing_unmarked_and_settles_at_once() -> None:
+    marker = PublishedMarker(settings())
+    marker.add(b"00000000-0000-0000-0000-000000000001")
+    assert marker.handed == 1
+    assert marker.unmarked == 0  # no thread: nothing will be marked, nothing to wait for
+    assert marker.settle(10.0)
+
+
+class _Stream:
+    """Records the standby status updates."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
+        self.sent.append((written, flushed))
