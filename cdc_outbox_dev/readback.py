@@ -24,6 +24,7 @@ class ConsumedRecord:
     key: bytes | None
     value: bytes | None
     headers: Headers
+    timestamp_ms: int = -1  # the record's timestamp (producer's create time), -1 if none
 
 
 def read_topics(
@@ -71,8 +72,11 @@ def read_topics(
                 raw = msg.headers() or []
                 pairs = raw.items() if isinstance(raw, dict) else raw
                 headers = [(k, v) for k, v in pairs if isinstance(v, bytes)]
+                stamp = msg.timestamp()[1]
                 records.append(
-                    ConsumedRecord(topic, partition, offset, msg.key(), msg.value(), headers)
+                    ConsumedRecord(
+                        topic, partition, offset, msg.key(), msg.value(), headers, stamp
+                    )
                 )
                 if offset + 1 >= end:
                     del ends[(topic, partition)]
