@@ -15,7 +15,8 @@ cannot pile up over crashes, nothing is treated as done before it is marked:
   :meth:`PublishedMarker.settle` before it streams.
 
 ``handed`` counts ids accepted by :meth:`~PublishedMarker.add`, ``settled`` those marked (or
-given up on when marking is impossible: no id column); both only grow.
+given up on when marking is impossible: no id column, no privilege, any error but a
+connection's, logged as an error, after which rows stay PENDING); both only grow.
 
 Ids are matched as the id column's own type, looked up once (first connection): uuid ids go
 as one comma-joined text parameter split by the server (cheapest); any other type (text,
@@ -120,14 +121,7 @@ class PublishedMarker:
                     if self._statement is None:
                         self._prepare(conn)
                     self._flush(conn)
-            except CdcOutboxError as exc:  # no id column: nothing can be marked
-                logger.error("marking published rows stopped: %s", exc)
-                self.dropped += len(self._ids)
-                self.settled += len(self._ids)
-                self._ids.clear()
-                self._enabled = False
-                break
-            except psycopg.Error as exc:
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # connection
                 self.failures += 1
                 logger.warning("marking published rows failed (will retry): %s", exc)
                 if conn is not None:
@@ -135,6 +129,15 @@ class PublishedMarker:
                 conn = None
                 if stopping:
                     break
+            except (CdcOutboxError, psycopg.Error) as exc:
+                # No id column, no privilege, a trigger refusing it: retrying cannot help, and
+                # the slot must not wait for marks that never come (see the module contract).
+                logger.error("marking published rows stopped (rows stay PENDING): %s", exc)
+                self.dropped += len(self._ids)
+                self.settled += len(self._ids)
+                self._ids.clear()
+                self._enabled = False
+                break
             if stopping and not self._ids:
                 break
             self._wake.wait(self._flush_interval_s)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import uuid
 
 import psycopg
+import pytest
 
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records, read_topics
@@ -19,6 +21,7 @@ from tests.relay_support import (
     relay_settings,
     relay_thread,
     slot_position,
+    wait_streamed_past_now,
 )
 
 
@@ -256,3 +259,33 @@ def test_delete_housekeeping_removes_published_rows(
         wait_until(lambda: remaining() == 0, timeout=30, message=lambda: f"{remaining()} left")
     records = read_topics(kafka_broker.bootstrap_servers, f"{kafka_topic_prefix}.event.")
     assert len(records) == 20
+
+
+def test_marking_that_can_never_work_does_not_hold_the_slot_back(
+    pg_dsn: str, kafka_broker, kafka_topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The slot is confirmed only up to marked rows; if marking fails for good (here a
+    trigger refuses it, as a missing privilege would), the relay says so and confirms anyway
+    instead of retaining WAL forever."""
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(
+            "CREATE FUNCTION refuse_marking() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN RAISE EXCEPTION 'outbox rows are read-only here'; END$$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_marking BEFORE UPDATE ON outbox"
+            " FOR EACH ROW EXECUTE FUNCTION refuse_marking()"
+        )
+    spec = workload.WorkloadSpec(events=500, writers=1, aggregates=10, txn_sizes=(1, 10))
+    try:
+        with caplog.at_level(logging.ERROR), relay_thread(settings):
+            workload.write_orders(pg_dsn, spec, columns=settings.column_names())
+            wait_streamed_past_now(pg_dsn, settings.slot_name, 60, lambda: caplog.text, phase=False)
+    finally:
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute("DROP TRIGGER refuse_marking ON outbox")
+            conn.execute("DROP FUNCTION refuse_marking()")
+    assert "marking published rows stopped (rows stay PENDING)" in caplog.text
+    assert "read-only here" in caplog.text
