@@ -131,10 +131,7 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
             ddl += [("create_table" if i == 0 else "create_index", s) for i, s in enumerate(stmts)]
         if st.publication is None:
             ddl.append(("create_publication", schema.publication_ddl(settings)))
-        if not _state_table_exists(conn, settings):
-            ddl += [("create_state_table", s) for s in schema.relay_state_ddl(settings)]
-        elif not relay_state.has_confirmed_lsn(conn, settings):
-            ddl.append(("add_confirmed_lsn", schema.relay_state_confirmed_ddl(settings)))
+        ddl += relay_state.missing_ddl(conn, settings)
         slot_sql = schema.create_slot_sql(settings) if st.slot is None else None
         actions = [Action(name, stmt.as_string(conn)) for name, stmt in ddl]
         if slot_sql is not None:
@@ -165,12 +162,6 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
         elif not actions:
             logger.debug("init: nothing to do")
         return InitReport(checks, actions, dry_run)
-
-
-def _state_table_exists(conn: Conn, settings: Settings) -> bool:
-    ident = schema.relay_state_ident(settings).as_string(conn)
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ident,)).fetchone()
-    return bool(row and row[0])
 
 
 def _unpublished_rows(conn: Conn, settings: Settings) -> int:
@@ -227,7 +218,7 @@ def status(settings: Settings) -> StatusReport:
             if row is not None:
                 pending, failed, parked = (int(v) for v in row)
         relay = None
-        if _state_table_exists(conn, settings):
+        if relay_state.table_exists(conn, settings):
             relay = relay_state.read_state(conn, settings).to_dict()
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"

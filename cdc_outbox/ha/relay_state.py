@@ -94,21 +94,28 @@ def ensure_table(conn: Conn, settings: Settings) -> None:
     this role may (``init`` normally does; a polling-only deployment may never run ``init``).
     A role without the privilege gets the leader election's own "run `cdc-outbox init`"
     error later (no table), or a relay that warns it cannot keep its position (no column)."""
-    ident = schema.relay_state_ident(settings).as_string(conn)
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ident,)).fetchone()
-    if row and row[0]:
-        stmts = (
-            []
-            if has_confirmed_lsn(conn, settings)
-            else [schema.relay_state_confirmed_ddl(settings)]
-        )
-    else:
-        stmts = schema.relay_state_ddl(settings)
     try:
-        for stmt in stmts:
+        for _, stmt in missing_ddl(conn, settings):
             conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege:
         return
+
+
+def missing_ddl(conn: Conn, settings: Settings) -> list[tuple[str, sql.Composed]]:
+    """``(step, statement)`` that bring the state table up to date: ``create_state_table``
+    steps when it is missing, ``add_confirmed_lsn`` for one older than that column, or none."""
+    if not table_exists(conn, settings):
+        return [("create_state_table", s) for s in schema.relay_state_ddl(settings)]
+    if not has_confirmed_lsn(conn, settings):
+        return [("add_confirmed_lsn", schema.relay_state_confirmed_ddl(settings))]
+    return []
+
+
+def table_exists(conn: Conn, settings: Settings) -> bool:
+    """Whether the state table exists."""
+    ident = schema.relay_state_ident(settings).as_string(conn)
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (ident,)).fetchone()
+    return bool(row and row[0])
 
 
 def has_confirmed_lsn(conn: Conn, settings: Settings) -> bool:
