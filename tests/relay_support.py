@@ -19,6 +19,7 @@ from pydantic import BaseModel, SecretStr
 
 from cdc_outbox.admin import bootstrap
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.snapshot_catchup import UNMARKED_WINDOW
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service import Service
@@ -321,3 +322,67 @@ def all_relayed(dsn: str, settings: Settings, bootstrap: str, prefix: str, expec
     assert verdict.ok, verdict.summary()
     assert verdict.expected == expected
     return verdict
+
+
+_CATCH_UP_REDO = 2 * UNMARKED_WINDOW + 1_000
+
+
+class UnconfirmedWindow:
+    """Samples, every 0.1 s, what a fault could make the relay re-send, measured from outside:
+    committed events past the slot's confirmed position (a broker outage keeps all it held
+    back in that window until Kafka acknowledges it), or, while catching up or polling (or
+    with no slot), rows not yet PUBLISHED, at most what a redone catch-up may re-send
+    (``2 * UNMARKED_WINDOW + 1000``). Needs the default layout (a ``status`` column)."""
+
+    def __init__(self, dsn: str, slot: str) -> None:
+        self.dsn, self.slot = dsn, slot
+        # time, WAL end, slot confirmed (None: no slot), rows, rows not PUBLISHED, phase
+        self.samples: list[tuple[float, int, int | None, int, int, str | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="window", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        query = (
+            "SELECT clock_timestamp(), pg_current_wal_lsn() - '0/0',"
+            " (SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots"
+            "  WHERE slot_name = %(slot)s), count(*),"
+            " count(*) FILTER (WHERE status <> 'PUBLISHED'),"
+            " (SELECT phase FROM cdc_outbox_relay_state WHERE slot_name = %(slot)s)"
+            " FROM outbox"
+        )
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stop.wait(0.1):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=2)
+                row = conn.execute(query, {"slot": self.slot}).fetchone()
+            except psycopg.Error:
+                conn = None  # PostgreSQL down: no sample
+                continue
+            assert row is not None
+            at, wal, conf = row[0].timestamp(), int(row[1]), row[2]
+            conf = None if conf is None else int(conf)
+            self.samples.append((at, wal, conf, row[3], row[4], row[5]))
+        if conn is not None:
+            conn.close()
+
+    def at(self, when: float) -> int:
+        """What a fault at ``when`` may re-send, from the last sample before it."""
+        before = [x for x in self.samples if x[0] <= when]
+        if not before:
+            return 0
+        _, _, conf, rows, unpublished, phase = before[-1]
+        window = 0
+        if conf is not None:
+            confirmed_rows = max((x[3] for x in before if x[1] <= conf), default=0)
+            window = rows - confirmed_rows
+        if conf is None or phase != "STREAMING":
+            window = max(window, min(unpublished, _CATCH_UP_REDO))
+        return window

@@ -314,7 +314,11 @@ class Relay:
             wait = wait if due_in is None else min(wait, due_in)
         read, tracker = self._stream.read_raw, self._tracker
         limit = self.settings.max_in_flight
-        for _ in range(_FRAMES_PER_TURN):
+        for n in range(_FRAMES_PER_TURN):
+            # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that
+            # its successor streams too: it stops within 64 frames, not 2,000.
+            if n & 63 == 63 and not self._is_leader():
+                return
             data = read(wait)
             if data is None:
                 if tracker.in_flight:

@@ -25,16 +25,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
-from cdc_outbox.cdc.snapshot_catchup import UNMARKED_WINDOW
 from cdc_outbox.config import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
     RelayProcess,
+    UnconfirmedWindow,
     drop_slot_under_the_relay,
     init_outbox,
     relay_phase,
@@ -48,71 +47,13 @@ RATE = 600  # committed events/s offered by the writers
 FIXED_SEED = 291265
 FAULTS = 9
 # Duplicates: a fault may re-send what was unconfirmed when it struck, and nothing else. The
-# test measures that from outside (:class:`_Window`): committed events past the slot's
+# test measures that from outside (``UnconfirmedWindow``): committed events past the slot's
 # confirmed position (a broker outage keeps all it held back in that window until Kafka is
 # back and acknowledges), or, while catching up or polling, the rows not yet marked, at most
 # what a redone catch-up may re-send. Plus one second of load per fault for the sampling. A
 # relay that re-sent from an older position (the slot's saved one after a PostgreSQL crash,
 # the start) or left acknowledged rows unmarked for a later fallback to publish exceeds it.
 SLACK_PER_FAULT = RATE
-CATCH_UP_REDO = 2 * UNMARKED_WINDOW + 1_000
-
-
-class _Window:
-    """Samples, every 0.1 s, the events a fault could make the relay re-send (see above)."""
-
-    def __init__(self, dsn: str, slot: str) -> None:
-        self.dsn, self.slot = dsn, slot
-        # time, WAL end, slot confirmed (None: no slot), rows, rows not PUBLISHED, phase
-        self.samples: list[tuple[float, int, int | None, int, int, str | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="window", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        query = (
-            "SELECT clock_timestamp(), pg_current_wal_lsn() - '0/0',"
-            " (SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots"
-            "  WHERE slot_name = %(slot)s), count(*),"
-            " count(*) FILTER (WHERE status <> 'PUBLISHED'),"
-            " (SELECT phase FROM cdc_outbox_relay_state WHERE slot_name = %(slot)s)"
-            " FROM outbox"
-        )
-        conn: psycopg.Connection[Any] | None = None
-        while not self._stop.wait(0.1):
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=2)
-                row = conn.execute(query, {"slot": self.slot}).fetchone()
-            except psycopg.Error:
-                conn = None  # PostgreSQL down: no sample
-                continue
-            assert row is not None
-            at, wal, conf = row[0].timestamp(), int(row[1]), row[2]
-            conf = None if conf is None else int(conf)
-            self.samples.append((at, wal, conf, row[3], row[4], row[5]))
-        if conn is not None:
-            conn.close()
-
-    def at(self, when: float) -> int:
-        """What a fault at ``when`` may re-send, from the last sample before it."""
-        before = [x for x in self.samples if x[0] <= when]
-        if not before:
-            return 0
-        _, _, conf, rows, unpublished, phase = before[-1]
-        window = 0
-        if conf is not None:
-            confirmed_rows = max((x[3] for x in before if x[1] <= conf), default=0)
-            window = rows - confirmed_rows
-        if conf is None or phase != "STREAMING":
-            window = max(window, min(unpublished, CATCH_UP_REDO))
-        return window
 
 
 class _Chaos:
@@ -269,7 +210,7 @@ def test_random_faults_against_two_instances_lose_nothing_and_keep_order(
         ),
         name="writers",
     )
-    window = _Window(pg_dsn, settings.slot_name)
+    window = UnconfirmedWindow(pg_dsn, settings.slot_name)
     faults = [chaos.kill_9, chaos.crash_postgres, chaos.kill_broker, chaos.freeze_leader]
     only = os.environ.get("CDC_OUTBOX_CHAOS_ONLY")
     if only:
