@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import (
@@ -27,6 +27,10 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+
+from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.relay_stats import RelayStats
 
 T = TypeVar("T")
 
@@ -316,3 +320,30 @@ def run_cli(*args: str, dsn: str | None = None, **env: str) -> subprocess.Comple
         timeout=120,
         check=False,
     )
+
+
+class StatusRecorder:
+    """Stands in for the replication stream where a Checkpointer sends its status updates:
+    records ``(written, flushed)`` of each."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
+        self.sent.append((written, flushed))
+
+
+def recording_checkpointer(
+    tracker: AckTracker, start: int, **options: Any
+) -> tuple[Checkpointer, StatusRecorder]:
+    """A Checkpointer of ``tracker`` (timer 10 s: only explicit sends) and what it sent."""
+    stream = StatusRecorder()
+    checkpointer = Checkpointer(
+        stream,  # type: ignore[arg-type]
+        tracker,
+        RelayStats(),
+        start=start,
+        interval_s=10.0,
+        **options,
+    )
+    return checkpointer, stream

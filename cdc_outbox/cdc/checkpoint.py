@@ -58,11 +58,16 @@ class Checkpointer:
         """The tracker's confirmed position, capped by the ceiling and by marking."""
         ceiling = self._ceiling()
         confirmed = self._tracker.confirmed
+        if ceiling is not None:
+            confirmed = min(confirmed, ceiling)
         marker = self._marker
-        if marker is not None:  # acknowledged ids were handed over before ``confirmed`` moved
+        if marker is not None:
+            # The ids of the events up to ``confirmed`` were handed over before it moved (at
+            # least once: on acknowledgement; exactly-once: at the Kafka commit, which moves
+            # the ceiling, on this thread).
             self._marked.note(confirmed, marker.handed)
             confirmed = self._marked.through(marker.settled)
-        return confirmed if ceiling is None else min(confirmed, ceiling)
+        return confirmed
 
     def note_written(self, lsn: int) -> None:
         """A position received from the server (keepalive WAL end, commit end)."""

@@ -214,32 +214,13 @@ def test_model_every_transaction_lands_whole_in_one_commit_in_order(
     assert b.ceiling() is None
 
 
-class _Stream:
-    """Records the standby status updates (the Checkpointer's only use of the stream)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[int, int]] = []
-
-    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
-        self.sent.append((written, flushed))
-
-
 def test_the_slot_is_never_confirmed_past_the_kafka_commit() -> None:
     from cdc_outbox.cdc.ack_tracker import AckTracker
-    from cdc_outbox.cdc.checkpoint import Checkpointer
-    from cdc_outbox.relay_stats import RelayStats
+    from tests.helpers import recording_checkpointer
 
     tracker = AckTracker(100)
     batch = EosBatch(0.1, 10, committed_lsn=100)
-    stream = _Stream()
-    cp = Checkpointer(
-        stream,  # type: ignore[arg-type]
-        tracker,
-        RelayStats(),
-        start=100,
-        interval_s=10.0,
-        ceiling=batch.ceiling,
-    )
+    cp, stream = recording_checkpointer(tracker, 100, ceiling=batch.ceiling)
     txn = tracker.begin()
     batch.begin()
     tracker.add_event(txn)

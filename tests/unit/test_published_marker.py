@@ -12,10 +12,9 @@ from pydantic import SecretStr
 
 from cdc_outbox.admin.inspection import ColumnType
 from cdc_outbox.cdc.ack_tracker import AckTracker
-from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker, _statement
 from cdc_outbox.config import Settings
-from cdc_outbox.relay_stats import RelayStats
+from tests.helpers import recording_checkpointer
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")
 TEXT = ColumnType("text", "pg_catalog", "text")
@@ -106,15 +105,7 @@ def test_the_watermark_never_passes_an_unmarked_event_and_catches_up(
 def test_the_checkpointer_confirms_only_what_is_marked() -> None:
     tracker = AckTracker(100)
     marker = _Marker()
-    stream = _Stream()
-    cp = Checkpointer(
-        stream,  # type: ignore[arg-type]
-        tracker,
-        RelayStats(),
-        start=100,
-        interval_s=10.0,
-        marker=marker,  # type: ignore[arg-type]
-    )
+    cp, stream = recording_checkpointer(tracker, 100, marker=marker)
     txn = tracker.begin()
     tracker.add_event(txn)
     tracker.ack(txn)
@@ -131,19 +122,31 @@ def test_the_checkpointer_confirms_only_what_is_marked() -> None:
     assert stream.sent[-1][1] == 300
 
 
+def test_exactly_once_waits_for_the_marks_of_the_committed_transaction() -> None:
+    """Exactly-once acknowledges records inside the open Kafka transaction but hands their
+    ids over only at the commit, which is also when the ceiling moves."""
+    tracker = AckTracker(100)
+    marker = _Marker()
+    ceiling = [100]
+    cp, stream = recording_checkpointer(tracker, 100, marker=marker, ceiling=lambda: ceiling[0])
+    txn = tracker.begin()
+    tracker.add_event(txn)
+    tracker.ack(txn)  # in the open Kafka transaction: nothing handed over yet
+    tracker.commit(txn, 200)
+    cp.send()
+    assert stream.sent[-1][1] == 100
+    ceiling[0] = 200  # the Kafka commit: the ceiling moves and the id is handed over
+    marker.handed += 1
+    cp.send()
+    assert stream.sent[-1][1] == 100  # committed, not marked
+    marker.settled = 1
+    cp.send()
+    assert stream.sent[-1][1] == 200
+
+
 def test_a_marker_not_running_has_nothing_unmarked_and_settles_at_once() -> None:
     marker = PublishedMarker(settings())
     marker.add(b"00000000-0000-0000-0000-000000000001")
     assert marker.handed == 1
     assert marker.unmarked == 0  # no thread: nothing will be marked, nothing to wait for
     assert marker.settle(10.0)
-
-
-class _Stream:
-    """Records the standby status updates."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[int, int]] = []
-
-    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
-        self.sent.append((written, flushed))
