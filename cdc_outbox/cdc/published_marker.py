@@ -198,7 +198,7 @@ class MarkedWatermark:
     :meth:`note` ``(position, handed)``: every event up to ``position`` was acknowledged, so
     its id had been handed to the marker by the time ``handed`` was read. :meth:`through`
     ``(settled)``: the newest noted position with ``handed <= settled`` (else the start).
-    Used as a :class:`~cdc_outbox.cdc.checkpoint.Checkpointer` ceiling.
+    :meth:`~cdc_outbox.cdc.checkpoint.Checkpointer.confirmable` caps the confirmation by it.
     """
 
     __slots__ = ("_noted", "_pending", "position")

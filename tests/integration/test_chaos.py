@@ -82,9 +82,13 @@ class _Chaos:
     def run(self, faults: list[Callable[[], str]], count: int) -> None:
         for _ in range(count):
             time.sleep(self.rng.uniform(0.5, 2.5))
-            self.times.append(time.time())
-            self.done.append(self.rng.choice(faults)())
-            print(f"fault {len(self.done)}: {self.done[-1]}")
+            self.strike(self.rng.choice(faults))
+
+    def strike(self, fault: Callable[[], str]) -> None:
+        """Inject ``fault`` now, noting when (for the window) and what it did."""
+        self.times.append(time.time())
+        self.done.append(fault())
+        print(f"fault {len(self.done)}: {self.done[-1]}")
 
     def stop(self) -> None:
         for relay in self.relays:
@@ -221,9 +225,7 @@ def test_random_faults_against_two_instances_lose_nothing_and_keep_order(
         writers.start()
         if not eos:  # a slot drop in auto mode falls back to polling: at least once by design
             chaos.run(faults, FAULTS // 2)
-            chaos.times.append(time.time())
-            chaos.done.append(chaos.drop_slot(wait=True))
-            print(f"fault {len(chaos.done)}: {chaos.done[-1]}")
+            chaos.strike(lambda: chaos.drop_slot(wait=True))
             faults.append(chaos.drop_slot)
         chaos.run(faults, FAULTS - len(chaos.done))
         time.sleep(1.0)  # under load, faults over
