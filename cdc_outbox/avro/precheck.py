@@ -11,6 +11,11 @@ written. ``False`` only means "not sure", and the caller then asks fastavro, whi
 stays the one authority and gives the reason. ``None`` means the schema holds a type without
 a fast check outside the fields left to the writer (arrays, maps, bytes, fixed, float,
 logical types, named references): use fastavro for every datum.
+
+:func:`field_checks` gives the same checks per top-level field of a record, for a caller that
+writes the fields one by one with fastavro's writer: ``None`` for a field whose type the
+writer checks on its own (an absent such field must reach the writer as :data:`MISSING`, which
+no Avro type accepts, never as a null).
 """
 
 from __future__ import annotations
@@ -20,14 +25,21 @@ from typing import Any
 
 from fastavro.const import INT_MAX_VALUE, INT_MIN_VALUE, LONG_MAX_VALUE, LONG_MIN_VALUE
 
-__all__ = ["Check", "compile_check"]
+__all__ = ["MISSING", "Check", "FieldCheck", "compile_check", "field_checks", "is_int"]
 
 Check = Callable[[Any], bool]
-_MISSING = object()
+MISSING: Any = object()  # an absent field without default: every check refuses it
+_MISSING = MISSING
+FieldCheck = tuple[str, Any, Any, Check | None]  # name, type, default (or MISSING), check
 
 
 def _int_range(lo: int, hi: int) -> Check:
     return lambda v: type(v) is int and lo <= v <= hi
+
+
+def is_int(v: Any) -> bool:
+    """The check of a ``long`` field in :func:`field_checks` (a caller may inline it)."""
+    return type(v) is int
 
 
 _INT_BOUNDS = {"int": (INT_MIN_VALUE, INT_MAX_VALUE), "long": (LONG_MIN_VALUE, LONG_MAX_VALUE)}
@@ -74,6 +86,28 @@ def _writer_checks(schema: Any) -> bool:
     if schema == "string" or isinstance(schema, list):
         return True
     return isinstance(schema, dict) and schema.get("type") == "enum" and "logicalType" not in schema
+
+
+def field_checks(schema: Any) -> tuple[FieldCheck, ...] | None:
+    """``(name, type, default or MISSING, check)`` per field of a record schema, in order, or
+    None (not a record, or a field without a fast check: see the module contract). A value
+    that passes its check, or whose check is None, is valid or else refused by the writer."""
+    if not (isinstance(schema, dict) and schema.get("type") == "record"):
+        return None
+    out: list[FieldCheck] = []
+    for field in schema["fields"]:
+        kind = field["type"]
+        check: Check | None = None
+        if _writer_checks(kind):
+            pass
+        elif kind == "long":  # the writer refuses ints out of a long's range on its own
+            check = is_int
+        else:
+            check = compile_check(kind)
+            if check is None:
+                return None
+        out.append((field["name"], kind, field.get("default", MISSING), check))
+    return tuple(out)
 
 
 def _record(schema: dict[str, Any]) -> Check | None:

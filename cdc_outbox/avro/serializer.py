@@ -149,7 +149,11 @@ class AvroSerializer:
         value = record.value
         if not self.values or value is None:  # a tombstone stays null
             return key, value
-        event_type = _event_type(record)
+        headers = record.headers  # the mapper puts event_type second
+        if len(headers) > 1 and headers[1][0] == "event_type":
+            event_type = headers[1][1]
+        else:
+            event_type = _event_type(record)
         writer = self._writers.get((record.topic, event_type))
         if writer is None:
             got_w = self._resolve(record.topic, event_type)

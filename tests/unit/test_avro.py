@@ -350,12 +350,13 @@ def test_the_writer_is_fastavros_write_data_unless_it_changed(
     """With the fastavro this project pins, the relay calls its Cython ``write_data``
     directly; a fastavro without it (or with another signature) gets ``schemaless_writer``."""
     assert wire._write is not wire._schemaless
+    assert wire._write_data is not None
     import fastavro._write
 
     monkeypatch.delattr(fastavro._write, "write_data")
-    assert wire._pick_writer() is wire._schemaless
+    assert wire._pick_writer() == (wire._schemaless, None)
     monkeypatch.setattr(fastavro._write, "write_data", lambda *args: None, raising=False)
-    assert wire._pick_writer() is wire._schemaless  # writes nothing: the probe sees it
+    assert wire._pick_writer() == (wire._schemaless, None)  # writes nothing: the probe sees it
 
 
 def test_named_types_referenced_by_name_are_written() -> None:
