@@ -1,0 +1,127 @@
+"""Instructions per Avro encode of the relay benchmark's event, counted by callgrind.
+
+    python -m benchmarks.encode_cost [--events N] [--json PATH]
+
+Wall-clock timings of a 3 µs call scatter by a third on a shared 2-core machine; callgrind's
+instruction counts do not (the same total for the same build, inputs and environment). Each
+measured call runs in a child ``python`` under ``valgrind --tool=callgrind`` twice, over N and
+6N distinct OrderPlaced payloads (as PostgreSQL outputs the workload's jsonb), and again with
+the encoding left out; per call = the difference of the differences / 5N. Measured:
+``serializer`` (``AvroSerializer.encode``, the relay's call, its writer cached as after the
+first event) and ``encode`` (``JsonToAvro.encode``, parse + checks + fastavro's writer).
+Needs valgrind (Debian's package); exit 2 without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA = Path(__file__).resolve().parent.parent / "cdc_outbox_dev" / "schemas" / "OrderPlaced.avsc"
+_WHAT = ("serializer", "encode")
+
+
+def _records(n: int) -> list[Any]:
+    from cdc_outbox.outbox_mapping import OutboxRecord
+
+    out = []
+    for i in range(n):
+        payload = b'{"seq": %d, "note": "%s", "order": "order-%05d", "amount_cents": %d}' % (
+            i,
+            b"x" * 120,
+            i % 1000,
+            i * 7,
+        )
+        headers = [("id", b"%d" % i), ("event_type", b"OrderPlaced"), ("aggregate_type", b"order")]
+        out.append(OutboxRecord("bench.order", b"order-%05d" % i, payload, headers, str(i)))
+    return out
+
+
+def _child(what: str, n: int) -> None:
+    """Build ``n`` records, then encode each with ``what`` ("none": build only)."""
+    from cdc_outbox.avro.serializer import AvroSerializer, _Writer
+    from cdc_outbox.avro.wire import JsonToAvro, header, parse
+    from cdc_outbox.config import Settings
+
+    schema = parse(SCHEMA.read_text())
+    records = _records(n)
+    settings = Settings.model_validate(
+        {"dsn": "host=none", "value_format": "avro", "schema_registry": {"url": "http://none"}}
+    )
+    serializer = AvroSerializer(settings)
+    serializer._writers[("bench.order", b"OrderPlaced")] = _Writer(1, schema, "s", False, 0.0)
+    encoder = JsonToAvro(schema, header(1))
+    if what == "serializer":
+        for record in records:
+            serializer.encode(record)
+    elif what == "encode":
+        for record in records:
+            encoder.encode(record.value)
+
+
+def _instructions(what: str, n: int) -> int:
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            "-m",
+            "benchmarks.encode_cost",
+            "--child",
+            what,
+            "--events",
+            str(n),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in valgrind's output: {done.stderr[-300:]}")
+    return int(found.group(1))
+
+
+def measure(n: int) -> dict[str, Any]:
+    """Instructions per call of each measured function (see the module docstring)."""
+    base = _instructions("none", 6 * n) - _instructions("none", n)
+    result: dict[str, Any] = {"events": n, "schema": SCHEMA.name}
+    for what in _WHAT:
+        spent = _instructions(what, 6 * n) - _instructions(what, n)
+        result[f"{what}_instructions"] = round((spent - base) / (5 * n))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.encode_cost")
+    parser.add_argument("--events", type=int, default=2000)
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/encode-cost.json"))
+    parser.add_argument("--child", choices=["none", *_WHAT], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.events < 1:
+        print("encode_cost: --events must be at least 1", file=sys.stderr)
+        return 2
+    if args.child:
+        _child(args.child, args.events)
+        return 0
+    if shutil.which("valgrind") is None:
+        print("encode_cost: valgrind not found (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    result = measure(args.events)
+    for what in _WHAT:
+        print(f"{what:<12} {result[f'{what}_instructions']:>8,} instructions per call")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
