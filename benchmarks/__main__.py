@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,10 @@ def _save(
     command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
     write_results(result, args.results, command)
     print(f"wrote {args.json} and {args.results}")
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     consume.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # A SIGTERM (kill, timeout) ends a run as Ctrl-C does: the local servers it started (in
+    # sessions of their own) are stopped on the way out instead of outliving it.
+    signal.signal(signal.SIGTERM, _terminated)
     if args.command == "relay":
         if min(args.events, args.txn_size, args.avro_rounds) <= 0:
             parser.error("--events, --txn-size and --avro-rounds must be positive")

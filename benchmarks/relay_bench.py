@@ -189,12 +189,18 @@ def relay_phase(settings: Settings, events: int, profile: Path | None, cpu: CpuM
     eos = settings.delivery == "exactly_once"  # done once committed (read_committed sees it)
     stats = relay.stats
     first: float | None = None
-    while thread.is_alive() and (stats.eos_committed_events if eos else stats.events_published) < (
-        events
-    ):
-        if first is None and stats.events_published:
-            first = time.perf_counter()
-        time.sleep(0.001 if first is None else 0.005)
+    try:
+        while (
+            thread.is_alive()
+            and (stats.eos_committed_events if eos else stats.events_published) < events
+        ):
+            if first is None and stats.events_published:
+                first = time.perf_counter()
+            time.sleep(0.001 if first is None else 0.005)
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): stop the relay before the servers
+        relay.request_stop()
+        thread.join(60)
+        raise
     end = time.perf_counter()
     first = end if first is None else first
     cores = cpu.cores_used(end - t0)
