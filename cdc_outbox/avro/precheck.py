@@ -29,7 +29,6 @@ __all__ = ["MISSING", "Check", "FieldCheck", "compile_check", "field_checks", "i
 
 Check = Callable[[Any], bool]
 MISSING: Any = object()  # an absent field without default: every check refuses it
-_MISSING = MISSING
 FieldCheck = tuple[str, Any, Any, Check | None]  # name, type, default (or MISSING), check
 
 
@@ -97,13 +96,10 @@ def field_checks(schema: Any) -> tuple[FieldCheck, ...] | None:
     out: list[FieldCheck] = []
     for field in schema["fields"]:
         kind = field["type"]
-        check: Check | None = None
-        if _writer_checks(kind):
-            pass
-        elif kind == "long":  # the writer refuses ints out of a long's range on its own
-            check = is_int
-        else:
-            check = compile_check(kind)
+        check: Check | None = None  # None: the writer checks this type on its own
+        if not _writer_checks(kind):
+            # A long needs only to be an int: the writer refuses one out of range.
+            check = is_int if kind == "long" else compile_check(kind)
             if check is None:
                 return None
         out.append((field["name"], kind, field.get("default", MISSING), check))
@@ -111,7 +107,7 @@ def field_checks(schema: Any) -> tuple[FieldCheck, ...] | None:
 
 
 def _record(schema: dict[str, Any]) -> Check | None:
-    # An absent field reads as its default (_MISSING without one: every check refuses it).
+    # An absent field reads as its default (MISSING without one: every check refuses it).
     longs: list[tuple[str, Any]] = []  # type(v) is int: the writer refuses ints out of range
     ints: list[tuple[str, Any, int, int]] = []
     others: list[tuple[str, Any, Check]] = []
@@ -125,7 +121,7 @@ def _record(schema: dict[str, Any]) -> Check | None:
         check = compile_check(kind)
         if check is None:
             return None
-        name, default = field["name"], field.get("default", _MISSING)
+        name, default = field["name"], field.get("default", MISSING)
         if kind == "long":
             longs.append((name, default))
         elif kind == "int":
