@@ -11,11 +11,6 @@ written. ``False`` only means "not sure", and the caller then asks fastavro, whi
 stays the one authority and gives the reason. ``None`` means the schema holds a type without
 a fast check outside the fields left to the writer (arrays, maps, bytes, fixed, float,
 logical types, named references): use fastavro for every datum.
-
-:func:`field_checks` gives the same checks per top-level field of a record, for a caller that
-writes the fields one by one with fastavro's writer: ``None`` for a field whose type the
-writer checks on its own (an absent such field must reach the writer as :data:`MISSING`, which
-no Avro type accepts, never as a null).
 """
 
 from __future__ import annotations
@@ -25,20 +20,14 @@ from typing import Any
 
 from fastavro.const import INT_MAX_VALUE, INT_MIN_VALUE, LONG_MAX_VALUE, LONG_MIN_VALUE
 
-__all__ = ["MISSING", "Check", "FieldCheck", "compile_check", "field_checks", "is_int"]
+__all__ = ["Check", "compile_check", "writer_checks"]
 
 Check = Callable[[Any], bool]
-MISSING: Any = object()  # an absent field without default: every check refuses it
-FieldCheck = tuple[str, Any, Any, Check | None]  # name, type, default (or MISSING), check
+_MISSING: Any = object()  # an absent field without default: every check refuses it
 
 
 def _int_range(lo: int, hi: int) -> Check:
     return lambda v: type(v) is int and lo <= v <= hi
-
-
-def is_int(v: Any) -> bool:
-    """The check of a ``long`` field in :func:`field_checks` (a caller may inline it)."""
-    return type(v) is int
 
 
 _INT_BOUNDS = {"int": (INT_MIN_VALUE, INT_MAX_VALUE), "long": (LONG_MIN_VALUE, LONG_MAX_VALUE)}
@@ -76,7 +65,7 @@ def compile_check(schema: Any) -> Check | None:
     return None
 
 
-def _writer_checks(schema: Any) -> bool:
+def writer_checks(schema: Any) -> bool:
     """fastavro's writer raises for any value but a valid one of this type: a string, one of
     an enum's symbols, or a union's (it picks the branch with fastavro's own validation; but
     it writes an absent union field without a default as a null). Other types it would write
@@ -87,41 +76,22 @@ def _writer_checks(schema: Any) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "enum" and "logicalType" not in schema
 
 
-def field_checks(schema: Any) -> tuple[FieldCheck, ...] | None:
-    """``(name, type, default or MISSING, check)`` per field of a record schema, in order, or
-    None (not a record, or a field without a fast check: see the module contract). A value
-    that passes its check, or whose check is None, is valid or else refused by the writer."""
-    if not (isinstance(schema, dict) and schema.get("type") == "record"):
-        return None
-    out: list[FieldCheck] = []
-    for field in schema["fields"]:
-        kind = field["type"]
-        check: Check | None = None  # None: the writer checks this type on its own
-        if not _writer_checks(kind):
-            # A long needs only to be an int: the writer refuses one out of range.
-            check = is_int if kind == "long" else compile_check(kind)
-            if check is None:
-                return None
-        out.append((field["name"], kind, field.get("default", MISSING), check))
-    return tuple(out)
-
-
 def _record(schema: dict[str, Any]) -> Check | None:
-    # An absent field reads as its default (MISSING without one: every check refuses it).
+    # An absent field reads as its default (_MISSING without one: every check refuses it).
     longs: list[tuple[str, Any]] = []  # type(v) is int: the writer refuses ints out of range
     ints: list[tuple[str, Any, int, int]] = []
     others: list[tuple[str, Any, Check]] = []
     present: list[str] = []  # unions without a default: the writer would write a null
     for field in schema["fields"]:
         kind = field["type"]
-        if _writer_checks(kind):  # see the module contract
+        if writer_checks(kind):  # see the module contract
             if isinstance(kind, list) and "default" not in field:
                 present.append(field["name"])
             continue
         check = compile_check(kind)
         if check is None:
             return None
-        name, default = field["name"], field.get("default", MISSING)
+        name, default = field["name"], field.get("default", _MISSING)
         if kind == "long":
             longs.append((name, default))
         elif kind == "int":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -73,10 +74,10 @@ class _Writer:
     subject: str
     from_registry: bool
     checked_at: float
-    encoder: JsonToAvro = field(init=False)  # framed with schema_id's header
+    encode: Callable[[bytes], bytes] = field(init=False)  # framed with schema_id's header
 
     def __post_init__(self) -> None:
-        self.encoder = JsonToAvro(self.parsed, header(self.schema_id))
+        self.encode = JsonToAvro(self.parsed, header(self.schema_id)).encode
 
 
 def load_schemas_dir(directory: str) -> dict[str, LocalSchema]:
@@ -161,7 +162,7 @@ class AvroSerializer:
                 return got_w
             writer = got_w
         try:
-            return key, writer.encoder.encode(value)
+            return key, writer.encode(value)
         except AvroEncodeError as exc:
             problem = EncodeProblem("invalid", str(exc))
         if writer.from_registry and self._refresh(record.topic, event_type, writer):

@@ -23,11 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+import msgspec
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.validation import validate
 
-from cdc_outbox.avro.precheck import Check, FieldCheck, compile_check, field_checks, is_int
+from cdc_outbox.avro.fastpath import WRITE_OPTIONS, WriteData, compile_fast
+from cdc_outbox.avro.precheck import Check, compile_check
 
 __all__ = [
     "MAGIC",
@@ -46,6 +47,7 @@ __all__ = [
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 _from_json = json.JSONDecoder().decode
+_decode_json = msgspec.json.decode
 
 
 class AvroEncodeError(ValueError):
@@ -66,10 +68,24 @@ def record_names(schema: Any) -> set[str]:
 
 
 class JsonToAvro:
-    """Encodes JSON payloads under one parsed schema, the checks worked out once (see the
-    module contract and :meth:`encode`)."""
+    """Encodes JSON payloads under one parsed schema, the checks worked out once.
 
-    __slots__ = ("_check", "_fields", "_named", "_names", "_rule", "header", "schema")
+    ``encode(payload)`` gives ``header`` then the Avro binary of the JSON ``payload``, or
+    raises :class:`AvroEncodeError`. Checked: JSON syntax, the top-level record's fields
+    (none unknown, none without default missing), then every value's type. The common case
+    of a record is decoded and written by :func:`cdc_outbox.avro.fastpath.compile_fast`'s
+    function, which *is* ``encode`` then (typed decoding, then fastavro's ``write_data``
+    field by field: the same bytes as ``schemaless_writer``). Anything it is unsure of takes
+    the general path: the parsed payload, a per-schema compiled pre-check
+    (:mod:`cdc_outbox.avro.precheck`) for the common case, else
+    ``fastavro.validation.validate``, the authority and the source of the reason, as for
+    anything fastavro's writer refuses. Unknown fields of nested records are not checked
+    (fastavro drops them).
+    """
+
+    __slots__ = ("_check", "_named", "_names", "_rule", "encode", "header", "schema")
+
+    encode: Callable[[bytes], bytes]  # see the class contract
 
     def __init__(self, parsed_schema: Any, header: bytes = b"") -> None:
         self.schema = parsed_schema
@@ -79,37 +95,17 @@ class JsonToAvro:
         self._rule = rule = _new_rule(parsed_schema)
         self._check = None if rule is None else rule.check  # None: always ask fastavro
         self._names = frozenset() if rule is None else rule.names
-        # Written field by field when every field has a fast check (or the writer's own).
-        self._fields = None if _write_data is None else field_checks(parsed_schema)
+        fast = None
+        if _write_data is not None:
+            fast = compile_fast(parsed_schema, self._named, _write_data, header, self._general)
+        self.encode = self._general if fast is None else fast
 
-    def encode(self, payload: bytes) -> bytes:
-        """``header`` then the Avro binary of the JSON ``payload``, or :class:`AvroEncodeError`.
-
-        Checked: JSON syntax, the top-level record's fields (none unknown, none without
-        default missing), then every value's type: a per-schema compiled pre-check
-        (:mod:`cdc_outbox.avro.precheck`) passes the common case; anything it is unsure of
-        goes to ``fastavro.validation.validate``, the authority and the source of the reason,
-        as does anything fastavro's writer refuses. Unknown fields of nested records are not
-        checked (fastavro drops them).
-
-        The common case of a top-level record is written one field at a time, each checked
-        then written by fastavro's ``write_data`` (a record's encoding is its fields'
-        encodings in order): the same bytes as ``schemaless_writer``, without its per-record
-        work (it builds two sets of field names for every record). An absent field without a
-        default reaches the writer as ``MISSING``, which it refuses (never a null).
-        """
-        try:
-            datum = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            datum = _json(payload)
-        if type(datum) is dict and self._names.issuperset(datum):
-            fields = self._fields
-            if fields is not None:
-                body = _write_fields(self.header, fields, self._named, datum)
-                if body is not None:
-                    return body
-            elif self._check is not None and self._check(datum):
-                return self._write(datum)  # valid, or else the writer refuses it
+    def _general(self, payload: bytes) -> bytes:
+        """The general path of ``encode`` (see the class contract)."""
+        datum = _json(payload)
+        check = self._check
+        if type(datum) is dict and self._names.issuperset(datum) and check and check(datum):
+            return self._write(datum)  # valid, or else the writer refuses it
         problem = _problem(self._rule, datum, self.schema)
         if problem is not None:
             raise AvroEncodeError(f"avro: {problem[:500]}")
@@ -141,22 +137,17 @@ def _problem(rule: _Rule | None, datum: Any, parsed_schema: Any) -> str | None:
 
 
 def _json(payload: bytes) -> Any:
-    """The parsed JSON ``payload``: orjson's, or (for what orjson refuses: ``NaN``, numbers
+    """The parsed JSON ``payload``: msgspec's, or (for what msgspec refuses: ``NaN``, numbers
     beyond a double, lone surrogates, invalid JSON) the stdlib's, which also words the error.
-    Where both parse, they agree, except that orjson reads an integer beyond 64 bits as a
-    double; no Avro type accepts such an integer except as a double, so the encoding (or the
-    reason it fails) is the same."""
+    Where both parse, they agree (integers of any size stay integers)."""
     try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
+        return _decode_json(payload)
+    except msgspec.MsgspecError:
         pass
     try:
         return _from_json(payload.decode())
     except (ValueError, RecursionError) as exc:
         raise AvroEncodeError(f"avro: payload is not valid JSON: {exc}") from None
-
-
-_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
 
 
 def _schemaless(head: bytes, schema: Any, named: dict[str, Any], datum: Any) -> bytes:
@@ -168,7 +159,6 @@ def _schemaless(head: bytes, schema: Any, named: dict[str, Any], datum: Any) -> 
 
 
 Writer = Callable[[bytes, Any, dict[str, Any], Any], bytes]
-WriteData = Callable[[bytearray, Any, Any, dict[str, Any], str, dict[str, Any]], None]
 
 
 def _pick_writer() -> tuple[Writer, WriteData | None]:
@@ -176,8 +166,9 @@ def _pick_writer() -> tuple[Writer, WriteData | None]:
     wraps, called directly (about 0.3 us less per record: the wrapper re-reads the parsed
     schema's named types and builds its options on every call), if this fastavro has it and
     it writes exactly what ``schemaless_writer`` writes for a probe record, with that
-    ``write_data`` itself (for :func:`_write_fields`); else ``(schemaless_writer, None)``. The
-    choice is made once, at import (``tests/unit/test_avro.py`` checks which one)."""
+    ``write_data`` itself (for :mod:`cdc_outbox.avro.fastpath`); else
+    ``(schemaless_writer, None)``. The choice is made once, at import
+    (``tests/unit/test_avro.py`` checks which one)."""
     try:
         from fastavro import _write as cython_writer
     except ImportError:  # a fastavro built without its Cython modules
@@ -188,7 +179,7 @@ def _pick_writer() -> tuple[Writer, WriteData | None]:
 
     def direct(head: bytes, schema: Any, named: dict[str, Any], datum: Any) -> bytes:
         buf = bytearray(head)
-        write_data(buf, datum, schema, named, "", _OPTIONS)
+        write_data(buf, datum, schema, named, "", WRITE_OPTIONS)
         return bytes(buf)
 
     probe_schema = parse_schema(
@@ -207,30 +198,6 @@ def _pick_writer() -> tuple[Writer, WriteData | None]:
 
 
 _write, _write_data = _pick_writer()
-
-
-def _write_fields(
-    head: bytes, fields: tuple[FieldCheck, ...], named: dict[str, Any], datum: dict[str, Any]
-) -> bytes | None:
-    """``head`` then the record ``datum`` written field by field (see :meth:`JsonToAvro.encode`),
-    or None when a check is unsure or the writer refuses a value (the caller then asks
-    fastavro's validate)."""
-    write = _write_data
-    assert write is not None, "fields are worked out only with write_data"
-    buf = bytearray(head)
-    get = datum.get
-    try:
-        for name, kind, default, check in fields:
-            value = get(name, default)
-            if check is is_int:  # a long, inlined: the commonest checked field
-                if type(value) is not int:
-                    return None
-            elif check is not None and not check(value):
-                return None
-            write(buf, value, kind, named, name, _OPTIONS)
-    except Exception:  # fastavro's writer refused the value
-        return None
-    return bytes(buf)
 
 
 @dataclass(frozen=True, slots=True)
