@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     relay.add_argument(
         "--avro-rounds",
         type=int,
-        default=4,
+        default=12,
         help="with --value-format avro: Avro/JSON pairs over the same WAL (median ratio; even:"
         " as many with Avro first as second)",
     )
@@ -116,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "relay":
         if min(args.events, args.txn_size, args.avro_rounds) <= 0:
             parser.error("--events, --txn-size and --avro-rounds must be positive")
-        result = relay_bench.run(args)
+        try:
+            result = relay_bench.run(args)
+        except relay_bench.SlotsExhausted as exc:
+            print(exc, file=sys.stderr)
+            return 2
         relay_bench.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":

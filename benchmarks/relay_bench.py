@@ -61,13 +61,17 @@ def registry(wanted: bool) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def services(dsn: str | None, bootstrap: str | None) -> Iterator[tuple[str, str, CpuMeter]]:
-    """The given services, or local throw-away ones for what is not given, and a CPU meter
-    over this process and (when local) the broker and the PostgreSQL server."""
+def services(
+    dsn: str | None, bootstrap: str | None, slots: int = 10
+) -> Iterator[tuple[str, str, CpuMeter]]:
+    """The given services, or local throw-away ones for what is not given (a local
+    PostgreSQL with room for ``slots`` replication slots), and a CPU meter over this process
+    and (when local) the broker and the PostgreSQL server."""
     probes: dict[str, Callable[[], float]] = {"relay_process": lambda: process_cpu(os.getpid())}
     with contextlib.ExitStack() as stack:
         if dsn is None:
-            pg = stack.enter_context(LocalPostgres())
+            room = {"max_replication_slots": str(max(10, slots))}
+            pg = stack.enter_context(LocalPostgres(settings=room))
             dsn = pg.dsn
             probes["postgres"] = lambda: tree_cpu(pg.pid or 0)
         if bootstrap is None:
@@ -77,8 +81,13 @@ def services(dsn: str | None, bootstrap: str | None) -> Iterator[tuple[str, str,
         yield dsn, bootstrap, CpuMeter(probes)
 
 
+class SlotsExhausted(Exception):
+    """The server cannot hold the slots the run needs (the text says how many)."""
+
+
 def setup(settings: Settings, slots: list[str]) -> None:
-    """Fresh outbox table, publication and slots (created before any data is written)."""
+    """Fresh outbox table, publication and slots (created before any data is written), or
+    :class:`SlotsExhausted` before anything changes but the run's own old slots."""
     dsn = settings.postgres_dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for slot in slots:
@@ -86,6 +95,17 @@ def setup(settings: Settings, slots: list[str]) -> None:
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                 " WHERE slot_name = %s",
                 (slot,),
+            )
+        row = conn.execute(
+            "SELECT current_setting('max_replication_slots')::int - count(*)"
+            " FROM pg_replication_slots"
+        ).fetchone()
+        free = 0 if row is None else int(row[0])
+        if free < len(slots):
+            raise SlotsExhausted(
+                f"relay benchmark: needs {len(slots)} replication slots (2, and 2 per"
+                f" --avro-rounds round), the server has {free} free: lower --avro-rounds or"
+                " raise max_replication_slots"
             )
         conn.execute(
             sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
@@ -220,8 +240,9 @@ def relay_phase(settings: Settings, events: int, profile: Path | None, cpu: CpuM
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     avro = args.value_format == "avro"
+    slots = 2 + (2 * args.avro_rounds if avro else 0)  # raw, relay, and a pair per round
     with (
-        services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu),
+        services(args.dsn, args.bootstrap_servers, slots) as (dsn, bootstrap, cpu),
         registry(avro) as registry_url,
     ):
         stamp = int(time.time())
