@@ -43,7 +43,7 @@ from cdc_outbox.service import Service
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from cdc_outbox_dev.sandbox.postgres import DEFAULT_SETTINGS, LocalPostgres
 
 RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
 
@@ -62,15 +62,17 @@ def registry(wanted: bool) -> Iterator[str]:
 
 @contextlib.contextmanager
 def services(
-    dsn: str | None, bootstrap: str | None, slots: int = 10
+    dsn: str | None, bootstrap: str | None, slots: int = 0
 ) -> Iterator[tuple[str, str, CpuMeter]]:
     """The given services, or local throw-away ones for what is not given (a local
-    PostgreSQL with room for ``slots`` replication slots), and a CPU meter over this process
-    and (when local) the broker and the PostgreSQL server."""
+    PostgreSQL with room for ``slots`` replication slots, at least the sandbox's default),
+    and a CPU meter over this process and (when local) the broker and the PostgreSQL
+    server."""
     probes: dict[str, Callable[[], float]] = {"relay_process": lambda: process_cpu(os.getpid())}
     with contextlib.ExitStack() as stack:
         if dsn is None:
-            room = {"max_replication_slots": str(max(10, slots))}
+            default = int(DEFAULT_SETTINGS["max_replication_slots"])
+            room = {"max_replication_slots": str(max(default, slots))}
             pg = stack.enter_context(LocalPostgres(settings=room))
             dsn = pg.dsn
             probes["postgres"] = lambda: tree_cpu(pg.pid or 0)
@@ -240,12 +242,13 @@ def relay_phase(settings: Settings, events: int, profile: Path | None, cpu: CpuM
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     avro = args.value_format == "avro"
-    slots = 2 + (2 * args.avro_rounds if avro else 0)  # raw, relay, and a pair per round
+    stamp = int(time.time())
+    plan = avro_rounds.phases(args.avro_rounds, stamp) if avro else []
+    slots = [RAW_SLOT, RELAY_SLOT, *(slot for _, _, slot, _ in plan)]
     with (
-        services(args.dsn, args.bootstrap_servers, slots) as (dsn, bootstrap, cpu),
+        services(args.dsn, args.bootstrap_servers, len(slots)) as (dsn, bootstrap, cpu),
         registry(avro) as registry_url,
     ):
-        stamp = int(time.time())
         topic_prefix = f"bench.{stamp}"
         settings = Settings.model_validate(
             {
@@ -265,8 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 },
             }
         )
-        plan = avro_rounds.phases(args.avro_rounds, stamp) if avro else []
-        setup(settings, [RAW_SLOT, RELAY_SLOT, *(slot for _, _, slot, _ in plan)])
+        setup(settings, slots)
         # Create the topics up front so that no relay phase times topic creation (the counts
         # below subtract the warm-up record).
         warm = KafkaPublisher(settings.kafka_config())

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastavro.const import INT_MAX_VALUE, INT_MIN_VALUE, LONG_MAX_VALUE, LONG_MIN_VALUE
 
-__all__ = ["Check", "compile_check", "writer_checks"]
+__all__ = ["INT_BOUNDS", "Check", "compile_check", "writer_checks"]
 
 Check = Callable[[Any], bool]
 _MISSING: Any = object()  # an absent field without default: every check refuses it
@@ -30,14 +30,15 @@ def _int_range(lo: int, hi: int) -> Check:
     return lambda v: type(v) is int and lo <= v <= hi
 
 
-_INT_BOUNDS = {"int": (INT_MIN_VALUE, INT_MAX_VALUE), "long": (LONG_MIN_VALUE, LONG_MAX_VALUE)}
+# The ranges fastavro accepts for its integer types (inclusive).
+INT_BOUNDS = {"int": (INT_MIN_VALUE, INT_MAX_VALUE), "long": (LONG_MIN_VALUE, LONG_MAX_VALUE)}
 
 _PRIMITIVES: dict[str, Check] = {
     "null": lambda v: v is None,
     "boolean": lambda v: type(v) is bool,
     "string": lambda v: type(v) is str,
-    "int": _int_range(*_INT_BOUNDS["int"]),
-    "long": _int_range(*_INT_BOUNDS["long"]),
+    "int": _int_range(*INT_BOUNDS["int"]),
+    "long": _int_range(*INT_BOUNDS["long"]),
     "double": lambda v: type(v) is float or type(v) is int,
 }
 
@@ -95,7 +96,7 @@ def _record(schema: dict[str, Any]) -> Check | None:
         if kind == "long":
             longs.append((name, default))
         elif kind == "int":
-            ints.append((name, default, *_INT_BOUNDS["int"]))
+            ints.append((name, default, *INT_BOUNDS["int"]))
         else:
             others.append((name, default, check))
     long_spec, int_spec, other_spec = tuple(longs), tuple(ints), tuple(others)
