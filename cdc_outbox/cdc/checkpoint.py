@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker
-from cdc_outbox.cdc.replication_stream import ReplicationStream
+from cdc_outbox.cdc.relay_ports import ReplicationPort
 from cdc_outbox.relay_stats import RelayStats
 
 MIN_CONFIRM_INTERVAL_S = 0.2
@@ -32,7 +32,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        stream: ReplicationStream,
+        stream: ReplicationPort,
         tracker: AckTracker,
         stats: RelayStats,
         *,

@@ -70,9 +70,17 @@ class EosCommitter:
     """The open Kafka transaction of one relay and its checkpoints (see the module contract)."""
 
     def __init__(
-        self, settings: Settings, delivery: Delivery, stats: RelayStats, identity: tuple[str, str]
+        self,
+        settings: Settings,
+        delivery: Delivery,
+        stats: RelayStats,
+        identity: tuple[str, str],
+        store: checkpoints.CheckpointStore | None = None,
     ) -> None:
         self.settings = settings
+        self.store = store or checkpoints.KafkaCheckpoints(
+            settings.kafka_config(), settings.eos.checkpoint_topic
+        )
         self.delivery = delivery
         self.stats = stats
         self.system_id, self.database = identity
@@ -89,17 +97,12 @@ class EosCommitter:
         ``init_transactions``: our older transactions are then settled). Transactions below
         the part of it that holds in ``history`` are skipped from now on. Raises
         ``ConnectionError`` or ``TimeoutError``."""
-        config = self.settings.kafka_config()
-        topic = self.settings.eos.checkpoint_topic
         if ensure_topic:
-            checkpoints.ensure_topic(config, topic)
+            self.store.ensure()
         slot = self.settings.slot_name
         key = checkpoints.checkpoint_key(self.system_id, self.database, slot)
-        last = checkpoints.read_last(
-            config,
-            topic,
-            key,
-            valid=lambda cp: cp.written_by(slot, self.system_id, self.database, self.producer),
+        last = self.store.read_last(
+            key, lambda cp: cp.written_by(slot, self.system_id, self.database, self.producer)
         )
         batch, previous = self.batch, self.history
         memory = 0
@@ -163,9 +166,7 @@ class EosCommitter:
 
         def ensure() -> None:
             try:
-                checkpoints.ensure_topic(
-                    self.settings.kafka_config(), self.settings.eos.checkpoint_topic
-                )
+                self.store.ensure()
             except Exception as exc:  # re-raised on the caller's thread
                 outcome.append(exc)
             else:

@@ -41,6 +41,7 @@ from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.history import stream_start
 from cdc_outbox.cdc.message_router import MessageRouter
 from cdc_outbox.cdc.published_marker import PublishedMarker
+from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
 from cdc_outbox.cdc.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
@@ -80,13 +81,18 @@ class Relay:
         stats: RelayStats | None = None,
         *,
         is_leader: Callable[[], bool] = lambda: True,
+        ports: RelayPorts | None = None,
     ) -> None:
         self.settings = settings
         self.stats = stats or RelayStats()
         self._is_leader = is_leader
-        self._stream = ReplicationStream(
+        ports = ports or RelayPorts()
+        self._stream: ReplicationPort = ports.stream or ReplicationStream(
             settings.postgres_dsn(), settings.slot_name, settings.publication_name
         )
+        self._kept = ports.kept or (lambda: kept_position(settings))
+        self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
+        self._parked = ports.parked or self._parked_in_table
         self._mapper = settings.outbox_mapper()
         marker = PublishedMarker(settings)
         self.marker = marker if marker.enabled else None
@@ -98,8 +104,13 @@ class Relay:
             marker=self.marker,
             failed_rows=FailedRows(settings) if self._bookkept else None,
             transactional_id=transactional_id(settings, *identity) if identity else None,
+            producer_client=ports.producer_client,
         )
-        self.eos = EosCommitter(settings, self.delivery, self.stats, identity) if identity else None
+        self.eos = (
+            EosCommitter(settings, self.delivery, self.stats, identity, ports.checkpoints)
+            if identity
+            else None
+        )
         self.stats.delivery_guarantee = "exactly_once" if identity else "at_least_once"
         self.delivery.interrupted = self._interrupted
         self._tracker = AckTracker(0)
@@ -248,15 +259,12 @@ class Relay:
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
             remembered = eos.restart_position(remembered)  # committed in Kafka
-        position = stream_start(
-            remembered, self._positions_in, kept_position(self.settings), history
-        )
+        position = stream_start(remembered, self._positions_in, self._kept(), history)
         start = self._stream.start(position)
         self._positions_in = (history.system_id, history.timeline)
         self._session_opened = True
         if self._bookkept:
-            with psycopg.connect(self.settings.postgres_dsn()) as conn:
-                delivery.parking.load(parked_aggregates(conn, self.settings))
+            delivery.parking.load(self._parked())
         self._tracker = AckTracker(start)
         self._checkpoint = checkpoint = Checkpointer(
             self._stream,
@@ -423,7 +431,11 @@ class Relay:
 
     def _keep_position(self, lsn: int) -> None:
         if self._keeps_position:
-            self._keeps_position = keep_position(self.settings, lsn)
+            self._keeps_position = self._keep(lsn)
+
+    def _parked_in_table(self) -> list[tuple[str, str]]:
+        with psycopg.connect(self.settings.postgres_dsn()) as conn:
+            return parked_aggregates(conn, self.settings)
 
     def _require_checkpoint(self) -> Checkpointer:
         assert self._checkpoint is not None, "a streaming session creates the checkpointer"

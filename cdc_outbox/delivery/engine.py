@@ -55,7 +55,12 @@ from cdc_outbox.delivery.policy import (
     precheck,
 )
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher
+from cdc_outbox.kafka.publisher import (
+    DeliveryFailure,
+    Headers,
+    KafkaPublisher,
+    ProducerFactory,
+)
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 
@@ -88,8 +93,10 @@ class Delivery:
         marker: PublishedMarker | None = None,
         failed_rows: FailedRows | None = None,
         transactional_id: str | None = None,
+        producer_client: ProducerFactory | None = None,
     ) -> None:
         self.settings = settings
+        self._producer_client = producer_client
         self.transactional_id = transactional_id
         self.eos = transactional_id is not None
         self.marks: list[bytes] = []  # exactly-once: acknowledged ids, marked after commit
@@ -367,8 +374,12 @@ class Delivery:
                 "transaction.timeout.ms": str(self.settings.eos.transaction_timeout_ms),
                 **self.settings.kafka_config(),
             }
-            return KafkaPublisher(config, transactional_id=self.transactional_id)
-        return KafkaPublisher(self.settings.kafka_config(), gapless=self._halt_policy)
+            return KafkaPublisher(
+                config, transactional_id=self.transactional_id, client=self._producer_client
+            )
+        return KafkaPublisher(
+            self.settings.kafka_config(), gapless=self._halt_policy, client=self._producer_client
+        )
 
     def _log_dead(
         self, event_id: str | None, key: bytes | None, topic: str | None, reason: str

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -111,6 +111,30 @@ class Checkpoint:
         return (self.slot, self.system_id, self.database) == (slot, system_id, database) and (
             self.producer is None or self.producer == producer
         )
+
+
+class CheckpointStore(Protocol):
+    """Where the exactly-once relay reads its last checkpoint (a test passes a fake)."""
+
+    def ensure(self) -> None:
+        """Create the topic if missing; raises ``ConnectionError``."""
+
+    def read_last(self, key: bytes, valid: Callable[[Checkpoint], bool]) -> Checkpoint | None:
+        """:func:`read_last` on the store's topic."""
+
+
+class KafkaCheckpoints:
+    """The checkpoint topic ``topic`` of the cluster ``config`` names."""
+
+    def __init__(self, config: Mapping[str, Any], topic: str) -> None:
+        self.config = config
+        self.topic = topic
+
+    def ensure(self) -> None:
+        ensure_topic(self.config, self.topic)
+
+    def read_last(self, key: bytes, valid: Callable[[Checkpoint], bool]) -> Checkpoint | None:
+        return read_last(self.config, self.topic, key, valid=valid)
 
 
 def _quiet(err: Any) -> None:

@@ -160,6 +160,37 @@ def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (MASK if is_secret_kafka_key(k) else v) for k, v in config.items()}
 
 
+class ProducerClient(Protocol):
+    """What :class:`KafkaPublisher` uses of ``confluent_kafka.Producer`` (a test passes a
+    fake of it through ``client``; delivery reports are called from ``poll``/``flush``)."""
+
+    def produce(
+        self, topic: str, value: bytes | None, key: bytes | None, *, headers: Any, on_delivery: Any
+    ) -> None: ...
+
+    def poll(self, timeout: float) -> int: ...
+
+    def flush(self, timeout: float) -> int: ...
+
+    def purge(self, *, in_queue: bool, in_flight: bool, blocking: bool) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def init_transactions(self, timeout: float) -> None: ...
+
+    def begin_transaction(self) -> None: ...
+
+    def commit_transaction(self, timeout: float) -> None: ...
+
+    def abort_transaction(self, timeout: float) -> None: ...
+
+    def list_topics(self, *, timeout: float) -> Any: ...
+
+
+#: Builds the client from the merged librdkafka configuration.
+ProducerFactory = Callable[[dict[str, Any]], ProducerClient]
+
+
 class KafkaPublisher:
     """An idempotent Kafka producer with per-record delivery listeners."""
 
@@ -169,6 +200,7 @@ class KafkaPublisher:
         *,
         gapless: bool = False,
         transactional_id: str | None = None,
+        client: ProducerFactory | None = None,
     ) -> None:
         required = {**REQUIRED_CONFIG, **({"enable.gapless.guarantee": "true"} if gapless else {})}
         if transactional_id is not None:
@@ -187,6 +219,9 @@ class KafkaPublisher:
         self.fatal_error: str | None = None
         self._last_error_log = 0.0
         logger.debug("kafka producer config: %s", redact_config(merged))
+        if client is not None:
+            self._producer: ProducerClient = client(merged)
+            return
         try:
             self._producer = Producer(merged, logger=QuietLibrdkafkaLog())
         except KafkaException as exc:
@@ -215,7 +250,7 @@ class KafkaPublisher:
         produce = self._producer.produce
         while True:
             try:
-                produce(topic, value, key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
+                produce(topic, value, key, headers=headers, on_delivery=report)
                 self.txn_records += 1
                 return
             except BufferError:

@@ -1,0 +1,66 @@
+"""The relay's ports: the outside world it talks to, each behind a small interface.
+
+:class:`~cdc_outbox.cdc.relay.Relay` takes them as one constructor argument. Left ``None``,
+each is the real thing (the walsender connection, librdkafka, the checkpoint topic, the state
+table); a test passes fakes to drive every restart path of the relay without a server.
+
+Contract of :class:`ReplicationPort` (:class:`~cdc_outbox.cdc.replication_stream.
+ReplicationStream` is the real one): ``connect()`` returns the server's current history;
+``start(lsn)`` streams from ``max(lsn, confirmed_flush_lsn)`` and returns that position;
+``read_raw(timeout)`` gives one CopyData message or ``None``; ``send_status`` moves the slot;
+any failure is a :class:`~cdc_outbox.cdc.replication_stream.ReplicationError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.walproto import Keepalive, XLogData
+from cdc_outbox.kafka.checkpoints import CheckpointStore
+from cdc_outbox.kafka.publisher import ProducerFactory
+
+__all__ = ["RelayPorts", "ReplicationPort"]
+
+
+class ReplicationPort(Protocol):
+    """One replication connection streaming one slot (see the module contract)."""
+
+    server_version: int
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def identify(self) -> tuple[str, str]: ...
+
+    def connect(self) -> History: ...
+
+    def start(self, start_lsn: int) -> int: ...
+
+    def create_slot(self) -> tuple[int, str]: ...
+
+    def read(self, timeout: float) -> XLogData | Keepalive | None: ...
+
+    def read_raw(self, timeout: float) -> memoryview | bytes | None: ...
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RelayPorts:
+    """What the relay talks to; ``None`` means the real one."""
+
+    stream: ReplicationPort | None = None
+    producer_client: ProducerFactory | None = None
+    checkpoints: CheckpointStore | None = None
+    #: The state table's kept confirmed position (:func:`~cdc_outbox.ha.relay_state.
+    #: kept_position`) and how to raise it (:func:`~cdc_outbox.ha.relay_state.keep_position`:
+    #: False once it can never work).
+    kept: Callable[[], int] | None = None
+    keep: Callable[[int], bool] | None = None
+    #: The parked aggregates ``(aggregate_id, blocking event id)`` (default: from the table).
+    parked: Callable[[], Iterable[tuple[str, str]]] | None = None

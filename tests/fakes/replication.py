@@ -1,0 +1,251 @@
+"""An in-memory PostgreSQL with one logical slot, and the replication stream the relay takes
+through its ports (ReplicationPort).
+
+Model: committed transactions in WAL order, each with its commit LSN (Begin's final LSN) and
+end LSN; a slot with ``confirmed_flush_lsn``; the state table's kept position. A stream
+started at ``lsn`` sends, in order, every transaction whose commit LSN is at or past
+``max(lsn, confirmed)`` (as PostgreSQL skips those committed before), as pgoutput v1
+messages: the outbox Relation first, then Begin, Insert..., Commit; then a keepalive when
+nothing is left. Faults: :meth:`FakePostgres.drop_stream_after` ends the stream after some
+frames (a walsender terminated), :meth:`FakePostgres.crash` moves the slot back (its position
+is saved only at checkpoints), :meth:`FakePostgres.promote_copy` is a failover to a standby
+that had WAL up to a fork point (new timeline, the slot as the copy had it).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass, field
+
+from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.replication_stream import ReplicationError
+from cdc_outbox.cdc.walproto import Keepalive, XLogData, parse_copy_data
+
+OUTBOX_OID = 16384
+COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
+_TXN_OVERHEAD = 40  # WAL bytes of a transaction beyond its rows (any positive size will do)
+_ROW_BYTES = 100
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    aggregate_id: str
+    seq: int
+
+    def row(self) -> tuple[bytes, ...]:
+        payload = f'{{"seq": {self.seq}}}'.encode()
+        return (self.id.encode(), b"order", self.aggregate_id.encode(), b"Placed", payload, b"{}")
+
+
+@dataclass(frozen=True)
+class Txn:
+    xid: int
+    final_lsn: int  # the commit record's start (Begin's final LSN)
+    end_lsn: int
+    events: tuple[Event, ...]
+
+
+@dataclass
+class FakePostgres:
+    system_id: str = "7000000000000000001"
+    timeline: int = 1
+    switchpoints: dict[int, int] = field(default_factory=dict)
+    txns: list[Txn] = field(default_factory=list)
+    wal_end: int = 0x1000000
+    confirmed: int = 0  # the slot's confirmed_flush_lsn
+    saved_confirmed: int = 0  # what a crash brings it back to
+    kept: int = 0  # the state table's confirmed_lsn
+    backwards: list[tuple[int, int]] = field(default_factory=list)  # confirmations that regressed
+    drops: list[int] = field(default_factory=list)  # frame counts after which streams end
+    down: bool = False
+    streams_open: list[FakeStream] = field(default_factory=list)
+    streams: int = 0
+    _seqs: dict[str, int] = field(default_factory=dict)
+    _xid: int = 1000
+
+    def commit(self, aggregates: list[str]) -> Txn:
+        """Commit one transaction with one event per listed aggregate (versions per
+        aggregate count up)."""
+        events = []
+        for agg in aggregates:
+            self._seqs[agg] = self._seqs.get(agg, 0) + 1
+            events.append(Event(str(uuid.uuid4()), agg, self._seqs[agg]))
+        final = self.wal_end + _ROW_BYTES * len(events)
+        txn = Txn(self._xid, final, final + _TXN_OVERHEAD, tuple(events))
+        self._xid += 1
+        self.wal_end = txn.end_lsn
+        self.txns.append(txn)
+        return txn
+
+    def events(self) -> list[Event]:
+        return [e for t in self.txns for e in t.events]
+
+    def drop_stream_after(self, frames: int) -> None:
+        self.drops.append(frames)
+
+    def terminate(self) -> None:
+        """End the open streams now (pg_terminate_backend of the walsender, a crash)."""
+        for stream in self.streams_open:
+            stream.kill()
+        self.streams_open.clear()
+
+    def checkpoint(self) -> None:
+        """A PostgreSQL checkpoint: the slot's position is saved to disk."""
+        self.saved_confirmed = self.confirmed
+
+    def crash(self) -> None:
+        """Immediate shutdown and restart: the slot is back at its saved position."""
+        self.confirmed = self.saved_confirmed
+
+    def promote_copy(self, fork: int) -> FakePostgres:
+        """A standby that had the WAL up to ``fork`` (a commit's end LSN or 0), promoted: a
+        new timeline from there; its copy of the slot (and state table) as they were then."""
+        kept_txns = [t for t in self.txns if t.end_lsn <= fork]
+        wal = kept_txns[-1].end_lsn if kept_txns else 0x1000000
+        copy = FakePostgres(
+            system_id=self.system_id,
+            timeline=self.timeline + 1,
+            switchpoints={**self.switchpoints, self.timeline: max(fork, wal)},
+            txns=list(kept_txns),
+            wal_end=max(fork, wal),
+            confirmed=min(self.saved_confirmed, fork),
+            saved_confirmed=min(self.saved_confirmed, fork),
+            kept=min(self.kept, fork),
+        )
+        copy._seqs = {}
+        for t in kept_txns:
+            for e in t.events:
+                copy._seqs[e.aggregate_id] = e.seq
+        copy._xid = self._xid
+        return copy
+
+    def history(self) -> History:
+        return History(self.system_id, self.timeline, self.wal_end, dict(self.switchpoints))
+
+
+def _xlog(lsn: int, payload: bytes) -> bytes:
+    return b"w" + struct.pack("!QQQ", lsn, lsn, 0) + payload
+
+
+def _keepalive(wal_end: int, reply: bool) -> bytes:
+    return b"k" + struct.pack("!QQB", wal_end, 0, int(reply))
+
+
+def _relation() -> bytes:
+    cols = b"".join(bytes([0]) + n.encode() + b"\0" + struct.pack("!Ii", 25, -1) for n in COLUMNS)
+    return (
+        b"R" + struct.pack("!I", OUTBOX_OID) + b"public\0outbox\0" + b"d"
+        + struct.pack("!H", len(COLUMNS)) + cols
+    )  # fmt: skip
+
+
+def _insert(row: tuple[bytes, ...]) -> bytes:
+    parts = [struct.pack("!H", len(row))]
+    for v in row:
+        parts.append(b"t" + struct.pack("!I", len(v)) + v)
+    return b"I" + struct.pack("!I", OUTBOX_OID) + b"N" + b"".join(parts)
+
+
+def txn_frames(txn: Txn) -> list[bytes]:
+    begin = b"B" + struct.pack("!QqI", txn.final_lsn, 0, txn.xid)
+    commit = b"C" + struct.pack("!BQQq", 0, txn.final_lsn, txn.end_lsn, 0)
+    first = txn.final_lsn - _ROW_BYTES * len(txn.events)
+    frames = [_xlog(first, begin)]
+    frames += [_xlog(first + i * _ROW_BYTES, _insert(e.row())) for i, e in enumerate(txn.events)]
+    return [*frames, _xlog(txn.final_lsn, commit)]
+
+
+class FakeStream:
+    """A replication connection to a :class:`FakePostgres` (which may be swapped, as a
+    multi-host DSN follows a promoted standby: :attr:`server`)."""
+
+    server_version = 150000
+
+    def __init__(self, server: FakePostgres) -> None:
+        self.server = server
+        self._connected = False
+        self._open = False
+        self._frames: list[bytes] = []
+        self._next_txn = 0
+        self._sent = 0
+        self._drop_at: int | None = None
+        self._reply = False
+        self._killed = False
+        self.starts: list[int] = []
+
+    def kill(self) -> None:
+        """The server ends this stream: the next read raises."""
+        self._killed = self._open
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def identify(self) -> tuple[str, str]:
+        return self.server.system_id, "db"
+
+    def connect(self) -> History:
+        self.close()
+        if self.server.down:
+            raise ReplicationError("replication connection failed: server down")
+        self._connected = True
+        return self.server.history()
+
+    def start(self, start_lsn: int) -> int:
+        assert self._connected, "start() without connect()"
+        server = self.server
+        start = max(start_lsn, server.confirmed)
+        self.starts.append(start)
+        server.streams += 1
+        self._frames = [_xlog(start, _relation())]
+        self._next_txn = next(
+            (i for i, t in enumerate(server.txns) if t.final_lsn >= start), len(server.txns)
+        )
+        self._sent = 0
+        self._drop_at = server.drops.pop(0) if server.drops else None
+        self._open = True
+        self._killed = False
+        server.streams_open.append(self)
+        return start
+
+    def create_slot(self) -> tuple[int, str]:
+        raise NotImplementedError("catch-up is covered by the integration tests")
+
+    def read(self, timeout: float) -> XLogData | Keepalive | None:
+        raw = self.read_raw(timeout)
+        return None if raw is None else parse_copy_data(raw)
+
+    def read_raw(self, timeout: float) -> bytes | None:
+        if not self._open:
+            raise ReplicationError("replication stream is not open")
+        if self._killed or (self._drop_at is not None and self._sent >= self._drop_at):
+            self._killed = False
+            self.close()
+            raise ReplicationError("replication stream ended: FATAL: terminating connection")
+        if not self._frames:
+            server = self.server
+            if self._next_txn < len(server.txns):
+                self._frames = txn_frames(server.txns[self._next_txn])
+                self._next_txn += 1
+            elif self._reply:
+                self._reply = False
+                return _keepalive(server.wal_end, False)
+            else:
+                return None
+        self._sent += 1
+        return self._frames.pop(0)
+
+    def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
+        if not self._open:
+            raise ReplicationError("replication stream is not open")
+        server = self.server
+        if flushed < server.confirmed:
+            server.backwards.append((server.confirmed, flushed))
+        server.confirmed = max(server.confirmed, flushed)
+        self._reply = self._reply or reply_requested
+
+    def close(self) -> None:
+        self._open = self._connected = False
+        self._frames = []
