@@ -20,6 +20,7 @@ from cdc_outbox.cli import (
     polling_cmd,
     relay_cmd,
     schemas_cmd,
+    sql_cmd,
 )
 from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, run_app, set_global
 
@@ -96,6 +97,7 @@ polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 
 consume_cmd.register(app)  # consume (the idempotent consumer, cdc_outbox.consumer)
 schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)
+sql_cmd.register(app)  # sql outbox|processed-events|roles (prints DDL, no database)
 
 
 def _register_dev_commands(app: typer.Typer) -> None:
