@@ -7,11 +7,18 @@ Contract of :func:`write_event` / :func:`write_event_async` / :func:`write_event
 
 * everything is validated before any SQL is sent: ``aggregate_type`` and ``event_type`` must
   be 1..200 characters of ``[A-Za-z0-9._-]`` (they end up in topic names and headers),
-  ``aggregate_id`` a non-empty string of at most 1000 characters without NUL, ``payload``
-  JSON-serialisable (``None`` is a NULL payload: a tombstone only with
-  ``null_payload = "tombstone"``), ``headers`` a JSON object of JSON values whose names are
-  not reserved (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``), ``event_id``
-  a UUID; a violation raises :class:`OutboxWriteError` (a ``ValueError``);
+  ``aggregate_id`` a ``str``, ``int`` (not ``bool``) or ``uuid.UUID``, stored as text
+  (decimal digits; the 36-character UUID form), non-empty, at most 1000 characters, without
+  NUL; ``payload`` serialisable by ``dumps`` (``None`` is a NULL payload: a tombstone only
+  with ``null_payload = "tombstone"``), ``headers`` a JSON object whose names are not
+  reserved (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``), ``event_id`` a
+  UUID; a violation raises :class:`OutboxWriteError` (a ``ValueError``);
+* ``dumps`` turns payload and headers into JSON text (``str`` or UTF-8 ``bytes``, e.g.
+  ``orjson.dumps``); the default, :func:`default_dumps`, is compact ``json.dumps`` that also
+  writes ``Decimal`` as a string of its exact digits, ``datetime``/``date``/``time`` in ISO
+  8601, ``UUID`` as its string and an ``Enum`` as its value; NaN and infinities are refused.
+  A ``TypeError``/``ValueError`` of ``dumps`` becomes an ``OutboxWriteError``; PostgreSQL
+  checks that what a custom ``dumps`` returns is JSON;
 * one ``INSERT`` on the caller's connection/cursor, no commit: the event becomes visible
   (and is relayed) if and only if the caller's transaction commits;
 * the return value is the event id (``event_id`` if given, else a new ``uuid4``).
@@ -23,20 +30,26 @@ Table and column names come from an :class:`OutboxTable` (default: ``public.outb
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import sql
 
 __all__ = [
     "PRESETS",
+    "AggregateId",
+    "Dumps",
     "OutboxTable",
     "OutboxWriteError",
+    "default_dumps",
     "write_event",
     "write_event_async",
     "write_event_sqlalchemy",
@@ -106,21 +119,76 @@ class OutboxTable:
 DEFAULT_TABLE = OutboxTable()
 
 
-def _json_text(what: str, value: Any) -> str:
+#: What ``dumps`` may be: any callable from a value to JSON text.
+Dumps: TypeAlias = Callable[[Any], str | bytes]
+#: The aggregate id types the writer accepts (stored as text).
+AggregateId: TypeAlias = str | int | uuid.UUID
+
+
+def _encode_extra(value: Any) -> Any:
+    """``default=`` hook of :func:`default_dumps`: the types ``json`` does not know."""
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise ValueError(f"Decimal {value} is not a finite number")
+        return str(value)
+    if isinstance(value, datetime.date | datetime.time):  # datetime is a date
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_encode_extra
+)
+
+
+def default_dumps(value: Any) -> str:
+    """Compact JSON of ``value``; also Decimal (string), date/time (ISO 8601), UUID, Enum."""
+    return _ENCODER.encode(value)
+
+
+def _json_text(what: str, value: Any, dumps: Dumps) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = dumps(value)
+        text = text.decode() if isinstance(text, bytes) else text
+    except (TypeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise OutboxWriteError(f"{what} is not JSON-serialisable: {exc}") from None
+    if not isinstance(text, str):
+        raise OutboxWriteError(f"dumps returned {type(text).__name__}, not str or bytes")
+    return text
+
+
+def _aggregate_id_text(aggregate_id: Any) -> str:
+    """The stored text of an aggregate id (see the module contract)."""
+    if isinstance(aggregate_id, str):
+        text = str.__str__(aggregate_id)  # a StrEnum member: its value
+    elif isinstance(aggregate_id, int) and not isinstance(aggregate_id, bool):
+        text = int.__repr__(aggregate_id)  # an IntEnum member: its digits
+    elif isinstance(aggregate_id, uuid.UUID):
+        text = str(aggregate_id)
+    else:
+        raise OutboxWriteError(
+            f"aggregate_id must be a str, int or UUID; got {type(aggregate_id).__name__}"
+        )
+    if not text.strip():
+        raise OutboxWriteError(f"aggregate_id must be a non-empty string; got {aggregate_id!r}")
+    if len(text) > _MAX_AGGREGATE_ID or "\x00" in text:
+        raise OutboxWriteError("aggregate_id must be at most 1000 characters, without NUL")
+    return text
 
 
 def prepare(
     table: OutboxTable,
     aggregate_type: str,
-    aggregate_id: str,
+    aggregate_id: AggregateId,
     event_type: str,
     payload: Any,
     headers: Mapping[str, Any] | None,
     event_id: uuid.UUID | str | None,
+    dumps: Dumps = default_dumps,
 ) -> tuple[sql.Composed, tuple[Any, ...], uuid.UUID]:
     """Validate one event; return the INSERT, its parameters and the event id (no I/O)."""
     for what, name in (("aggregate_type", aggregate_type), ("event_type", event_type)):
@@ -129,10 +197,7 @@ def prepare(
                 f"{what} must be 1..200 characters of letters, digits, '.', '_' or '-';"
                 f" got {name!r}"
             )
-    if not isinstance(aggregate_id, str) or not aggregate_id.strip():
-        raise OutboxWriteError(f"aggregate_id must be a non-empty string; got {aggregate_id!r}")
-    if len(aggregate_id) > _MAX_AGGREGATE_ID or "\x00" in aggregate_id:
-        raise OutboxWriteError("aggregate_id must be at most 1000 characters, without NUL")
+    aggregate_text = _aggregate_id_text(aggregate_id)
     if event_id is None:
         eid = uuid.uuid4()
     elif isinstance(event_id, uuid.UUID):
@@ -142,9 +207,9 @@ def prepare(
             eid = uuid.UUID(str(event_id))
         except ValueError:
             raise OutboxWriteError(f"event_id {event_id!r} is not a UUID") from None
-    payload_text = None if payload is None else _json_text("payload", payload)
+    payload_text = None if payload is None else _json_text("payload", payload, dumps)
     # Text parameters (psycopg sends str untyped): the server casts them to the column types.
-    params: list[Any] = [str(eid), aggregate_type, aggregate_id, event_type, payload_text]
+    params: list[Any] = [str(eid), aggregate_type, aggregate_text, event_type, payload_text]
     if headers:
         if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
             raise OutboxWriteError("headers must be a mapping with string keys")
@@ -153,24 +218,25 @@ def prepare(
             raise OutboxWriteError(f"header name(s) {', '.join(map(repr, bad))} are reserved")
         if table.column("headers") is None:
             raise OutboxWriteError("this outbox table has no headers column")
-        params.append(_json_text("headers", dict(headers)))
+        params.append(_json_text("headers", dict(headers), dumps))
     return table.insert_sql(with_headers=bool(headers)), tuple(params), eid
 
 
 def write_event(
     conn_or_cursor: psycopg.Connection[Any] | psycopg.Cursor[Any],
     aggregate_type: str,
-    aggregate_id: str,
+    aggregate_id: AggregateId,
     event_type: str,
     payload: Any,
     headers: Mapping[str, Any] | None = None,
     event_id: uuid.UUID | str | None = None,
     *,
     table: OutboxTable = DEFAULT_TABLE,
+    dumps: Dumps = default_dumps,
 ) -> uuid.UUID:
     """Insert one event in the caller's (psycopg 3, sync) transaction; return its id."""
     query, params, eid = prepare(
-        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
     )
     conn_or_cursor.execute(query, params)
     return eid
@@ -179,17 +245,18 @@ def write_event(
 async def write_event_async(
     conn_or_cursor: psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any],
     aggregate_type: str,
-    aggregate_id: str,
+    aggregate_id: AggregateId,
     event_type: str,
     payload: Any,
     headers: Mapping[str, Any] | None = None,
     event_id: uuid.UUID | str | None = None,
     *,
     table: OutboxTable = DEFAULT_TABLE,
+    dumps: Dumps = default_dumps,
 ) -> uuid.UUID:
     """:func:`write_event` for ``psycopg.AsyncConnection`` / ``AsyncCursor``."""
     query, params, eid = prepare(
-        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
     )
     await conn_or_cursor.execute(query, params)
     return eid
@@ -198,20 +265,21 @@ async def write_event_async(
 def write_event_sqlalchemy(
     conn_or_session: Any,
     aggregate_type: str,
-    aggregate_id: str,
+    aggregate_id: AggregateId,
     event_type: str,
     payload: Any,
     headers: Mapping[str, Any] | None = None,
     event_id: uuid.UUID | str | None = None,
     *,
     table: OutboxTable = DEFAULT_TABLE,
+    dumps: Dumps = default_dumps,
 ) -> uuid.UUID:
     """:func:`write_event` for an SQLAlchemy 2 ``Connection`` or ``Session`` (any driver for
     PostgreSQL); runs in its current transaction (begun if none). Needs ``sqlalchemy``."""
     from sqlalchemy import text
 
     query, params, eid = prepare(
-        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
     )
     names = ["id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"]
     binds = {f"p_{n}": v for n, v in zip(names, params, strict=False)}

@@ -97,7 +97,8 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
                              "run init as the schema owner"))  # fmt: skip
     else:
         checks.append(_check("outbox_table", False, f"table {table} does not exist",
-                             "pass --create-table, or create it from sql/outbox.sql"))  # fmt: skip
+                             "pass --create-table, or run the SQL that"
+                             " `cdc-outbox sql outbox` prints"))  # fmt: skip
     checks.append(_publication_check(st, settings, table))
     checks.append(_slot_check(st, settings))
     return checks

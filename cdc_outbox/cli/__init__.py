@@ -16,10 +16,12 @@ from cdc_outbox import __version__
 from cdc_outbox.cli import (
     bootstrap_cmd,
     consume_cmd,
+    debezium_cmd,
     lag_cmd,
     polling_cmd,
     relay_cmd,
     schemas_cmd,
+    sql_cmd,
 )
 from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, run_app, set_global
 
@@ -96,6 +98,8 @@ polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 
 consume_cmd.register(app)  # consume (the idempotent consumer, cdc_outbox.consumer)
 schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)
+debezium_cmd.register(app)  # config import-debezium (Debezium connector -> TOML)
+sql_cmd.register(app)  # sql outbox|processed-events|roles (prints DDL, no database)
 
 
 def _register_dev_commands(app: typer.Typer) -> None:

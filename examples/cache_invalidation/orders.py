@@ -9,11 +9,12 @@ from psycopg.rows import dict_row
 
 from cdc_outbox.outbox import write_event
 
+#: The orders table; sql/example_write.sql creates the same one (a test compares them).
 ORDERS_DDL = """
-CREATE TABLE IF NOT EXISTS orders (
-    id          text PRIMARY KEY,
-    customer    text NOT NULL,
-    status      text NOT NULL,
+CREATE TABLE IF NOT EXISTS public.orders (
+    id          text   PRIMARY KEY,
+    customer    text   NOT NULL,
+    status      text   NOT NULL,
     total_cents bigint NOT NULL,
     version     bigint NOT NULL DEFAULT 1
 )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import uuid
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -124,3 +126,37 @@ def test_writer_follows_the_debezium_preset_and_another_table(pg_dsn: str) -> No
             "SELECT id, aggregatetype, aggregateid, type, body FROM app.events"
         ).fetchone()
     assert row == (eid, "order", "o-9", "OrderShipped", {"n": 9})
+
+
+def test_real_payloads_and_scalar_aggregate_ids_are_written(pg_dsn: str) -> None:
+    """Issue 27: a Decimal payload and an int aggregate id were refused."""
+    _create_outbox(pg_dsn)
+    order = uuid.uuid4()
+    paid_at = datetime.datetime(2026, 3, 1, 12, 30, tzinfo=datetime.UTC)
+    with psycopg.connect(pg_dsn) as conn:
+        first = write_event(conn, "order", 42, "OrderPaid", {"t": Decimal("1.5")})
+        second = write_event(
+            conn, "order", order, "OrderPaid", {"at": paid_at, "day": paid_at.date()},
+            headers={"amount": Decimal("0.10")},
+        )  # fmt: skip
+        conn.commit()
+        rows = conn.execute(
+            "SELECT id, aggregate_id, payload, headers FROM outbox ORDER BY created_at"
+        ).fetchall()
+    assert rows == [
+        (first, "42", {"t": "1.5"}, {}),
+        (second, str(order), {"at": "2026-03-01T12:30:00+00:00", "day": "2026-03-01"},
+         {"amount": "0.10"}),
+    ]  # fmt: skip
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(pg_dsn))
+    with Session(engine) as session:  # the SQLAlchemy snippet of docs/consumers.md: an int id
+        third = write_event_sqlalchemy(session, "order", 7, "OrderPlaced", {"t": Decimal(3)})
+        session.commit()
+    engine.dispose()
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT aggregate_id, payload FROM outbox WHERE id = %s", [third])
+        assert row.fetchone() == ("7", {"t": "3"})

@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from examples.cache_invalidation.orders import ORDERS_DDL, create_order, update_order
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 
@@ -95,19 +96,50 @@ def test_processed_events_sql_matches_generated_ddl(pg_dsn: str, second_dsn: str
 def test_example_write_commits_business_row_and_event(pg_dsn: str) -> None:
     execute(pg_dsn, (SQL_DIR / "outbox.sql").read_text())
     execute(pg_dsn, (SQL_DIR / "example_write.sql").read_text())
-    [(order_id,)] = execute(pg_dsn, "SELECT id FROM orders")
+    [order] = execute(pg_dsn, "SELECT to_jsonb(o) FROM orders o")
     rows = execute(
         pg_dsn, "SELECT aggregate_type, aggregate_id, event_type, payload, status FROM outbox"
     )
-    assert rows == [
-        (
-            "order",
-            str(order_id),
-            "OrderCreated",
-            {"orderId": order_id, "customerId": "c-42", "totalCents": 1999},
-            "PENDING",
-        )
-    ]
+    assert rows == [("order", order[0]["id"], "OrderUpdated", order[0], "PENDING")]
+    assert order[0] == {
+        "id": order[0]["id"], "customer": "c-42", "status": "NEW", "total_cents": 1999,
+        "version": 1,
+    }  # fmt: skip
+
+
+def test_example_write_and_the_examples_share_one_orders_table(
+    pg_dsn: str, second_dsn: str
+) -> None:
+    """Issue 27: sql/example_write.sql and examples/ created different ``orders`` tables, so
+    following both failed with UndefinedColumn "customer". Both orders work here, and the
+    event of the script is the one the example's consumer applies."""
+    script = (SQL_DIR / "example_write.sql").read_text()
+    with psycopg.connect(pg_dsn) as conn:  # the script first, then the example
+        conn.execute((SQL_DIR / "outbox.sql").read_text())
+        conn.execute(script)
+        conn.execute(ORDERS_DDL)
+        create_order(conn, "o-1", "c-1", 500)
+        update_order(conn, "o-1", status="PAID")
+        conn.commit()
+    with psycopg.connect(second_dsn) as conn:  # the example first, then the script
+        conn.execute((SQL_DIR / "outbox.sql").read_text())
+        conn.execute(ORDERS_DDL)
+        create_order(conn, "o-1", "c-1", 500)
+        conn.commit()
+        conn.execute(script)
+        conn.commit()
+    assert shape(pg_dsn, "orders") == shape(second_dsn, "orders")
+    for dsn in (pg_dsn, second_dsn):
+        events = execute(dsn, "SELECT aggregate_id, event_type, payload FROM outbox")
+        assert len(events) == (3 if dsn == pg_dsn else 2)
+        for aggregate_id, event_type, payload in events:
+            # what examples/cache_invalidation/consumer.py needs: the row, with its version
+            assert event_type == "OrderUpdated" and payload["id"] == aggregate_id
+            assert {"id", "customer", "status", "total_cents", "version"} == set(payload)
+            [(row,)] = execute(
+                dsn, "SELECT to_jsonb(o) FROM orders o WHERE id = %s", (aggregate_id,)
+            )
+            assert payload["version"] <= row["version"]
 
 
 def grants(dsn: str, role: str) -> set[tuple[str, str]]:

@@ -110,6 +110,51 @@ def test_installed_cli_has_no_dev_commands(venv: Path, tmp_path: Path) -> None:
         assert result.returncode == 2, (args, result.stderr)
 
 
+def test_installed_cli_prints_the_ddl_its_errors_point_to(venv: Path, tmp_path: Path) -> None:
+    """The preflight error for a missing table names `cdc-outbox sql outbox`; sql/ is not in
+    the wheel, so that command is how an installed relay shows the DDL."""
+    ddl = _run([venv / "bin" / "cdc-outbox", "--table", "events", "sql", "outbox"], tmp_path, 60)
+    assert ddl.startswith('CREATE TABLE IF NOT EXISTS "public"."events" (')
+    assert "cdc_outbox_relay_state" in ddl
+    roles = _run([venv / "bin" / "cdc-outbox", "sql", "roles"], tmp_path, 60)
+    assert roles.startswith('CREATE ROLE "cdc_outbox" WITH LOGIN REPLICATION;')
+
+
+def test_writer_only_install_needs_psycopg_only(
+    wheel: Path, tmp_path_factory: pytest.TempPathFactory, pg_dsn: str
+) -> None:
+    """The documented writer-only install (docs/consumers.md): the wheel without its
+    dependencies, plus psycopg. write_event works there; no relay dependency is present."""
+    path = tmp_path_factory.mktemp("writer-venv") / "venv"
+    _run([sys.executable, "-m", "venv", path], cwd=path.parent, timeout=120)
+    pip = [path / "bin" / "python", "-m", "pip", "install", "-q"]
+    _run([*pip, "--no-deps", wheel], cwd=path.parent, timeout=300)
+    _run([*pip, "psycopg[binary]>=3.2,<4"], cwd=path.parent, timeout=600)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE outbox (id uuid PRIMARY KEY, aggregate_type text, aggregate_id text,"
+            " event_type text, payload jsonb, headers jsonb)"
+        )
+    check = (
+        "import decimal, importlib.util, sys, psycopg\n"
+        "from cdc_outbox.outbox import write_event\n"
+        "assert write_event.__module__ == 'cdc_outbox.outbox'\n"
+        "for name in ('confluent_kafka', 'fastavro', 'pydantic', 'typer', 'msgspec'):\n"
+        "    assert importlib.util.find_spec(name) is None, name\n"
+        "with psycopg.connect(sys.argv[1]) as conn:\n"
+        "    write_event(conn, 'order', 42, 'OrderPaid', {'t': decimal.Decimal('1.5')})\n"
+    )
+    _run(
+        [path / "bin" / "python", "-c", check, pg_dsn], cwd=tmp_path_factory.mktemp("w"), timeout=60
+    )
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT aggregate_id, payload FROM outbox").fetchone()
+    assert row == ("42", {"t": "1.5"})
+    installed = _run([path / "bin" / "python", "-m", "pip", "list", "--format=freeze"],
+                     cwd=path.parent, timeout=120)  # fmt: skip
+    print("writer-only install:", installed.split())
+
+
 def test_runtime_imports_no_harness(venv: Path, tmp_path: Path) -> None:
     check = (
         "import cdc_outbox, cdc_outbox.cli, cdc_outbox.service, importlib.util, sys\n"

@@ -1,0 +1,397 @@
+"""Convert a Debezium outbox connector configuration into cdc-outbox settings (pure, no I/O).
+
+Input: the connector's settings as a flat ``{key: value}`` mapping, parsed from a Java
+``.properties`` file (:func:`parse_properties`) or Kafka Connect's REST JSON, either
+``{"name": ..., "config": {...}}`` or the bare config object (:func:`parse_connect_json`).
+
+Contract of :func:`convert`: it returns the equivalent settings (what docs/debezium.md maps,
+setting by setting) and the notes to print with them, or raises :class:`ConfigError` with one
+line naming the first setting cdc-outbox cannot honour: every option of the outbox
+``EventRouter`` is either mapped, accepted because the records come out the same, or refused;
+connector keys that cannot change the records (``tasks.max``, ``snapshot.mode``, ...) are
+listed as not carried over. The password is never copied (libpq reads ``PGPASSWORD``).
+:func:`to_toml` renders the settings as a TOML file for ``cdc-outbox --config``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc_outbox.config_models import COLUMN_PRESETS, IDENT_RE
+from cdc_outbox.errors import ConfigError
+from cdc_outbox.outbox_mapping import is_legal_topic
+
+__all__ = [
+    "EVENT_ROUTER",
+    "ROUTER_OPTIONS",
+    "Conversion",
+    "convert",
+    "parse_connect_json",
+    "parse_properties",
+    "to_toml",
+]
+
+EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
+POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
+JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+_HEADER_CONVERTERS = {"org.apache.kafka.connect.storage.SimpleHeaderConverter", STRING_CONVERTER}
+DEFAULT_REGEX = "(?<routedByValue>.*)"
+
+#: Every option of Debezium's outbox EventRouter, with its Debezium default.
+ROUTER_OPTIONS: dict[str, str | None] = {
+    "table.op.invalid.behavior": "warn",
+    "table.field.event.id": "id",
+    "table.field.event.key": "aggregateid",
+    "table.field.event.type": "type",
+    "table.field.event.timestamp": None,
+    "table.field.event.payload": "payload",
+    "table.expand.json.payload": "false",
+    "table.json.payload.null.behavior": "ignore",
+    "table.fields.additional.placement": None,
+    "table.fields.additional.error.on.missing": "true",
+    "table.field.event.schema.version": None,
+    "route.by.field": "aggregatetype",
+    "route.topic.regex": DEFAULT_REGEX,
+    "route.topic.replacement": "outbox.event.${routedByValue}",
+    "route.tombstone.on.empty.payload": "false",
+    "tracing.span.context.field": "tracingspancontext",
+    "tracing.operation.name": "debezium-read",
+    "tracing.with.context.field.only": "false",
+}
+#: Router options whose only effect cdc-outbox cannot reproduce: refused when set at all.
+_REFUSED_WHEN_SET = {
+    "table.field.event.timestamp": "the Kafka timestamp is the produce time; cdc-outbox cannot"
+    " take it from a column",
+    "table.field.event.schema.version": "Connect schema versions exist only with schema-carrying"
+    " converters; cdc-outbox publishes the payload as stored",
+    "tracing.span.context.field": "cdc-outbox does not read a tracing span context column",
+    "tracing.operation.name": "cdc-outbox does not emit Debezium tracing spans",
+    "tracing.with.context.field.only": "cdc-outbox does not emit Debezium tracing spans",
+}
+_DSN_KEYS = (
+    ("database.hostname", "host"),
+    ("database.port", "port"),
+    ("database.dbname", "dbname"),
+    ("database.user", "user"),
+    ("database.sslmode", "sslmode"),
+)
+_HANDLED = {"connector.class", "plugin.name", "transforms", "table.include.list"}
+_HANDLED |= {"slot.name", "publication.name", "database.password", "name"}
+_HANDLED |= {"key.converter", "value.converter", "header.converter"}
+_HANDLED |= {"value.converter.schemas.enable", "key.converter.schemas.enable"}
+_HANDLED |= {key for key, _ in _DSN_KEYS}
+
+
+@dataclass(slots=True)
+class Conversion:
+    """The settings (nested like the TOML file) and the notes for the reader."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _refuse(key: str, value: str | None, why: str) -> ConfigError:
+    shown = key if value is None else f"{key}={value}"
+    return ConfigError(f"config import-debezium: {shown}: {why}")
+
+
+# -- input formats -----------------------------------------------------------------------
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_BLANK = " \t\f"  # the whitespace of a .properties file
+#: key (escapes allowed), then blanks, an optional ``=`` or ``:``, blanks, and the value
+_PROPERTY = re.compile(r"((?:\\.|[^\\=: \t\f])*)[ \t\f]*[=: \t\f]?[ \t\f]*(.*)$", re.DOTALL)
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[i + 2 : i + 6]):
+                out.append(chr(int(text[i + 2 : i + 6], 16)))
+                i += 6
+                continue
+            out.append(_ESCAPES.get(nxt, nxt))
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Lines of a .properties file with comments dropped and continuations joined."""
+    lines: list[str] = []
+    pending = ""
+    for raw in re.split(r"\r\n|\r|\n", text):  # Java's line terminators only
+        line = raw.lstrip(_BLANK)
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:  # an odd number of backslashes: the line continues
+            pending += line[:-1]
+            continue
+        lines.append(pending + line)
+        pending = ""
+    if pending:
+        lines.append(pending)
+    return lines
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """A Java ``.properties`` file as a dict (``key=value``, ``key: value`` or ``key value``;
+    ``#``/``!`` comments, backslash continuations and escapes)."""
+    out: dict[str, str] = {}
+    for line in _logical_lines(text):
+        match = _PROPERTY.match(line)
+        assert match is not None  # the pattern matches every string
+        out[_unescape(match.group(1))] = _unescape(match.group(2))
+    return out
+
+
+def parse_connect_json(text: str) -> dict[str, str]:
+    """Kafka Connect's REST form (``{"name": ..., "config": {...}}``) or a bare config."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"config import-debezium: not valid JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]
+    if not isinstance(data, dict):
+        raise ConfigError("config import-debezium: the JSON must be an object of settings")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}
+
+
+# -- conversion ------------------------------------------------------------------------
+
+
+def _router_name(config: Mapping[str, str]) -> str:
+    names = [n.strip() for n in config.get("transforms", "").split(",") if n.strip()]
+    routers = [n for n in names if config.get(f"transforms.{n}.type") == EVENT_ROUTER]
+    if not routers:
+        raise _refuse("transforms", config.get("transforms"), f"no {EVENT_ROUTER} among them")
+    for name in names:
+        if name not in routers:
+            kind = config.get(f"transforms.{name}.type")
+            raise _refuse(f"transforms.{name}.type", kind, "only the outbox EventRouter is"
+                          " supported; cdc-outbox applies no other transformation")  # fmt: skip
+    if len(routers) > 1:
+        raise _refuse("transforms", config["transforms"], "more than one EventRouter")
+    return routers[0]
+
+
+def _router_options(config: Mapping[str, str], router: str) -> dict[str, str]:
+    prefix = f"transforms.{router}."
+    options: dict[str, str] = {}
+    for key, value in config.items():
+        if not key.startswith(prefix) or key == prefix + "type":
+            continue
+        option = key[len(prefix) :]
+        if option in ("predicate", "negate"):
+            continue  # selects the outbox table's records: cdc-outbox reads nothing else
+        if option not in ROUTER_OPTIONS:
+            raise _refuse(key, value, "not an option of the outbox EventRouter")
+        options[option] = value.strip()
+    return options
+
+
+def _check_converters(config: Mapping[str, str], expand: bool) -> None:
+    key_conv = config.get("key.converter", STRING_CONVERTER).strip()
+    if key_conv != STRING_CONVERTER:
+        raise _refuse("key.converter", key_conv, "cdc-outbox keys are the aggregate id's text,"
+                      f" as {STRING_CONVERTER} writes them")  # fmt: skip
+    value_conv = config.get("value.converter", "").strip()
+    if value_conv in ("", STRING_CONVERTER) and expand:
+        raise _refuse("table.expand.json.payload", "true", "an expanded payload needs"
+                      f" value.converter={JSON_CONVERTER} with schemas.enable=false")  # fmt: skip
+    if value_conv == JSON_CONVERTER:
+        schemas = config.get("value.converter.schemas.enable", "true").strip().lower()
+        if schemas != "false":
+            raise _refuse("value.converter.schemas.enable", schemas, "JsonConverter with"
+                          " schemas wraps each value in a schema envelope; cdc-outbox publishes"
+                          " the payload itself (set it to false)")  # fmt: skip
+        if not expand:
+            raise _refuse("table.expand.json.payload", "false", "with JsonConverter Debezium"
+                          " publishes the payload as one JSON string; cdc-outbox publishes the"
+                          " JSON itself (set it to true)")  # fmt: skip
+    elif value_conv not in ("", STRING_CONVERTER):
+        raise _refuse("value.converter", value_conv, "cdc-outbox publishes the payload column's"
+                      f" text, as {STRING_CONVERTER} (or {JSON_CONVERTER} with an expanded"
+                      " payload) does")  # fmt: skip
+    header_conv = config.get("header.converter", "").strip()
+    if header_conv and header_conv not in _HEADER_CONVERTERS:
+        raise _refuse("header.converter", header_conv, "cdc-outbox headers are UTF-8 text")
+
+
+def _column(option: str, value: str) -> str:
+    if not IDENT_RE.fullmatch(value):
+        raise _refuse(f"transforms.*.{option}", value, "not a column name cdc-outbox accepts")
+    return value
+
+
+def _topic_template(opts: Mapping[str, str], placeholder: str) -> str:
+    regex = opts.get("route.topic.regex", DEFAULT_REGEX)
+    if regex != DEFAULT_REGEX:
+        raise _refuse("route.topic.regex", regex, f"only the default {DEFAULT_REGEX} (the whole"
+                      " routing value) is supported")  # fmt: skip
+    replacement = opts.get("route.topic.replacement", "outbox.event.${routedByValue}")
+    out: list[str] = []
+    for token in re.findall(r"\\.|\$\{[^}]*\}|\$\d+|\$|[^\\$]+", replacement):
+        if token in ("${routedByValue}", "$0", "$1"):
+            out.append(placeholder)
+        elif token.startswith("\\"):
+            out.append(token[1:])
+        elif token.startswith("$"):
+            raise _refuse("route.topic.replacement", replacement, f"{token} is not a group of"
+                          f" the default route.topic.regex")  # fmt: skip
+        else:
+            out.append(token)
+    template = "".join(out)
+    if "{" in template.replace(placeholder, "") or "}" in template.replace(placeholder, ""):
+        raise _refuse("route.topic.replacement", replacement, "not a legal Kafka topic name")
+    sample = template.replace(placeholder, "a")
+    if not is_legal_topic(sample):
+        raise _refuse("route.topic.replacement", replacement, "not a legal Kafka topic name")
+    return template
+
+
+def _placements(opts: Mapping[str, str], columns: Mapping[str, str]) -> None:
+    """Accept additional header placements cdc-outbox already sends; refuse the rest."""
+    spec = opts.get("table.fields.additional.placement", "")
+    sent = {
+        (columns["id"], "id"),
+        (columns["event_type"], "event_type"),
+        (columns["aggregate_type"], "aggregate_type"),
+    }
+    for entry in (e.strip() for e in spec.split(",") if e.strip()):
+        parts = entry.split(":")
+        if len(parts) not in (2, 3):
+            raise _refuse("table.fields.additional.placement", entry, "not column:placement"
+                          "[:alias]")  # fmt: skip
+        column, placement = parts[0], parts[1].lower()
+        alias = parts[2] if len(parts) == 3 else column
+        if placement != "header" or (column, alias) not in sent:
+            raise _refuse("table.fields.additional.placement", entry, "cdc-outbox sends the"
+                          " headers id, event_type and aggregate_type (and the headers column's"
+                          " entries); other header names, envelope and partition placements"
+                          " are not supported")  # fmt: skip
+
+
+def _connection(config: Mapping[str, str], conv: Conversion) -> None:
+    cls = config.get("connector.class", POSTGRES_CONNECTOR).strip()
+    if cls != POSTGRES_CONNECTOR:
+        raise _refuse("connector.class", cls, f"cdc-outbox reads PostgreSQL ({POSTGRES_CONNECTOR})")
+    plugin = config.get("plugin.name", "pgoutput").strip()
+    if plugin != "pgoutput":
+        raise _refuse("plugin.name", plugin, "cdc-outbox decodes pgoutput only (the slot must"
+                      " be a pgoutput slot)")  # fmt: skip
+    parts: list[str] = []
+    for key, word in _DSN_KEYS:
+        value = config.get(key, "").strip()
+        if "${" in value:
+            conv.notes.append(f"{key} uses a config provider ({value}): add {word}= to dsn")
+        elif value:
+            parts.append(f"{word}={value}" if re.fullmatch(r"[^\s'\\]+", value) else
+                         f"{word}='{value}'")  # fmt: skip
+    if parts:
+        conv.settings["dsn"] = " ".join(parts)
+    if "database.password" in config:
+        conv.notes.append("database.password is not copied: set PGPASSWORD, or put the whole"
+                          " conninfo in CDC_OUTBOX_DSN")  # fmt: skip
+    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+    if len(tables) > 1:
+        raise _refuse("table.include.list", config["table.include.list"], "cdc-outbox relays"
+                      " one outbox table")  # fmt: skip
+    if tables:
+        schema, _, table = tables[0].rpartition(".")
+        for what, name in (("schema", schema or "public"), ("table", table)):
+            if not IDENT_RE.fullmatch(name):
+                raise _refuse("table.include.list", tables[0], f"{what} {name!r} is not a plain"
+                              " identifier (regular expressions are not supported)")  # fmt: skip
+        conv.settings["outbox_schema"] = schema or "public"
+        conv.settings["outbox_table"] = table
+    for key, setting in (("slot.name", "slot_name"), ("publication.name", "publication_name")):
+        if config.get(key, "").strip():
+            conv.settings[setting] = config[key].strip()
+
+
+def convert(config: Mapping[str, str]) -> Conversion:
+    """The cdc-outbox settings equivalent to a Debezium outbox connector (module contract)."""
+    conv = Conversion(settings={"mode": "cdc"})
+    _connection(config, conv)
+    router = _router_name(config)
+    opts = _router_options(config, router)
+    for option, why in _REFUSED_WHEN_SET.items():
+        if option in opts and opts[option] != ROUTER_OPTIONS[option]:
+            raise _refuse(f"transforms.{router}.{option}", opts[option], why)
+    expand = opts.get("table.expand.json.payload", "false").lower() == "true"
+    _check_converters(config, expand)
+    behaviour = opts.get("table.op.invalid.behavior", "warn").lower()
+    if behaviour == "fatal":
+        raise _refuse(f"transforms.{router}.table.op.invalid.behavior", behaviour, "cdc-outbox"
+                      " never sees updates (its publication publishes inserts only), so it"
+                      " cannot stop on one")  # fmt: skip
+    columns = {
+        "id": _column("table.field.event.id", opts.get("table.field.event.id", "id")),
+        "aggregate_id": _column("table.field.event.key",
+                                opts.get("table.field.event.key", "aggregateid")),
+        "event_type": _column("table.field.event.type", opts.get("table.field.event.type", "type")),
+        "payload": _column("table.field.event.payload",
+                           opts.get("table.field.event.payload", "payload")),
+        "aggregate_type": "aggregatetype",
+    }  # fmt: skip
+    route_by = _column("route.by.field", opts.get("route.by.field", "aggregatetype"))
+    placeholder = "{event_type}" if route_by == columns["event_type"] else "{aggregate_type}"
+    if placeholder == "{aggregate_type}":
+        columns["aggregate_type"] = route_by
+    _placements(opts, columns)
+    preset = COLUMN_PRESETS["debezium"]
+    overrides = {k: v for k, v in columns.items() if preset[k] != v}
+    conv.settings["columns"] = {"preset": "debezium", **overrides}
+    conv.settings["topic_template"] = _topic_template(opts, placeholder)
+    if opts.get("route.tombstone.on.empty.payload", "false").lower() == "true":
+        conv.settings["null_payload"] = "tombstone"
+    if expand and opts.get("table.json.payload.null.behavior", "ignore").lower() == "ignore":
+        conv.notes.append(
+            "table.json.payload.null.behavior=ignore: Debezium drops null fields"
+            " of an expanded payload; cdc-outbox keeps the payload as stored"
+        )
+    skipped = sorted(k for k in config if k not in _HANDLED and not k.startswith("transforms."))
+    if skipped:
+        conv.notes.append("not carried over (they do not change the records): "
+                          + ", ".join(skipped))  # fmt: skip
+    conv.notes.append("set kafka.bootstrap_servers (the Connect worker's bootstrap.servers)")
+    return conv
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML escapes
+
+
+def to_toml(conv: Conversion, source: str) -> str:
+    """``conv`` as a TOML settings file, its notes as comments at the top."""
+    lines = [f"# cdc-outbox settings converted from the Debezium connector {source}"]
+    lines += [f"# {note}" for note in conv.notes]
+    tables = {k: v for k, v in conv.settings.items() if isinstance(v, dict)}
+    for key, value in conv.settings.items():
+        if key not in tables:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for name, table in tables.items():
+        lines += ["", f"[{name}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,223 @@
+"""Debezium outbox connector configurations to cdc-outbox settings (pure conversion)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc_outbox.config import load_settings
+from cdc_outbox.debezium_config import (
+    ROUTER_OPTIONS,
+    convert,
+    parse_connect_json,
+    parse_properties,
+    to_toml,
+)
+from cdc_outbox.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "docs" / "examples" / "debezium-outbox.properties"
+ROUTER = "io.debezium.transforms.outbox.EventRouter"
+
+
+def minimal(**extra: str) -> dict[str, str]:
+    return {"transforms": "outbox", "transforms.outbox.type": ROUTER, **extra}
+
+
+def test_the_example_converts_to_settings_that_run_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [n for n in __import__("os").environ if n.startswith("CDC_OUTBOX_")]:
+        monkeypatch.delenv(name)
+    conv = convert(parse_properties(EXAMPLE.read_text()))
+    assert conv.settings == {
+        "mode": "cdc",
+        "dsn": "host=db.internal port=5432 dbname=shop user=debezium",
+        "outbox_schema": "app",
+        "outbox_table": "outboxevent",
+        "slot_name": "shop_outbox",
+        "publication_name": "shop_outbox_pub",
+        "columns": {"preset": "debezium", "id": "event_id", "aggregate_id": "aggregate_id",
+                    "aggregate_type": "aggregate_type"},
+        "topic_template": "shop.{aggregate_type}.events",
+        "null_payload": "tombstone",
+    }  # fmt: skip
+    assert any("database.password is not copied" in n for n in conv.notes)
+    assert not any("secrets" in n for n in conv.notes)  # the password's source is not shown
+    path = tmp_path / "relay.toml"
+    path.write_text(to_toml(conv, EXAMPLE.name))
+    settings = load_settings(path)
+    assert settings.topic_template == "shop.{aggregate_type}.events"
+    assert settings.column_names().id == "event_id"
+    assert settings.column_names().event_type == "type"
+    assert (settings.mode, settings.null_payload, settings.outbox_table) == (
+        "cdc", "tombstone", "outboxevent",
+    )  # fmt: skip
+
+
+def test_the_connect_rest_json_form_gives_the_same_settings() -> None:
+    config = parse_properties(EXAMPLE.read_text())
+    rest = json.dumps({"name": config.pop("name"), "config": {**config, "tasks.max": 1}})
+    assert convert(parse_connect_json(rest)).settings == convert(config).settings
+    assert parse_connect_json(json.dumps(config)) == config  # the bare config object too
+
+
+def test_defaults_give_the_debezium_preset_and_topic() -> None:
+    conv = convert(minimal())
+    assert conv.settings == {
+        "mode": "cdc",
+        "columns": {"preset": "debezium"},
+        "topic_template": "outbox.event.{aggregate_type}",
+    }
+    load_settings(None, {"dsn": "dbname=x", **conv.settings})
+
+
+@pytest.mark.parametrize(
+    ("replacement", "template"),
+    [
+        ("${routedByValue}", "{aggregate_type}"),
+        ("events.$1", "events.{aggregate_type}"),
+        ("a.$0.b", "a.{aggregate_type}.b"),
+        ("fixed-topic", "fixed-topic"),
+    ],
+)
+def test_topic_replacements(replacement: str, template: str) -> None:
+    conv = convert(minimal(**{"transforms.outbox.route.topic.replacement": replacement}))
+    assert conv.settings["topic_template"] == template
+
+
+def test_routing_by_the_event_type_column_uses_the_event_type_placeholder() -> None:
+    conv = convert(minimal(**{"transforms.outbox.route.by.field": "type"}))
+    assert conv.settings["topic_template"] == "outbox.event.{event_type}"
+    assert conv.settings["columns"] == {"preset": "debezium"}
+
+
+def test_headers_cdc_outbox_sends_anyway_are_accepted() -> None:
+    placement = "type:header:event_type,aggregatetype:header:aggregate_type,id:header"
+    convert(minimal(**{"transforms.outbox.table.fields.additional.placement": placement}))
+
+
+def test_expanded_json_with_schemaless_json_converter_is_accepted_with_a_note() -> None:
+    conv = convert(minimal(**{
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "transforms.outbox.table.expand.json.payload": "true",
+    }))  # fmt: skip
+    assert any("drops null fields" in n for n in conv.notes)
+    conv = convert(minimal(**{
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "transforms.outbox.table.expand.json.payload": "true",
+        "transforms.outbox.table.json.payload.null.behavior": "optional_bytes",
+    }))  # fmt: skip
+    assert not any("drops null fields" in n for n in conv.notes)
+
+
+JSONC = "org.apache.kafka.connect.json.JsonConverter"
+REFUSED = [
+    ({"connector.class": "io.debezium.connector.mysql.MySqlConnector"}, "connector.class="),
+    ({"plugin.name": "decoderbufs"}, "plugin.name=decoderbufs"),
+    ({"table.include.list": "app.a,app.b"}, "table.include.list=app.a,app.b"),
+    ({"table.include.list": "app.out.*"}, "table.include.list=app.out.*"),
+    ({"transforms": "outbox,unwrap",
+      "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"},
+     "transforms.unwrap.type="),
+    ({"transforms.outbox.type": "org.apache.kafka.connect.transforms.RegexRouter"},
+     "transforms=outbox: no io.debezium.transforms.outbox.EventRouter"),
+    ({"transforms.outbox.table.field.event.timestamp": "created_at"},
+     "transforms.outbox.table.field.event.timestamp=created_at"),
+    ({"transforms.outbox.table.field.event.schema.version": "v"},
+     "table.field.event.schema.version=v"),
+    ({"transforms.outbox.tracing.span.context.field": "ctx"}, "tracing.span.context.field=ctx"),
+    ({"transforms.outbox.table.op.invalid.behavior": "fatal"}, "table.op.invalid.behavior=fatal"),
+    ({"transforms.outbox.route.topic.regex": "(?<routedByValue>[a-z]+)"}, "route.topic.regex="),
+    ({"transforms.outbox.route.topic.replacement": "x.${other}"}, "route.topic.replacement="),
+    ({"transforms.outbox.route.topic.replacement": "bad topic"}, "route.topic.replacement="),
+    ({"transforms.outbox.table.fields.additional.placement": "type:header:eventType"},
+     "table.fields.additional.placement=type:header:eventType"),
+    ({"transforms.outbox.table.fields.additional.placement": "region:envelope"},
+     "table.fields.additional.placement=region:envelope"),
+    ({"transforms.outbox.table.fields.additional.placement": "p:partition"},
+     "table.fields.additional.placement=p:partition"),
+    ({"transforms.outbox.table.field.event.key": "bad-name"}, "table.field.event.key=bad-name"),
+    ({"transforms.outbox.no.such.option": "1"}, "transforms.outbox.no.such.option=1"),
+    ({"key.converter": JSONC}, "key.converter="),
+    ({"value.converter": "io.debezium.converters.BinaryDataConverter"}, "value.converter="),
+    ({"value.converter": JSONC, "transforms.outbox.table.expand.json.payload": "true"},
+     "value.converter.schemas.enable=true"),
+    ({"value.converter": JSONC, "value.converter.schemas.enable": "false"},
+     "table.expand.json.payload=false"),
+    ({"transforms.outbox.table.expand.json.payload": "true"}, "table.expand.json.payload=true"),
+    ({"header.converter": JSONC}, "header.converter="),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "fragment"), REFUSED)
+def test_unsupported_settings_are_refused_in_one_line(extra: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        convert(minimal(**extra))
+    message = str(info.value)
+    assert message.startswith("config import-debezium: ") and "\n" not in message
+    assert fragment in message
+
+
+def test_every_router_option_is_mapped_refused_or_accepted_in_the_docs() -> None:
+    doc = (REPO / "docs" / "debezium.md").read_text()
+    for option in ROUTER_OPTIONS:
+        assert f"| `{option}`" in doc, option
+
+
+def test_properties_syntax() -> None:
+    text = (
+        "# comment\n! also a comment\n\n"
+        "a=1\n  b : two words \nc three\nd\\=e=f\n"
+        "long=first \\\n    second\n"
+        "esc=tab\\there\\u00e9\\\\\n"
+        "empty=\n"
+    )
+    assert parse_properties(text) == {
+        "a": "1", "b": "two words ", "c": "three", "d=e": "f", "long": "first second",
+        "esc": "tab\there\u00e9\\", "empty": "",
+    }  # fmt: skip
+
+
+_KEYS = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), min_size=1)
+_VALUES = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]))
+
+
+def _escape(text: str, key: bool) -> str:
+    out = text.replace("\\", "\\\\")
+    if key:
+        for ch in " =:#!":
+            out = out.replace(ch, "\\" + ch)
+    elif out.startswith((" ", "\t")):
+        out = "\\" + out
+    return out
+
+
+@given(st.dictionaries(_KEYS, _VALUES, max_size=8))
+def test_properties_round_trip(config: dict[str, str]) -> None:
+    text = "".join(f"{_escape(k, True)}={_escape(v, False)}\n" for k, v in config.items())
+    assert parse_properties(text) == config
+
+
+def test_cli_prints_toml_or_refuses_with_exit_2(tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "cdc_outbox", "config", "import-debezium"]
+    done = subprocess.run([*cli, str(EXAMPLE)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert 'topic_template = "shop.{aggregate_type}.events"' in done.stdout
+    assert "secrets" not in done.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"config": minimal(**{"plugin.name": "wal2json"})}))
+    refused = subprocess.run([*cli, str(bad)], capture_output=True, text=True, check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        "cdc-outbox: error: config import-debezium: plugin.name=wal2json: cdc-outbox decodes"
+        " pgoutput only (the slot must be a pgoutput slot)"
+    ]
