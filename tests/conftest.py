@@ -2,6 +2,8 @@
 
 ``CDC_OUTBOX_TEST_BACKEND`` picks them: ``local`` (default: local processes, no Docker) or
 ``testcontainers`` (containers, for machines with Docker; cdc_outbox_dev/sandbox/containers.py).
+``CDC_OUTBOX_PG_VERSION`` (15, 16, 17 or 18) picks the local PostgreSQL major
+(cdc_outbox_dev/sandbox/pg_versions.py); a bad value is a usage error (exit 2).
 
 - ``pg_server`` (session): running ``LocalPostgres`` (wal_level=logical, trust on 127.0.0.1).
 - ``pg_dsn``: a fresh empty database per test, dropped afterwards (slots and sessions first).
@@ -34,6 +36,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc_outbox_dev.sandbox import pg_versions
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
@@ -64,6 +67,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_BACKEND] = backend_from_env(os.environ)
     except BackendError as exc:
         raise pytest.UsageError(str(exc)) from None
+    try:
+        pg_versions.selected_major(os.environ)
+    except pg_versions.VersionError as exc:  # one line, exit 2, before any server starts
+        pytest.exit(str(exc), returncode=2)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    major = pg_versions.selected_major(os.environ)
+    chosen = f"{pg_versions.VERSION_ENV}={major}" if major else "the default binaries"
+    return f"postgresql: {chosen}"
 
 
 _BACKEND = pytest.StashKey[str]()
