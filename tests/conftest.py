@@ -7,6 +7,9 @@
 
 - ``pg_server`` (session): running ``LocalPostgres`` (wal_level=logical, trust on 127.0.0.1).
 - ``pg_dsn``: a fresh empty database per test, dropped afterwards (slots and sessions first).
+- ``pg_primary_standby``: a fresh ``LocalPostgres`` primary and its asynchronous physical
+  standby (cdc_outbox_dev/sandbox/standby.py; physical slot ``standby1``), local processes on
+  every backend, for failover tests that kill the primary; both deleted afterwards.
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
 - ``kafka_strict_broker`` (session): a second ``LocalKafka`` with topic auto-creation off and
   an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
@@ -42,6 +45,7 @@ from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
+from cdc_outbox_dev.sandbox.standby import make_standby
 from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")
@@ -115,6 +119,16 @@ def pg_server(request: pytest.FixtureRequest) -> Iterator[LocalPostgres]:
         yield pg
     finally:
         pg.close()
+
+
+@pytest.fixture
+def pg_primary_standby() -> Iterator[tuple[LocalPostgres, LocalPostgres]]:
+    with LocalPostgres() as primary:
+        standby = make_standby(primary, application_name="standby1", slot="standby1")
+        try:
+            yield primary, standby
+        finally:
+            standby.close()
 
 
 @pytest.fixture(scope="session")

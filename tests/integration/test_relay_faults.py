@@ -21,6 +21,7 @@ from tests.relay_support import (
     settings_env,
     slot_position,
     tally_topics,
+    wait_streamed_past_now,
 )
 
 
@@ -110,11 +111,9 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
         writers.join()
         relay = RelayProcess(settings, "kill-while-broker-down-2")
         relay.start()
-        done_lsn = current_wal_lsn(pg_dsn)
-        wait_until(
-            lambda: slot_position(pg_dsn, settings.slot_name)[0] >= done_lsn,
-            timeout=180,
-            message=lambda: relay.log_tail(),
+        # STREAMING too: a relay that starts with a catch-up creates its slot past done_lsn.
+        wait_streamed_past_now(
+            pg_dsn, settings.slot_name, timeout=180, message=lambda: relay.log_tail()
         )
     finally:
         relay.stop_quietly()
@@ -143,11 +142,9 @@ def test_relay_killed_at_random_points_loses_nothing(
             relay = RelayProcess(settings, f"kill9-{kills}")
             relay.start()
         writers.join()
-        done_lsn = current_wal_lsn(pg_dsn)
-        wait_until(
-            lambda: slot_position(pg_dsn, settings.slot_name)[0] >= done_lsn,
-            timeout=180,
-            message=lambda: relay.log_tail(),
+        # STREAMING too: a relay that starts with a catch-up creates its slot past done_lsn.
+        wait_streamed_past_now(
+            pg_dsn, settings.slot_name, timeout=180, message=lambda: relay.log_tail()
         )
     finally:
         relay.stop_quietly()
@@ -188,11 +185,9 @@ def test_sigterm_exits_zero_in_grace_and_restart_publishes_no_duplicates(
         writers.join()
         relay = RelayProcess(settings, "sigterm-2")
         relay.start()
-        done_lsn = current_wal_lsn(pg_dsn)
-        wait_until(
-            lambda: slot_position(pg_dsn, settings.slot_name)[0] >= done_lsn,
-            timeout=180,
-            message=lambda: relay.log_tail(),
+        # STREAMING too: a relay that starts with a catch-up creates its slot past done_lsn.
+        wait_streamed_past_now(
+            pg_dsn, settings.slot_name, timeout=180, message=lambda: relay.log_tail()
         )
         relay.terminate()
         assert relay.wait(grace + 5) == 0
