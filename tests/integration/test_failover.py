@@ -13,6 +13,7 @@ Lost and PENDING must be 0; phantoms are expected until the relay waits for its 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -88,11 +89,8 @@ def test_failover_to_a_lagging_standby_loses_nothing_at_least_once(
             writers.join(180)
             assert not writers.is_alive(), "the writers did not stop"
             wait_streamed_past_now(dsn, settings.slot_name, timeout=240)
-            wait_until(
-                lambda: "PENDING" not in outbox_statuses(dsn),
-                timeout=120,
-                message=lambda: f"statuses {outbox_statuses(dsn)}",
-            )
+            with contextlib.suppress(AssertionError):  # counted and printed below either way
+                wait_until(lambda: "PENDING" not in outbox_statuses(dsn), timeout=120)
     finally:
         stop_writing.set()
         if writers.is_alive():
