@@ -286,6 +286,7 @@ class Settings(BaseSettings):
             self.column_names(),
             self.topic_template,
             tombstones=self.null_payload == "tombstone",
+            reserved_topics=frozenset({self.dead_letter_topic, self.eos.checkpoint_topic}),
         )
 
     def column_names(self) -> ColumnNames:

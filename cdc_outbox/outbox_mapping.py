@@ -140,12 +140,15 @@ class OutboxMapper:
     use of that Relation). Column positions are cached per relation OID and re-resolved when a
     new Relation object arrives for it (schema change). ``tombstones=True`` (setting
     ``null_payload = "tombstone"``) maps a NULL payload to a record with value ``None``.
+    ``reserved_topics`` (the relay's own: dead letters, exactly-once checkpoints) are never a
+    row's topic: such a row is a dead letter (a constant template naming one: ConfigError).
     """
 
     __slots__ = (
         "_cols",
         "_headers_name",
         "_positions",
+        "_reserved",
         "_row_relation",
         "_template",
         "_tombstones",
@@ -164,6 +167,7 @@ class OutboxMapper:
         topic_template: str = "outbox.event.{aggregate_type}",
         *,
         tombstones: bool = False,
+        reserved_topics: frozenset[str] = frozenset(),
     ) -> None:
         try:
             fields = list(string.Formatter().parse(topic_template))
@@ -181,6 +185,9 @@ class OutboxMapper:
             used.add(name)
         if not used and not is_legal_topic(topic_template):
             raise ConfigError(f"topic template {topic_template!r} is not a legal topic name")
+        if not used and topic_template in reserved_topics:
+            raise ConfigError(f"topic template {topic_template!r} names a topic of the relay's own")
+        self._reserved = reserved_topics
         self.schema = schema
         self.table = table
         self._cols = columns
@@ -227,7 +234,9 @@ class OutboxMapper:
             result = (f"column {name!r} is not valid UTF-8", False)
         else:
             topic = self._template.format(aggregate_type=at, event_type=et)
-            if is_legal_topic(topic):
+            if topic in self._reserved:
+                result = (f"topic {topic!r} is reserved for the relay's own records", False)
+            elif is_legal_topic(topic):
                 result = (topic, True)
             else:
                 why = f"invalid topic name {topic[:300]!r} (allowed: [A-Za-z0-9._-], 1..249 chars)"

@@ -42,6 +42,11 @@ class RelayStats:
     eos_aborts: int = 0
     #: Events in committed Kafka transactions (visible to read_committed consumers).
     eos_committed_events: int = 0
+    #: Checkpoints read from Kafka that were not all in the database's history (a failover to
+    #: a standby that was behind, a restore): what they held past it is published again.
+    untrusted_checkpoints: int = 0
+    #: Events of transactions skipped because Kafka already holds them (exactly-once).
+    eos_skipped_events: int = 0
     #: Retried delivery problems by alert (topic_missing, not_authorized, ...): count and when
     #: last seen (unix time).
     retries_by_alert: dict[str, int] = field(default_factory=dict)

@@ -151,11 +151,15 @@ class Service:
         settings = self.settings
         self._write_phase(lead, Phase.CATCHING_UP)
         logger.info("creating slot %s with a snapshot for catch-up", settings.slot_name)
-        drop_slot_quietly(settings)
+        drop_slot_quietly(settings, leader_id=lead.instance_id)
         ensure_publication(settings)
         relay = self._relay(lead)
         point, rows = relay.catch_up()
-        self._write_phase(lead, Phase.STREAMING, consistent_point=point)
+        try:
+            self._write_phase(lead, Phase.STREAMING, consistent_point=point)
+        except BaseException:
+            relay.close()  # its idle walsender would keep the snapshot (and xmin) held
+            raise
         logger.info("catch-up done (%d rows); streaming", rows)
         crash_point("catch_up.before_streaming")
         return relay
@@ -165,7 +169,8 @@ class Service:
             "CDC is not usable (%s); relaying by polling", problem, extra={"mode": "polling"}
         )
         self._write_phase(lead, Phase.POLLING)
-        drop_slot_quietly(self.settings)  # an unused slot would only retain WAL
+        # An unused slot would only retain WAL.
+        drop_slot_quietly(self.settings, leader_id=lead.instance_id)
         self._run_polling(lead, probe=True)
 
     def _read_phase(self) -> Phase:
@@ -295,15 +300,22 @@ def ensure_publication(settings: Settings) -> None:
             logger.info("created publication %s", settings.publication_name)
 
 
-def drop_slot_quietly(settings: Settings) -> None:
-    """Drop the slot if it exists and is not in use (best effort, logged)."""
+def drop_slot_quietly(settings: Settings, *, leader_id: str) -> None:
+    """Drop the slot if it exists, is not in use and ``leader_id`` still holds the lease,
+    checked in the same statement: a frozen ex-leader waking up never drops the slot of the
+    leader that replaced it (best effort, logged)."""
     try:
         with db_pool.pooled(settings) as conn:
             conn.execute(
                 sql.SQL(
                     "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                    " WHERE slot_name = {} AND NOT active"
-                ).format(sql.Literal(settings.slot_name))
+                    " WHERE slot_name = {slot} AND NOT active AND EXISTS (SELECT 1 FROM {state}"
+                    " WHERE slot_name = {slot} AND leader_id = {leader} AND lease_until > now())"
+                ).format(
+                    slot=sql.Literal(settings.slot_name),
+                    state=schema.relay_state_ident(settings),
+                    leader=sql.Literal(leader_id),
+                )
             )
     except (CdcOutboxError, psycopg.Error) as exc:
         logger.warning("could not drop slot %s: %s", settings.slot_name, exc)

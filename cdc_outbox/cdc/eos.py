@@ -17,8 +17,13 @@ EosBatch` for the rules):
 - Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
   checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
   the outcome of a commit that failed midway is known only there); PostgreSQL transactions
-  that Kafka already holds are skipped (:meth:`EosCommitter.on_begin`). The position never goes
-  back (kept in memory too).
+  that Kafka already holds are skipped (:meth:`EosCommitter.on_begin`), and their events' ids
+  go to the published-marker all the same. Within one history the position never goes back
+  (kept in memory too); a checkpoint of another history (a failover to a standby that was
+  behind, a restore) is trusted only as far as :func:`~cdc_outbox.cdc.history.trusted_below`
+  allows: the rest is published again (counted in ``stats.untrusted_checkpoints``, logged).
+- The relay re-streams from :meth:`EosCommitter.restart_position` at most: nothing past the
+  last Kafka commit, whatever was acknowledged in an aborted transaction.
 - Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
   fenced producer (a newer instance took over) never commits.
 """
@@ -33,6 +38,7 @@ from collections.abc import Callable
 import psycopg
 
 from cdc_outbox.cdc import pgoutput
+from cdc_outbox.cdc.history import History, trusted_below
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_during, crash_point
@@ -70,31 +76,72 @@ class EosCommitter:
         self.delivery = delivery
         self.stats = stats
         self.system_id, self.database = identity
+        self.producer = delivery.transactional_id or ""
         self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
+        #: The history of the stream the batch's positions come from (None before a session).
+        self.history: History | None = None
         self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
         self._closing_txns: list[TxnHandle] = []  # those of the closed batch
 
-    def load(self, *, ensure_topic: bool = True) -> checkpoints.Checkpoint | None:
+    def load(self, history: History, *, ensure_topic: bool = True) -> checkpoints.Checkpoint | None:
         """Create the checkpoint topic if missing (unless ``ensure_topic`` is False: done
         already) and read the last committed checkpoint (call after the producer's
-        ``init_transactions``: our older transactions are then settled). Raises
+        ``init_transactions``: our older transactions are then settled). Transactions below
+        the part of it that holds in ``history`` are skipped from now on. Raises
         ``ConnectionError`` or ``TimeoutError``."""
         config = self.settings.kafka_config()
         topic = self.settings.eos.checkpoint_topic
         if ensure_topic:
             checkpoints.ensure_topic(config, topic)
-        key = checkpoints.checkpoint_key(self.system_id, self.database, self.settings.slot_name)
-        last = checkpoints.read_last(config, topic, key)
-        if last is not None and last.end_lsn > self.batch.committed_lsn:
-            self.batch.committed_lsn = self.batch.end_lsn = last.end_lsn
+        slot = self.settings.slot_name
+        key = checkpoints.checkpoint_key(self.system_id, self.database, slot)
+        last = checkpoints.read_last(
+            config,
+            topic,
+            key,
+            valid=lambda cp: cp.written_by(slot, self.system_id, self.database, self.producer),
+        )
+        batch, previous = self.batch, self.history
+        memory = 0
+        if previous is not None:  # this process's own commits, as far as they still hold
+            memory = trusted_below(
+                batch.committed_lsn, previous.system_id, previous.timeline, history
+            )
+        kafka = 0
+        if last is not None:
+            timeline = last.timeline
+            if timeline is None and history.timeline == 1:
+                timeline = 1  # written before timelines were recorded: only 1 existed
+            kafka = trusted_below(last.end_lsn, last.system_id, timeline, history)
+            if kafka < last.end_lsn:
+                self.stats.untrusted_checkpoints += 1
+                logger.warning(
+                    "exactly-once: the last checkpoint (%s on timeline %s) is not all in this"
+                    " database's history (timeline %d, WAL end %s): trusting it only up to %s;"
+                    " transactions after that are published again (duplicates possible)",
+                    Lsn(last.end_lsn),
+                    last.timeline if last.timeline is not None else "unknown",
+                    history.timeline,
+                    Lsn(history.wal_end),
+                    Lsn(kafka),
+                    extra={"mode": "cdc"},
+                )
+        self.history = history
+        batch.committed_lsn = batch.end_lsn = batch.closing_end_lsn = max(memory, kafka)
         logger.info(
-            "exactly-once: Kafka holds PostgreSQL transactions up to %s",
-            Lsn(self.batch.committed_lsn),
+            "exactly-once: Kafka holds PostgreSQL transactions up to %s (timeline %d)",
+            Lsn(batch.committed_lsn),
+            history.timeline,
             extra={"mode": "cdc"},
         )
         return last
 
-    def start_session(self) -> None:
+    def restart_position(self, acknowledged: int) -> int:
+        """Where a re-stream may start at most: ``acknowledged`` (the tracker's position),
+        but never past the last Kafka commit (what an aborted transaction held is re-read)."""
+        return min(acknowledged, self.batch.committed_lsn)
+
+    def start_session(self, history: History) -> None:
         """A streaming session starts (only as the leader): fence older producers with our
         transactional.id, forget the aborted batch (it is re-streamed) and read the last
         checkpoint (every session: a failed commit's outcome is only known from Kafka).
@@ -107,7 +154,7 @@ class EosCommitter:
         self.batch.aborted()
         self.txns.clear()
         self._closing_txns = []
-        self.load(ensure_topic=not ensured)
+        self.load(history, ensure_topic=not ensured)
 
     def _fence_meanwhile_ensure_topic(self) -> bool:
         """``ensure_transactions`` while a helper thread ensures the checkpoint topic; True if
@@ -253,6 +300,8 @@ class EosCommitter:
             self.database,
             self.batch.end_lsn if end_lsn is None else end_lsn,
             catch_up_ids or [],
+            timeline=None if self.history is None else self.history.timeline,
+            producer=self.producer,
         )
         topic = self.settings.eos.checkpoint_topic
         delivery.publisher.produce(
@@ -328,7 +377,7 @@ class EosCommitter:
         idle()
         return True
 
-    def settle_last_catch_up(self) -> None:
+    def settle_last_catch_up(self, history: History) -> None:
         """Before a catch-up takes its snapshot: fence older producers, read the last
         checkpoint and mark the rows of the catch-up batch it committed (they are then skipped).
         Raises ``CatchUpFailed``."""
@@ -337,7 +386,7 @@ class EosCommitter:
         try:
             self.delivery.new_session()
             ensured = self._fence_meanwhile_ensure_topic()
-            last = self.load(ensure_topic=not ensured)
+            last = self.load(history, ensure_topic=not ensured)
         except (TransactionFailed, ConnectionError, TimeoutError) as exc:
             raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
         if last is not None and last.catch_up_ids:

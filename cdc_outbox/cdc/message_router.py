@@ -2,7 +2,8 @@
 
 Contract of :class:`MessageRouter`: per XLogData payload, in stream order,
 - ``B``: a new transaction handle on the session's ack tracker (exactly-once: a transaction the
-  checkpoint topic already holds is skipped whole);
+  checkpoint topic already holds is skipped whole; its events' ids still go to the
+  published-marker, since a crash after the Kafka commit may have kept them from it);
 - ``I`` on an outbox relation: mapped and submitted to :class:`~cdc_outbox.delivery.engine.Delivery`
   under the transaction's handle; inserts into other tables are counted and ignored;
 - ``C``: the transaction's end LSN goes to the tracker (and the exactly-once batch) and is noted
@@ -78,7 +79,7 @@ class MessageRouter:
                 self._count_ignored("insert_other_table")
                 return
             if self._skipping:
-                self._count_ignored("already_in_kafka")
+                self._skipped(rel, row)
                 return
             txn = self._txn
             txn.add_event()
@@ -128,6 +129,16 @@ class MessageRouter:
                         " parked: run `cdc-outbox redrive` again",
                         aggregate,
                     )
+
+    def _skipped(self, rel: pgoutput.Relation, row: pgoutput.TupleData) -> None:
+        """An insert of a transaction Kafka already holds: not sent again, but marked."""
+        self._count_ignored("already_in_kafka")
+        self.stats.eos_skipped_events += 1
+        marker = self.delivery.marker
+        if marker is not None:
+            event_id = self._mapper.map_insert(rel, row).event_id
+            if event_id is not None:
+                marker.add(event_id.encode())
 
     def _note_written(self, lsn: int) -> None:
         assert self._checkpoint is not None, "new_session() comes first"

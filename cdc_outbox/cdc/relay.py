@@ -38,6 +38,7 @@ import psycopg
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
+from cdc_outbox.cdc.history import stream_start
 from cdc_outbox.cdc.message_router import MessageRouter
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
@@ -58,6 +59,8 @@ _XLOGDATA = ord("w")
 _COMMIT = ord("C")
 _FRAMES_PER_TURN = 2000
 _PROGRESS_LOG_INTERVAL_S = 30.0
+#: A session that streamed this long resets the restart back-off.
+_HEALTHY_SESSION_S = 5.0
 
 
 class CdcUnavailable(CdcOutboxError):
@@ -100,6 +103,8 @@ class Relay:
         self.stats.delivery_guarantee = "exactly_once" if identity else "at_least_once"
         self.delivery.interrupted = self._interrupted
         self._tracker = AckTracker(0)
+        #: (system id, timeline) of the stream the tracker's positions come from.
+        self._positions_in: tuple[str, int] | None = None
         self._router = MessageRouter(settings, self._mapper, self.delivery, self.stats, self.eos)
         self._stop_requested = False
         self._grace_deadline: float | None = None
@@ -127,7 +132,7 @@ class Relay:
         self._catching_up = True
         try:
             if self.eos is not None:
-                self.eos.settle_last_catch_up()
+                self.eos.settle_last_catch_up(self._stream.connect())
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
             rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper, self.eos)
@@ -154,6 +159,7 @@ class Relay:
         try:
             while not self._stop_requested:
                 self._session_opened = False
+                began = time.monotonic()
                 try:
                     self._stream_session()
                     backoff = 0.5
@@ -161,6 +167,8 @@ class Relay:
                     failures = 0 if self._session_opened else failures + 1
                     if isinstance(exc, ReplicationError):
                         self._give_up_if_unusable(exc, failures)
+                    if self._session_opened and time.monotonic() - began >= _HEALTHY_SESSION_S:
+                        backoff = 0.5  # it streamed healthily: this failure is a new one
                     self.stats.restarts += 1
                     logger.warning(
                         "relay restarting in %.1fs: %s",
@@ -232,12 +240,19 @@ class Relay:
             self._stop_requested = True
             return
         delivery.new_session()
+        history = self._stream.connect()
+        remembered = self._tracker.confirmed  # acknowledged (at least once)
         if eos is not None:
             try:
-                eos.start_session()
+                eos.start_session(history)
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
-        start = self._stream.open(max(self._tracker.confirmed, kept_position(self.settings)))
+            remembered = eos.restart_position(remembered)  # committed in Kafka
+        position = stream_start(
+            remembered, self._positions_in, kept_position(self.settings), history
+        )
+        start = self._stream.start(position)
+        self._positions_in = (history.system_id, history.timeline)
         self._session_opened = True
         if self._bookkept:
             with psycopg.connect(self.settings.postgres_dsn()) as conn:

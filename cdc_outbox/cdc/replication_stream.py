@@ -5,7 +5,10 @@ the raw socket (under TLS it carries ciphertext): bytes come from libpq's ``get_
 and the socket is only waited on for readability.
 
 Contract:
-- ``open(start_lsn)`` starts ``pgoutput`` at ``max(start_lsn, confirmed_flush_lsn)``.
+- ``connect()`` opens the walsender connection and returns the server's current
+  :class:`~cdc_outbox.cdc.history.History` (``IDENTIFY_SYSTEM``, and ``TIMELINE_HISTORY`` past
+  timeline 1) read on that same connection; ``start(start_lsn)`` then starts ``pgoutput`` on
+  it at ``max(start_lsn, confirmed_flush_lsn)``; ``open(start_lsn)`` does both.
 - ``read(timeout)`` returns one frame, or ``None`` when nothing arrived in ``timeout``.
 - ``send_status(written, flushed)`` reports positions; the server moves the slot's
   ``confirmed_flush_lsn`` to ``flushed``. The caller keeps both monotonic.
@@ -20,6 +23,7 @@ from typing import NoReturn
 
 from psycopg import conninfo, pq, sql
 
+from cdc_outbox.cdc.history import History, parse_timeline_history
 from cdc_outbox.cdc.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
@@ -102,14 +106,34 @@ class ReplicationStream:
         return self._conn is not None
 
     def open(self, start_lsn: int) -> int:
-        """Connect and start streaming from ``max(start_lsn, confirmed_flush_lsn)``.
+        """:meth:`connect`, then :meth:`start` at ``start_lsn``."""
+        self.connect()
+        return self.start(start_lsn)
+
+    def connect(self) -> History:
+        """Connect (or reuse the connection :meth:`create_slot` left) and read the server's
+        current history on it. Raises ReplicationError with the server's message."""
+        idle, self._idle = self._idle, None
+        self.close()
+        conn = idle or self._connect()
+        try:
+            history = _read_history(conn)
+        except ReplicationError:
+            conn.finish()
+            raise
+        self._idle = conn
+        return history
+
+    def start(self, start_lsn: int) -> int:
+        """Start streaming on the connection of :meth:`connect` from ``max(start_lsn,
+        confirmed_flush_lsn)``.
 
         Returns that start position: the caller must never confirm less than it (PostgreSQL 15
         would move the slot backwards). Raises ReplicationError with the server's message.
         """
-        idle, self._idle = self._idle, None
-        self.close()
-        conn = idle or self._connect()
+        conn, self._idle = self._idle, None
+        if conn is None:
+            raise ReplicationError("start() without connect()")
         confirmed = self._slot_position(conn)
         start_lsn = max(start_lsn, confirmed)
         command = start_replication_command(
@@ -163,11 +187,8 @@ class ReplicationStream:
         replication connection)."""
         conn = self._connect()
         try:
-            res = conn.exec_(b"IDENTIFY_SYSTEM")
-            if res.status != pq.ExecStatus.TUPLES_OK:
-                raise ReplicationError(f"IDENTIFY_SYSTEM failed: {_error_text(conn)}")
-            system_id, dbname = res.get_value(0, 0), res.get_value(0, 3)
-            return (system_id or b"").decode(), (dbname or b"").decode()
+            row = _identify_system(conn)
+            return row[0], row[3]
         finally:
             conn.finish()
 
@@ -282,6 +303,31 @@ class ReplicationStream:
         detail = "; ".join(parts) or _error_text(conn) or "server ended the stream"
         self.close()
         raise ReplicationError(f"replication stream ended: {detail}", permanent=permanent)
+
+
+def _identify_system(conn: pq.abc.PGconn) -> list[str]:
+    """``IDENTIFY_SYSTEM``: ``[systemid, timeline, xlogpos, dbname]`` as text."""
+    res = conn.exec_(b"IDENTIFY_SYSTEM")
+    if res.status != pq.ExecStatus.TUPLES_OK:
+        raise ReplicationError(f"IDENTIFY_SYSTEM failed: {_error_text(conn)}")
+    return [(res.get_value(0, i) or b"").decode() for i in range(4)]
+
+
+def _read_history(conn: pq.abc.PGconn) -> History:
+    """The server's current :class:`History` (``TIMELINE_HISTORY`` only past timeline 1)."""
+    system_id, tli_text, xlogpos, _ = _identify_system(conn)
+    timeline = int(tli_text)
+    switchpoints: dict[int, int] = {}
+    if timeline > 1:
+        res = conn.exec_(f"TIMELINE_HISTORY {timeline}".encode())
+        content = res.get_value(0, 1) if res.status == pq.ExecStatus.TUPLES_OK else None
+        if content is None:
+            raise ReplicationError(f"TIMELINE_HISTORY failed: {_error_text(conn)}")
+        try:
+            switchpoints = parse_timeline_history(content.decode())
+        except ValueError as exc:
+            raise ReplicationError(f"TIMELINE_HISTORY {timeline}: {exc}") from exc
+    return History(system_id, timeline, int(Lsn.parse(xlogpos)), switchpoints)
 
 
 def _sqlstate(result: pq.abc.PGresult) -> str:

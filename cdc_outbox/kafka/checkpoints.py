@@ -7,10 +7,19 @@ exactly when the events are, so the last checkpoint read with ``read_committed``
 about what Kafka holds, whatever the slot says (the slot is confirmed after the commit and may
 lag behind it).
 
+A checkpoint also says which history its positions belong to (system identifier and
+timeline, :mod:`cdc_outbox.cdc.history`) and which producer wrote it (``producer``: the
+relay's ``transactional.id``). The topic belongs to the relay: outbox rows can never be routed
+onto it (:func:`cdc_outbox.delivery.engine.Delivery.submit` rejects them), and a record under
+our key that does not decode, or names another slot, database or producer, is ignored with an
+error log, never trusted.
+
 Contract: :func:`ensure_topic` creates the topic (1 partition, ``cleanup.policy=compact``) if
 it is missing and raises ``ConnectionError`` if Kafka cannot be asked; :func:`read_last`
-returns the newest committed :class:`Checkpoint` for a key (``None`` if there is none),
-reading backwards from the end, or raises ``TimeoutError``.
+returns the newest committed, valid :class:`Checkpoint` for a key (``None`` if there is none),
+reading backwards from the end; it raises ``ConnectionError`` when Kafka answers with an error
+(a broker restarting: ``NOT_LEADER_FOR_PARTITION``, a timeout), which callers retry, and
+``TimeoutError`` when reading takes too long.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +56,10 @@ class Checkpoint:
     end_lsn: int
     #: Backlog row ids published by this transaction (catch-up only), else empty.
     catch_up_ids: list[str] = field(default_factory=list)
+    #: Timeline of ``end_lsn`` (``None``: written by a version that did not record it).
+    timeline: int | None = None
+    #: ``transactional.id`` of the producer that wrote it (``None``: an older version).
+    producer: str | None = None
 
     @property
     def key(self) -> bytes:
@@ -60,6 +73,8 @@ class Checkpoint:
                 "database": self.database,
                 "end_lsn": self.end_lsn,
                 "catch_up_ids": self.catch_up_ids,
+                "timeline": self.timeline,
+                "producer": self.producer,
                 "written_at": time.time(),
             },
             separators=(",", ":"),
@@ -67,13 +82,34 @@ class Checkpoint:
 
     @classmethod
     def decode(cls, value: bytes) -> Checkpoint:
+        """Raises ``ValueError`` (or ``TypeError``/``KeyError``) for anything but a checkpoint."""
         data = json.loads(value)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        timeline, producer = data.get("timeline"), data.get("producer")
+        end_lsn = data["end_lsn"]
+        if not isinstance(end_lsn, int) or isinstance(end_lsn, bool) or end_lsn < 0:
+            raise ValueError(f"end_lsn {end_lsn!r} is not a position")
+        if timeline is not None and (not isinstance(timeline, int) or timeline < 1):
+            raise ValueError(f"timeline {timeline!r} is not a timeline")
+        ids = data.get("catch_up_ids", [])
+        if not isinstance(ids, list):
+            raise ValueError("catch_up_ids is not a list")
         return cls(
             slot=str(data["slot"]),
             system_id=str(data["system_id"]),
             database=str(data["database"]),
-            end_lsn=int(data["end_lsn"]),
-            catch_up_ids=[str(i) for i in data.get("catch_up_ids", [])],
+            end_lsn=end_lsn,
+            catch_up_ids=[str(i) for i in ids],
+            timeline=timeline,
+            producer=None if producer is None else str(producer),
+        )
+
+    def written_by(self, slot: str, system_id: str, database: str, producer: str) -> bool:
+        """Whether this record is one the relay ``producer`` of that slot wrote (an older
+        version wrote no producer: the key and fields decide then)."""
+        return (self.slot, self.system_id, self.database) == (slot, system_id, database) and (
+            self.producer is None or self.producer == producer
         )
 
 
@@ -115,31 +151,46 @@ def read_last(
     timeout: float = 30.0,
     *,
     window: int = 1_000,
+    valid: Callable[[Checkpoint], bool] = lambda cp: True,
 ) -> Checkpoint | None:
-    """The newest committed checkpoint with ``key`` (read_committed), or ``None``.
+    """The newest committed checkpoint with ``key`` (read_committed) that decodes and is
+    ``valid``, or ``None`` (see the module contract for what is raised).
 
     Reads backwards from the end in growing windows (``window``, then 4x, ...), so the time
     does not grow with the topic's uncompacted history."""
     deadline = time.monotonic() + timeout
+    try:
+        marks = _watermarks(config, topic, timeout)
+        for p, (low, end) in marks.items():  # our key's records are all in one partition
+            size = window
+            while end > low:
+                start = max(low, end - size)
+                tp = TopicPartition(topic, p, start)
+                found = _last_in_range(config, tp, end, key, deadline, valid)
+                if found is not None:
+                    return found
+                end, size = start, size * 4
+    except KafkaException as exc:
+        raise ConnectionError(f"reading checkpoint topic {topic} failed: {_reason(exc)}") from exc
+    return None
+
+
+def _reason(exc: KafkaException) -> str:
+    err: Any = exc.args[0] if exc.args else None
+    return str(err.str()) if hasattr(err, "str") else str(exc)
+
+
+def _watermarks(config: Mapping[str, Any], topic: str, timeout: float) -> dict[int, Any]:
     consumer = _consumer(config)
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
         partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
-        marks = {
+        return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
             for p in partitions
         }
     finally:
         consumer.close()
-    for p, (low, end) in marks.items():  # our key's records are all in one partition
-        size = window
-        while end > low:
-            start = max(low, end - size)
-            found = _last_in_range(config, TopicPartition(topic, p, start), end, key, deadline)
-            if found is not None:
-                return found
-            end, size = start, size * 4
-    return None
 
 
 def _consumer(config: Mapping[str, Any]) -> Consumer:
@@ -156,7 +207,12 @@ def _consumer(config: Mapping[str, Any]) -> Consumer:
 
 
 def _last_in_range(
-    config: Mapping[str, Any], first: TopicPartition, end: int, key: bytes, deadline: float
+    config: Mapping[str, Any],
+    first: TopicPartition,
+    end: int,
+    key: bytes,
+    deadline: float,
+    valid: Callable[[Checkpoint], bool],
 ) -> Checkpoint | None:
     """The last committed record with ``key`` in ``[first.offset, end)``: a fresh consumer
     per range, so its position is never one left over from another range."""
@@ -171,10 +227,37 @@ def _last_in_range(
                 offset = msg.offset()
                 ours = msg.error() is None and msg.key() == key
                 if ours and offset is not None and offset < end:
-                    last = Checkpoint.decode(msg.value() or b"{}")
+                    last = _decoded(msg.value(), first.topic, offset, valid) or last
             # The position steps over transaction markers and aborted records too.
             [position] = consumer.position([TopicPartition(first.topic, first.partition)])
             if position.offset >= end:
                 return last
     finally:
         consumer.close()
+
+
+def _decoded(
+    value: bytes | None, topic: str, offset: int, valid: Callable[[Checkpoint], bool]
+) -> Checkpoint | None:
+    """The checkpoint in a record under our key, or ``None`` (logged) if it is not one of ours."""
+    try:
+        checkpoint = Checkpoint.decode(value or b"")
+    except (ValueError, TypeError, KeyError) as exc:
+        logger.error(
+            "ignoring a malformed record in checkpoint topic %s at offset %d: %s",
+            topic,
+            offset,
+            exc,
+        )
+        return None
+    if not valid(checkpoint):
+        logger.error(
+            "ignoring a record in checkpoint topic %s at offset %d: not written by this relay"
+            " (slot %s, producer %s)",
+            topic,
+            offset,
+            checkpoint.slot,
+            checkpoint.producer,
+        )
+        return None
+    return checkpoint

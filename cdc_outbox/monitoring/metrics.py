@@ -197,6 +197,12 @@ def _ha_families(stats: RelayStats) -> Iterable[Metric]:
     txns.add_metric(["aborted"], stats.eos_aborts)
     yield txns
     yield CounterMetricFamily(
+        PREFIX + "untrusted_checkpoints_total",
+        "Exactly-once checkpoints not all in the database's history (failover to a standby"
+        " that was behind, restore): the transactions they held past it are published again.",
+        value=stats.untrusted_checkpoints,
+    )
+    yield CounterMetricFamily(
         PREFIX + "order_broken_total",
         "Dead letters whose later events of the same aggregate were already sent (Kafka"
         " rejected a record after later ones of its key were produced).",
@@ -376,5 +382,6 @@ METRIC_NAMES = frozenset(
         "polling_retry_attempts", "heartbeats_total", "heartbeat_errors_total",
         "heartbeat_last_success_timestamp_seconds", "role", "phase", "delivery_retries_total",
         "delivery_alert", "order_broken_total", "delivery_guarantee", "kafka_transactions_total",
+        "untrusted_checkpoints_total",
     )
 )  # fmt: skip

@@ -195,14 +195,14 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
     from cdc_outbox import db_pool
     from cdc_outbox.cdc.relay import Relay
     from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed
-    from cdc_outbox.service import drop_slot_quietly
 
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
     )
     init_outbox(settings)
     _write_backlog(pg_dsn, 2_000)
-    drop_slot_quietly(settings)  # as the service does before a catch-up
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as the service does first
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot_name,))
     relay = Relay(settings)
     errors: list[BaseException] = []
 
@@ -224,7 +224,7 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
         kafka_broker.start()
     assert len(errors) == 1 and isinstance(errors[0], CatchUpFailed), errors
     assert not [t for t in threading.enumerate() if t.name == "published-marker"]
-    db_pool.close_all()  # the process-wide pool (drop_slot_quietly above) is not the relay's
+    db_pool.close_all()  # the process-wide pool (the marker's id type look-up) is not the relay's
 
     def sessions() -> int:
         with psycopg.connect(pg_dsn) as conn:

@@ -4,6 +4,7 @@ test_exactly_once.py)."""
 from __future__ import annotations
 
 from cdc_outbox.cdc.eos import EosCommitter
+from cdc_outbox.cdc.history import History
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.outbox_mapping import OutboxRecord
@@ -32,7 +33,7 @@ def test_a_close_that_is_acknowledged_at_once_commits_in_the_same_step(
     stats = RelayStats()
     delivery = Delivery(settings, stats, transactional_id=f"{kafka_topic_prefix}-step")
     eos = EosCommitter(settings, delivery, stats, ("7", "db"))
-    eos.start_session()
+    eos.start_session(History("7", 1, 10**9))
     publisher = delivery.publisher
     topic = f"{kafka_topic_prefix}.order"
     handles: list[RecordingHandle] = []
