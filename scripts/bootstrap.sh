@@ -6,7 +6,8 @@
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
 #     pyproject.toml changes), and a .pth file that makes the dev harness cdc_outbox_dev
 #     (not part of the wheel) importable from this checkout
-#   - the Kafka broker jars and its class-data-sharing archive, the Apicurio schema registry
+#   - the PostgreSQL 16, 17 and 18 server builds (io.zonky.test.postgres on Maven Central, for
+#     CDC_OUTBOX_PG_VERSION), the Kafka broker jars and its class-data-sharing archive, the Apicurio schema registry
 #     (3.3.3 when a Java >= 21 is installed, else 2.6.13.Final), and the Go modules of
 #     docker/k8s/validate (from the Go module proxy), cached in
 #     ${CDC_OUTBOX_CACHE_DIR:-~/.cache/cdc-outbox}
@@ -84,6 +85,13 @@ logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
 from cdc_outbox_dev.sandbox.kafka import ensure_cds_archive, ensure_kafka_jars
 ensure_kafka_jars()
 ensure_cds_archive()
+'
+log "checking the PostgreSQL 16, 17 and 18 server builds (Maven Central) cache"
+.venv/bin/python -c '
+import logging
+logging.basicConfig(level=logging.INFO, format="bootstrap: %(message)s")
+from cdc_outbox_dev.sandbox.pg_versions import ensure_all
+ensure_all()
 '
 log "checking the schema registry (Apicurio) cache"
 .venv/bin/python -c '

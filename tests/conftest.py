@@ -2,9 +2,14 @@
 
 ``CDC_OUTBOX_TEST_BACKEND`` picks them: ``local`` (default: local processes, no Docker) or
 ``testcontainers`` (containers, for machines with Docker; cdc_outbox_dev/sandbox/containers.py).
+``CDC_OUTBOX_PG_VERSION`` (15, 16, 17 or 18) picks the local PostgreSQL major
+(cdc_outbox_dev/sandbox/pg_versions.py); a bad value is a usage error (exit 2).
 
 - ``pg_server`` (session): running ``LocalPostgres`` (wal_level=logical, trust on 127.0.0.1).
 - ``pg_dsn``: a fresh empty database per test, dropped afterwards (slots and sessions first).
+- ``pg_primary_standby``: a fresh ``LocalPostgres`` primary and its asynchronous physical
+  standby (cdc_outbox_dev/sandbox/standby.py; physical slot ``standby1``), local processes on
+  every backend, for failover tests that kill the primary; both deleted afterwards.
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
 - ``kafka_strict_broker`` (session): a second ``LocalKafka`` with topic auto-creation off and
   an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
@@ -34,11 +39,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc_outbox_dev.sandbox import pg_versions
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
+from cdc_outbox_dev.sandbox.standby import make_standby
 from tests.helpers import delete_all_acls
 
 logger = logging.getLogger("tests.conftest")
@@ -64,6 +71,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_BACKEND] = backend_from_env(os.environ)
     except BackendError as exc:
         raise pytest.UsageError(str(exc)) from None
+    try:
+        pg_versions.selected_major(os.environ)
+    except pg_versions.VersionError as exc:  # one line, exit 2, before any server starts
+        pytest.exit(str(exc), returncode=2)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    major = pg_versions.selected_major(os.environ)
+    chosen = f"{pg_versions.VERSION_ENV}={major}" if major else "the default binaries"
+    return f"postgresql: {chosen}"
 
 
 _BACKEND = pytest.StashKey[str]()
@@ -102,6 +119,16 @@ def pg_server(request: pytest.FixtureRequest) -> Iterator[LocalPostgres]:
         yield pg
     finally:
         pg.close()
+
+
+@pytest.fixture
+def pg_primary_standby() -> Iterator[tuple[LocalPostgres, LocalPostgres]]:
+    with LocalPostgres() as primary:
+        standby = make_standby(primary, application_name="standby1", slot="standby1")
+        try:
+            yield primary, standby
+        finally:
+            standby.close()
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,14 @@ OS_USER = "postgres"
 
 
 def find_bindir() -> Path:
-    """Directory holding ``postgres``/``initdb``: $CDC_OUTBOX_PG_BINDIR, pg_config, or newest
+    """Directory holding ``postgres``/``initdb``: the major $CDC_OUTBOX_PG_VERSION names
+    (``pg_versions``; it wins), else $CDC_OUTBOX_PG_BINDIR, pg_config, or the newest
     /usr/lib/postgresql/*/bin."""
+    from cdc_outbox_dev.sandbox import pg_versions  # it imports this module
+
+    major = pg_versions.selected_major(os.environ)
+    if major is not None:
+        return pg_versions.bindir_for(major)
     env = os.environ.get("CDC_OUTBOX_PG_BINDIR")
     candidates: list[Path] = [Path(env)] if env else []
     pg_config = shutil.which("pg_config")

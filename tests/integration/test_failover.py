@@ -1,0 +1,110 @@
+"""Failover to a lagging asynchronous standby, at-least-once (issues 23 and 24).
+
+A primary and its physical standby (plain processes, cdc_outbox_dev/sandbox/standby.py);
+writers commit events with per-aggregate versions through a multi-host DSN, the relay
+(``cdc-outbox run``, mode cdc) follows the same DSN. The standby's walreceiver is paused so it
+falls behind, the primary is killed (``-m immediate``) and the standby promoted; writers and
+relay carry on against the new primary. An outside reader then counts, against the rows the new
+primary has: lost (committed there, never in Kafka), rows left PENDING, duplicates and phantoms
+(in Kafka, but the new primary never had the row: transactions the standby never received).
+Lost and PENDING must be 0; phantoms are expected until the relay waits for its standbys
+(issue 24), so they and the duplicates are printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import psycopg
+
+from cdc_outbox_dev import workload
+from cdc_outbox_dev.sandbox import standby as sb
+from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from tests.helpers import wait_until
+from tests.relay_support import (
+    init_outbox,
+    outbox_statuses,
+    relay_settings,
+    service_thread,
+    tally_topics,
+    wait_streamed_past_now,
+)
+
+
+def _rows(dsn: str) -> int:
+    return sum(outbox_statuses(dsn).values())
+
+
+def _fill_wal(dsn: str, megabytes: int) -> None:
+    """Commit about ``megabytes`` of WAL in a table outside the outbox: it fills the socket
+    buffers of the paused standby's connection, so what is committed after it stays unsent."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS filler (pad text)")
+        conn.execute(
+            "INSERT INTO filler SELECT repeat(md5(g::text), 32) FROM generate_series(1, %s) g",
+            (megabytes * 1000,),
+        )
+
+
+def test_failover_to_a_lagging_standby_loses_nothing_at_least_once(
+    pg_primary_standby: tuple[LocalPostgres, LocalPostgres],
+    kafka_broker: Any,
+    kafka_topic_prefix: str,
+) -> None:
+    primary, standby = pg_primary_standby
+    primary.create_database("failover")
+    dsn = sb.multi_host_dsn([primary, standby], "failover", connect_timeout="3")
+    settings = relay_settings(dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    columns = settings.column_names()
+    spec = workload.WorkloadSpec(
+        events=10_000_000, writers=4, aggregates=200, txn_sizes=(1, 5, 20), rate=1_000
+    )
+    stop_writing = threading.Event()
+    reports: list[workload.WriteReport] = []
+    writers = threading.Thread(
+        target=lambda: reports.append(
+            workload.write_orders(dsn, spec, columns=columns, stop=stop_writing)
+        ),
+        name="writers",
+    )
+    try:
+        with service_thread(settings) as service:
+            writers.start()
+            wait_until(lambda: service.stats.events_published >= 1_000, timeout=120)
+            with sb.paused_walreceiver(standby):
+                _fill_wal(primary.dsn_for("failover"), 64)
+                published = service.stats.events_published
+                # The relay publishes what the standby will never have: phantoms to be.
+                wait_until(lambda: service.stats.events_published >= published + 2_000, timeout=120)
+                ahead = sb.current_lsn(primary) - sb.replay_lsn(standby)
+                primary.crash()
+            sb.promote(standby)
+            assert sb.timeline(standby.dsn) == 2
+            at_promotion = _rows(dsn)
+            wait_until(lambda: _rows(dsn) >= at_promotion + 2_000, timeout=180)
+            stop_writing.set()
+            writers.join(180)
+            assert not writers.is_alive(), "the writers did not stop"
+            wait_streamed_past_now(dsn, settings.slot_name, timeout=240)
+            with contextlib.suppress(AssertionError):  # counted and printed below either way
+                wait_until(lambda: "PENDING" not in outbox_statuses(dsn), timeout=120)
+    finally:
+        stop_writing.set()
+        if writers.is_alive():
+            writers.join(180)
+    verdict = tally_topics(dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    statuses = outbox_statuses(dsn)
+    print(
+        f"failover: standby {ahead} bytes behind at the kill; {reports[0].committed} committed"
+        f" by the writers, {verdict.expected} rows on the new primary; lost"
+        f" {len(verdict.missing)}, PENDING {statuses.get('PENDING', 0)}, duplicates"
+        f" {verdict.duplicates}, phantoms {len(verdict.unexpected)}, order violations"
+        f" {len(verdict.order_violations)}"
+    )
+    assert ahead > 0
+    assert verdict.missing == []
+    assert statuses.get("PENDING", 0) == 0
+    assert verdict.mismatched == []
