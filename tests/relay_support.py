@@ -303,14 +303,18 @@ def tally_topics(
     prefix: str,
     decode_value: Any = None,
     decode_key: Any = None,
+    *,
+    read_committed: bool = False,
 ) -> Any:
     """Every committed outbox row against the records of ``<prefix>.event.*`` (printed);
-    ``decode_value`` reads values that are not the payload text (Avro)."""
+    ``decode_value`` reads values that are not the payload text (Avro); ``read_committed``
+    reads as an exactly-once consumer does."""
     from cdc_outbox_dev import workload
     from cdc_outbox_dev.readback import read_topics
 
     expected = workload.stored_events(dsn, columns=settings.column_names())
-    records = read_topics(bootstrap, f"{prefix}.event.", timeout=120)
+    extra = {"isolation.level": "read_committed"} if read_committed else None
+    records = read_topics(bootstrap, f"{prefix}.event.", timeout=120, extra_config=extra)
     verdict = workload.tally(expected, records, decode_value=decode_value, decode_key=decode_key)
     print(verdict.summary())
     return verdict
