@@ -56,10 +56,6 @@ class DeadLetterError(Exception):
     """A dead letter could not be written (retry later; the record is not done)."""
 
 
-def _as_bytes(data: str | bytes | None) -> bytes | None:
-    return data.encode() if isinstance(data, str) else data
-
-
 class KafkaSource:
     """A consumer-group member reading ``topics`` (names, or regexes starting with ``^``)."""
 
@@ -105,10 +101,14 @@ class KafkaSource:
             out.append(_raw(msg))
         return out
 
-    def done(self, record: RawRecord) -> None:
-        """Mark ``record`` finished: its next offset is committed by the next :meth:`commit`."""
+    def done(self, records: Sequence[RawRecord]) -> None:
+        """Mark ``records`` finished (each partition up to its last one there): the next
+        offsets are committed by the next :meth:`commit`."""
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            last[(r.topic, r.partition)] = r.offset
         self._consumer.store_offsets(
-            offsets=[TopicPartition(record.topic, record.partition, record.offset + 1)]
+            offsets=[TopicPartition(t, p, offset + 1) for (t, p), offset in last.items()]
         )
         self._dirty = True
 
@@ -124,10 +124,6 @@ class KafkaSource:
                 self._dirty = False
                 return
             logger.warning("offset commit failed (records will be re-read, then skipped): %s", exc)
-
-    def seek(self, record: RawRecord) -> None:
-        """Read ``record`` again next (after an unfinished attempt)."""
-        self._consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records between the position and the high watermark, per assigned partition."""
@@ -151,15 +147,16 @@ class KafkaSource:
 
 
 def _raw(msg: Message) -> RawRecord:
-    raw_headers: Any = msg.headers() or []
-    headers = tuple((str(k), _as_bytes(v)) for k, v in raw_headers)
+    """``msg`` as a :class:`RawRecord`: without deserializers, confluent-kafka hands out
+    bytes (key, value, header values) and str header names already."""
+    headers: Any = msg.headers()
     return RawRecord(
-        topic=msg.topic() or "",
-        partition=msg.partition() or 0,
-        offset=msg.offset() or 0,
-        key=_as_bytes(msg.key()),
-        value=_as_bytes(msg.value()),
-        headers=headers,
+        msg.topic() or "",
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.key(),
+        msg.value(),
+        tuple(headers) if headers else (),
     )
 
 
