@@ -104,10 +104,9 @@ class ConsumerStore:
         """Record every id of ``event_ids`` in one statement; the ids that were new (the rest
         are duplicates). Pipelined with the transaction's BEGIN: one round trip; binary
         parameters (a third less time than text for 500 ids, measured)."""
-        with conn.pipeline():
+        with conn.pipeline():  # fetched after the pipeline's one Sync, not inside it
             cur = conn.execute(self._mark_batch, (self.consumer_name, event_ids), binary=True)
-            rows = cur.fetchall()
-        return {row[0] for row in rows}
+        return {row[0] for row in cur.fetchall()}
 
     def unmark(self, conn: psycopg.Connection[Any], event_ids: list[uuid.UUID]) -> None:
         """Forget ``event_ids`` again (marked by :meth:`mark_batch`, then not handled)."""
