@@ -17,8 +17,8 @@ from psycopg_pool import ConnectionPool
 from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.consumer_handlers import count
-from tests.consumer_support import APPLIED_DDL, OutboxEvent, applied_rows, produce_events
-from tests.helpers import consume_all, create_topic, wait_until
+from tests.consumer_support import OutboxEvent, applied_rows, counter_topics, produce_events
+from tests.helpers import consume_all, wait_until
 from tests.relay_support import running
 
 #: A constraint checked only at COMMIT: a dangling row makes the COMMIT fail, not the INSERT.
@@ -41,12 +41,7 @@ def test_a_commit_that_fails_is_retried_then_dead_lettered_and_the_key_parked(
     pg_dsn: str, kafka_broker: LocalKafka, kafka_topic_prefix: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap_servers
-    topic, dlq = f"{kafka_topic_prefix}.event.counter", f"{kafka_topic_prefix}.consumer-dlq"
-    create_topic(bootstrap, topic, partitions=2)
-    create_topic(bootstrap, dlq, partitions=1)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(APPLIED_DDL)
-        conn.execute(DEFERRED_DDL)
+    topic, dlq = counter_topics(pg_dsn, bootstrap, kafka_topic_prefix, 2, DEFERRED_DDL)
     events = [
         OutboxEvent(uuid.uuid4(), k, n, {"dangle": True} if (k, n) == ("b", 2) else None)
         for n in range(1, 6)
@@ -77,7 +72,7 @@ def test_a_commit_that_fails_is_retried_then_dead_lettered_and_the_key_parked(
         applied[agg].append(n)
     assert dict(applied) == {"a": [1, 2, 3, 4, 5], "b": [1], "c": [1, 2, 3, 4, 5]}
     letters = consume_all(bootstrap, [dlq], expected_count=4)
-    reasons = [dict(m.headers)["cdc_outbox.error"].decode() for m in letters]
+    reasons = [(dict(m.headers)["cdc_outbox.error"] or b"").decode() for m in letters]
     assert reasons[0].startswith("commit failed after 3 attempt(s): ForeignKeyViolation: "), (
         reasons[0]
     )
@@ -123,10 +118,7 @@ def test_a_connection_lost_mid_batch_redoes_only_what_its_transaction_had_handle
     pg_dsn: str, kafka_broker: LocalKafka, kafka_topic_prefix: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap_servers
-    topic = f"{kafka_topic_prefix}.event.counter"
-    create_topic(bootstrap, topic, partitions=1)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(APPLIED_DDL)
+    topic, _dlq = counter_topics(pg_dsn, bootstrap, kafka_topic_prefix, 1)
     events = [OutboxEvent(uuid.uuid4(), f"k-{i % 7}", i // 7 + 1) for i in range(300)]
     produce_events(bootstrap, topic, events)  # all there before the consumer polls
     victim = events[100].event_id

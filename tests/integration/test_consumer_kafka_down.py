@@ -8,18 +8,17 @@ import json
 import time
 import uuid
 
-import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.consumer_support import (
-    APPLIED_DDL,
     ConsumerProcess,
     OutboxEvent,
     count_rows,
+    counter_topics,
     produce_events,
 )
-from tests.helpers import create_topic, wait_until
+from tests.helpers import wait_until
 
 #: Lines allowed while the broker is down: a few distinct ones, each at most once per 30 s.
 #: Before the throttle: about 40 lines per second, half of them raw ``%3|...`` lines.
@@ -43,10 +42,7 @@ def test_broker_down_logs_few_json_lines_and_an_override_is_named_once(
     pg_dsn: str, kafka_broker: LocalKafka, kafka_topic_prefix: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap_servers
-    topic = f"{kafka_topic_prefix}.event.counter"
-    create_topic(bootstrap, topic, partitions=1)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(APPLIED_DDL)
+    topic, _dlq = counter_topics(pg_dsn, bootstrap, kafka_topic_prefix, 1)
     produce_events(bootstrap, topic, [OutboxEvent(uuid.uuid4(), "k", 1)])
     consumer = ConsumerProcess(
         f"consumer-kafka-down-{kafka_topic_prefix}", pg_dsn, bootstrap,
