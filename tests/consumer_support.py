@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psycopg
 from confluent_kafka import Producer
 
-from tests.helpers import wait_until
+from tests.helpers import create_topic, wait_until
 from tests.relay_support import ChildProcess
 
 #: What the handlers in tests/consumer_handlers.py write: one row per application.
@@ -56,6 +56,20 @@ def produce_events(bootstrap: str, topic: str, events: Sequence[OutboxEvent]) ->
                 producer.poll(0.1)
         producer.poll(0)
     assert producer.flush(60) == 0
+
+
+def counter_topics(
+    dsn: str, bootstrap: str, prefix: str, partitions: int, *ddl: str
+) -> tuple[str, str]:
+    """(topic, dead-letter topic) of a test, both created, and the ``applied`` table plus
+    ``ddl`` created in ``dsn``."""
+    topic, dlq = f"{prefix}.event.counter", f"{prefix}.consumer-dlq"
+    create_topic(bootstrap, topic, partitions=partitions)
+    create_topic(bootstrap, dlq, partitions=1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in (APPLIED_DDL, *ddl):
+            conn.execute(statement)
+    return topic, dlq
 
 
 def applied_rows(dsn: str) -> list[tuple[int, str, str, int]]:

@@ -90,9 +90,8 @@ def _text(data: bytes | None) -> str | None:
         return None
 
 
-def event_id_of(record: RawRecord) -> uuid.UUID:
+def _event_id(headers: dict[str, bytes | None]) -> uuid.UUID:
     """The ``id`` header (set by the relay to the outbox row's id) as a UUID."""
-    headers = dict(record.headers)
     raw = _text(headers.get("id"))
     if raw is None:
         raise BadRecord("record has no 'id' header (not an outbox event?)")
@@ -104,10 +103,9 @@ def event_id_of(record: RawRecord) -> uuid.UUID:
 
 def event_of(record: RawRecord, decode: ValueDecoder) -> Event:
     """The :class:`Event` of ``record``; :class:`BadRecord` if it has none."""
-    event_id = event_id_of(record)
     headers = dict(record.headers)
     return Event(
-        event_id=event_id,
+        event_id=_event_id(headers),
         aggregate_type=_text(headers.get("aggregate_type")),
         aggregate_id=_text(record.key),
         event_type=_text(headers.get("event_type")),

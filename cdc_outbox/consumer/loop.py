@@ -1,31 +1,36 @@
 """The idempotent consumer loop: Kafka -> PostgreSQL transaction -> Kafka offsets.
 
-Contract of :class:`IdempotentConsumer`. Records are handled one at a time in partition order.
-The records of one poll (at most ``poll_batch``) share one PostgreSQL transaction from the
-pool, and each record runs in its own savepoint inside it, so per record:
+Contract of :class:`IdempotentConsumer`. Records are finished in partition order. For each
+event, its ``processed_events`` row ``(consumer_name, event_id)`` and the handler's changes
+commit in one transaction, or neither does; offsets are stored only after that COMMIT, and
+committed to Kafka every ``commit_interval_s``, before partitions are revoked and on shutdown
+(manual commits only). A crash re-reads at most what was not committed; the row skips it.
 
-1. insert ``(consumer_name, event_id)`` into ``processed_events`` (``ON CONFLICT DO
-   NOTHING``); no row inserted -> a duplicate: skip it;
-2. if the record's key is parked (an earlier event of that key on that topic was
-   dead-lettered), dead-letter it with reason ``blocked_by <event id>``;
-3. otherwise run ``handler(conn, event)``. Its changes and the ``processed_events`` row are
-   kept or rolled back together: applied exactly once.
+The records of one poll (at most ``poll_batch``) take the fast path
+(:meth:`cdc_outbox.consumer.apply.Applier.fast`): one transaction, the batch's rows inserted
+by one statement (``ON CONFLICT DO NOTHING``: an id not inserted is a duplicate, skipped),
+then for each new event, in order: a record whose key is parked (an earlier event of that key
+on that topic was dead-lettered) is dead-lettered with reason ``blocked_by <event id>``;
+otherwise ``handler(conn, event)`` runs. Then COMMIT.
 
-After the transaction commits, the records' offsets are stored; stored offsets are committed
-to Kafka every ``commit_interval_s``, before partitions are revoked and on shutdown (manual
-commits only). A crash re-reads at most what was not committed; step 1 skips it.
+When a handler raises there, the transaction is rolled back; the records before it are redone
+on the fast path, and that record on the slow path (:meth:`~cdc_outbox.consumer.apply.Applier.one`:
+a transaction of its own, retried with doubling backoff up to ``max_attempts``, then the record
+goes to ``dead_letter_topic`` with headers ``cdc_outbox.error`` = reason,
+``cdc_outbox.consumer``, ``cdc_outbox.original_topic`` / ``_partition`` / ``_offset``, its
+``processed_events`` row is written and its key parked in ``consumer_parked_keys``). When the
+COMMIT fails (a deferred constraint, a serialization failure), the batch's records are redone
+one transaction each until the one whose COMMIT fails has been retried and finished the same
+way; then the fast path goes on. A record without a valid ``id`` header or with an undecodable
+value is dead-lettered at once. A dead letter is acknowledged by Kafka before the transaction
+recording it commits (a crash in between re-sends it: dead letters are at-least-once).
 
-A handler exception rolls back the record's savepoint and is retried with doubling backoff up
-to ``max_attempts`` attempts; then the record goes to ``dead_letter_topic`` (headers
-``cdc_outbox.error`` = reason, ``cdc_outbox.consumer``, ``cdc_outbox.original_topic`` /
-``_partition`` / ``_offset``), its ``processed_events`` row is written, its key is parked
-(``consumer_parked_keys``, persisted) and the loop goes on. A record without a valid ``id``
-header or with an undecodable value is dead-lettered at once. A dead letter is acknowledged by
-Kafka before the transaction recording it commits (a crash in between re-sends it: dead
-letters are at-least-once). Database, Kafka or schema registry trouble (a broken connection,
-no pool connection, a dead letter not acknowledged, a value decoder raising
-``DecodeUnavailable``) rolls the whole transaction back and redoes the batch after a backoff,
-indefinitely; it never dead-letters anything.
+Database, Kafka or schema registry trouble (a lost connection, no pool connection, a dead
+letter not acknowledged, a value decoder raising ``DecodeUnavailable``) never dead-letters
+anything: what is finished before it is committed when the transaction is intact, and the
+rest is redone from the first unfinished record after ``retry_backoff_s``, indefinitely. A
+lost connection loses its open transaction: the events handled in it are handled again
+(docs/consumers.md lists every case in which a handler sees an event twice).
 
 :meth:`request_stop` (SIGTERM) ends the loop after the current record (an unfinished retry is
 abandoned): what is done is committed, offsets are committed, the group is left.
@@ -40,8 +45,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
+from cdc_outbox.consumer.apply import INFRA_ERRORS, Applier, CommitFailed, HandlerFailed, Item
 from cdc_outbox.consumer.events import (
     BadRecord,
     DecodeUnavailable,
@@ -51,21 +57,16 @@ from cdc_outbox.consumer.events import (
     event_of,
 )
 from cdc_outbox.consumer.metrics import ConsumerMetrics
-from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
+from cdc_outbox.consumer.settings import ConsumerSettings
 from cdc_outbox.consumer.store import ConsumerStore
-from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, KafkaSource, RawRecord
+from cdc_outbox.kafka.consumer import DeadLetterSender, KafkaSource, RawRecord
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Handler", "IdempotentConsumer"]
 
 Handler = Callable[[psycopg.Connection[Any], Event], Any]
-_INFRA_ERRORS = (psycopg.OperationalError, PoolTimeout, DeadLetterError, DecodeUnavailable)
 _LAG_INTERVAL_S = 5.0
-
-
-class _HandlerFailed(Exception):
-    pass
 
 
 class IdempotentConsumer:
@@ -91,7 +92,6 @@ class IdempotentConsumer:
         self._parked: dict[tuple[str, str], str] = {}
         #: (topic, partition) currently assigned to this member (for health checks and tests).
         self.assignment: frozenset[tuple[str, int]] = frozenset()
-        self._dlq: DeadLetterSender | None = None
 
     def request_stop(self) -> None:
         """Finish the current record, commit offsets, leave the group (thread/signal safe)."""
@@ -107,7 +107,9 @@ class IdempotentConsumer:
         if s.create_tables:
             with self.pool.connection() as conn:
                 self.store.create_tables(conn)
-        self._dlq = DeadLetterSender(s.kafka_consumer_config())
+        dead_letters = DeadLetterSender(s.kafka_consumer_config())
+        applier = Applier(s, self.pool, self.handler, self.store, dead_letters, self._parked,
+                          self._stop, self.metrics)  # fmt: skip
         source = KafkaSource(
             s.kafka_consumer_config(), s.group_id, s.topics, self._assigned, self._revoked
         )
@@ -118,8 +120,7 @@ class IdempotentConsumer:
             while not self._stop.is_set():
                 records = source.poll(0.5, s.poll_batch)
                 if records:
-                    for record in records[: self._run_batch(records)]:
-                        source.done(record)
+                    self._consume(records, applier, source)
                 now = time.monotonic()
                 if now >= next_commit:
                     source.commit()
@@ -129,7 +130,7 @@ class IdempotentConsumer:
                     next_lag = now + _LAG_INTERVAL_S
         finally:
             source.close()
-            self._dlq.close()
+            dead_letters.close()
             logger.info("consumer %s stopped: %s", s.consumer_name, self.metrics.counts)
 
     # -- rebalances ------------------------------------------------------------------------
@@ -138,9 +139,11 @@ class IdempotentConsumer:
         while True:  # the parked keys of every partition this member may now own
             try:
                 with self.pool.connection() as conn:
-                    self._parked = self.store.parked(conn)
+                    parked = self.store.parked(conn)
+                self._parked.clear()
+                self._parked.update(parked)
                 return
-            except _INFRA_ERRORS as exc:
+            except INFRA_ERRORS as exc:
                 logger.warning("consumer: cannot read parked keys: %s; retrying", exc)
                 if self._stop.wait(self.settings.retry_backoff_s):
                     return
@@ -149,115 +152,61 @@ class IdempotentConsumer:
         self.assignment = self.assignment - frozenset(parts)
         self.metrics.forget(parts)
 
-    # -- one batch, one record -------------------------------------------------------------
-    def _run_batch(self, records: list[RawRecord]) -> int:
-        """Handle a prefix of ``records`` in one transaction; return its length (all of them
-        unless stopping)."""
-        while True:
-            outcomes: list[tuple[str, str]] = []
-            parked: dict[tuple[str, str], str] = {}
+    # -- one poll --------------------------------------------------------------------------
+    def _consume(self, records: list[RawRecord], applier: Applier, source: KafkaSource) -> None:
+        """Finish ``records`` in order (all of them unless stopping); the offsets of each
+        committed part are stored at once."""
+        items: list[Item] = []  # items[i] is records[i], decoded
+        pos = 0
+        suspect: int | None = None  # its handler raised on the fast path: goes alone
+        alone_until = 0  # a COMMIT failed: records before this index go one by one
+        while pos < len(records) and not self._stop.is_set():
+            if len(items) == pos:
+                try:
+                    self._decode(records, items)
+                except DecodeUnavailable as exc:
+                    if len(items) == pos:
+                        self._trouble(exc, records[pos])
+                        continue
             try:
-                with self.pool.connection() as conn, conn.transaction():
-                    for record in records:
-                        if self._stop.is_set():
-                            break
-                        done = self._one(conn, record, parked)
-                        if done is None:
-                            break
-                        outcomes.append(done)
-            except _INFRA_ERRORS as exc:
-                logger.warning("consumer: %s; redoing the batch", exc)
-                if self._stop.wait(self.settings.retry_backoff_s):
-                    return 0
+                if pos == suspect or pos < alone_until:
+                    result = applier.one(items[pos])
+                    if result is None:
+                        return
+                    outcomes, trouble = [result[0]], None
+                    if result[1] or pos == suspect:
+                        suspect, alone_until = None, 0
+                else:
+                    end = len(items) if suspect is None else suspect
+                    outcomes, trouble = applier.fast(items[pos:end])
+            except HandlerFailed as exc:
+                suspect = pos + exc.index
                 continue
-            self._parked.update(parked)
-            for outcome, reason in outcomes:
-                self.metrics.outcome(outcome, reason)
-            return len(outcomes)
+            except CommitFailed as exc:
+                logger.warning("consumer: COMMIT failed: %s; redoing %d record(s) one by one",
+                               exc.__cause__, exc.count)  # fmt: skip
+                alone_until = pos + exc.count
+                continue
+            except INFRA_ERRORS as exc:
+                self._trouble(exc, records[pos])
+                continue
+            self.metrics.record(outcomes)
+            if outcomes:
+                source.done(records[pos : pos + len(outcomes)])
+                pos += len(outcomes)
+            if trouble is not None:
+                self._trouble(trouble, records[pos])
 
-    def _one(
-        self, conn: psycopg.Connection[Any], record: RawRecord, parked: dict[tuple[str, str], str]
-    ) -> tuple[str, str] | None:
-        """Finish ``record`` in a savepoint: (outcome, reason); None when stopping first."""
-        try:
-            event = event_of(record, self.decode)
-        except BadRecord as exc:
-            return self._give_up(conn, record, None, str(exc), parked)
-        attempt = 0
-        while True:
+    def _decode(self, records: list[RawRecord], items: list[Item]) -> None:
+        """Extend ``items`` with the events of the records after them (the reason, for a
+        record that has none); stops at :class:`DecodeUnavailable`, which it raises."""
+        for record in records[len(items) :]:
             try:
-                with conn.transaction():
-                    if self.settings.dedupe and not self.store.mark_processed(conn, event.event_id):
-                        return "duplicate", ""
-                    blocker = self._blocker(record, parked)
-                    if blocker is not None:
-                        self._dead_letter(record, f"blocked_by {blocker}")
-                        return "dead_lettered", f"blocked_by {blocker}"
-                    try:
-                        self.handler(conn, event)
-                    except Exception as exc:
-                        if isinstance(exc, _INFRA_ERRORS) and conn.broken:
-                            raise
-                        raise _HandlerFailed() from exc
-                    return "processed", ""
-            except _HandlerFailed as exc:
-                attempt += 1
-                cause = exc.__cause__
-                why = f"handler failed after {attempt} attempt(s): {type(cause).__name__}: {cause}"
-                if attempt >= self.settings.max_attempts:
-                    logger.error("%s; dead-lettering", why, extra={"event_id": event.event_id})
-                    return self._give_up(conn, record, event, why, parked)
-                self.metrics.retried()
-                logger.warning("%s; retrying", why, extra={"event_id": event.event_id})
-                s = self.settings
-                if self._stop.wait(
-                    backoff_delay(attempt, s.retry_backoff_s, s.retry_backoff_max_s)
-                ):
-                    return None
+                items.append((record, event_of(record, self.decode)))
+            except BadRecord as exc:
+                items.append((record, str(exc)))
 
-    def _blocker(self, record: RawRecord, parked: dict[tuple[str, str], str]) -> str | None:
-        if record.key is None:
-            return None
-        key = (record.topic, record.key.decode(errors="replace"))
-        return parked.get(key) or self._parked.get(key)
-
-    def _give_up(
-        self,
-        conn: psycopg.Connection[Any],
-        record: RawRecord,
-        event: Event | None,
-        reason: str,
-        parked: dict[tuple[str, str], str],
-    ) -> tuple[str, str]:
-        """Dead-letter ``record`` (acknowledged by Kafka) and park its key, in a savepoint."""
-        key = None if record.key is None else record.key.decode(errors="replace")
-        with conn.transaction():
-            if (
-                event is not None
-                and self.settings.dedupe
-                and not self.store.mark_processed(conn, event.event_id)
-            ):
-                return "duplicate", ""
-            blocker = self._blocker(record, parked)
-            if blocker is not None:
-                reason = f"blocked_by {blocker}"
-            self._dead_letter(record, reason)
-            if key is not None and blocker is None:
-                event_id = event.event_id if event else None
-                self.store.park(conn, record.topic, key, event_id, reason)
-                parked[(record.topic, key)] = str(event_id) if event_id else "unknown"
-        return "dead_lettered", reason
-
-    def _dead_letter(self, record: RawRecord, reason: str) -> None:
-        assert self._dlq is not None
-        headers: list[tuple[str, str | bytes | None]] = list(record.headers)
-        headers += [
-            ("cdc_outbox.error", reason.encode()),
-            ("cdc_outbox.consumer", self.settings.consumer_name.encode()),
-            ("cdc_outbox.original_topic", record.topic.encode()),
-            ("cdc_outbox.original_partition", str(record.partition).encode()),
-            ("cdc_outbox.original_offset", str(record.offset).encode()),
-        ]
-        self._dlq.send(self.settings.dead_letter_topic, record.key, record.value, headers)
-        logger.warning("dead-lettered %s[%d]@%d: %s", record.topic, record.partition,
-                       record.offset, reason)  # fmt: skip
+    def _trouble(self, exc: BaseException, record: RawRecord) -> None:
+        logger.warning("consumer: %s; redoing the batch from %s[%d]@%d", exc, record.topic,
+                       record.partition, record.offset)  # fmt: skip
+        self._stop.wait(self.settings.retry_backoff_s)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -44,14 +46,23 @@ class ConsumerMetrics:
         self.counts = {"processed": 0, "duplicate": 0, "dead_lettered": 0, "retried": 0}
 
     def outcome(self, outcome: str, reason: str = "") -> None:
-        self.counts[outcome] += 1
-        if outcome == "processed":
-            self._processed.labels(self.name).inc()
-        elif outcome == "duplicate":
-            self._duplicates.labels(self.name).inc()
-        else:
-            kind = "blocked" if reason.startswith("blocked_by") else "failed"
-            self._dead.labels(self.name, kind).inc()
+        self.record([(outcome, reason)])
+
+    def record(self, outcomes: Iterable[tuple[str, str]]) -> None:
+        """Count ``(outcome, reason)`` pairs (one per finished record; one update per kind)."""
+        tally = collections.Counter(
+            (o, "" if o != "dead_lettered" else "blocked" if r.startswith("blocked_by")
+             else "failed")
+            for o, r in outcomes
+        )  # fmt: skip
+        for (outcome, kind), n in tally.items():
+            self.counts[outcome] += n
+            if outcome == "processed":
+                self._processed.labels(self.name).inc(n)
+            elif outcome == "duplicate":
+                self._duplicates.labels(self.name).inc(n)
+            else:
+                self._dead.labels(self.name, kind).inc(n)
 
     def retried(self) -> None:
         self.counts["retried"] += 1

@@ -6,7 +6,12 @@ Contract:
   (after the record's PostgreSQL transaction committed) and are committed by
   :meth:`KafkaSource.commit` (periodically, before partitions are revoked, and on close).
   ``isolation.level`` is ``read_committed`` (records of aborted Kafka transactions are never
-  seen). User config (``kafka.config`` plus consumer overrides) cannot change these three.
+  seen). User config (``kafka.config`` plus consumer overrides) cannot change these three;
+  a user value that differs is overridden with one warning line.
+- librdkafka's own log lines go through :mod:`logging` (logger ``cdc_outbox.librdkafka``)
+  and, like the client's error callbacks and error events (logger
+  ``cdc_outbox.kafka.consumer``), each distinct line at most once per 30 s: a broker that
+  is down does not flood the log.
 - Rebalances call ``on_revoke`` (after committing what is done) and ``on_assign`` on the
   caller's thread, inside :meth:`KafkaSource.poll`.
 - :class:`DeadLetterSender.send` returns only once Kafka acknowledged the record
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +63,6 @@ class DeadLetterError(Exception):
     """A dead letter could not be written (retry later; the record is not done)."""
 
 
-def _as_bytes(data: str | bytes | None) -> bytes | None:
-    return data.encode() if isinstance(data, str) else data
-
-
 class KafkaSource:
     """A consumer-group member reading ``topics`` (names, or regexes starting with ``^``)."""
 
@@ -71,17 +74,18 @@ class KafkaSource:
         on_assign: Callable[[list[tuple[str, int]]], None],
         on_revoke: Callable[[list[tuple[str, int]]], None],
     ) -> None:
-        conf: dict[str, Any] = {**_DEFAULTS, **config, **_FORCED, "group.id": group_id}
-        conf["error_cb"] = self._error
-        self._consumer = Consumer(conf)
+        forced = {**_FORCED, "group.id": group_id}
+        _warn_overridden(config, forced)
+        self._errors = QuietLibrdkafkaLog(name=__name__)
+        conf: dict[str, Any] = {**_DEFAULTS, **config, **forced, "error_cb": self._error}
+        self._consumer = Consumer(conf, logger=QuietLibrdkafkaLog())
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._consumer.subscribe(list(topics), on_assign=self._assigned, on_revoke=self._revoked)
         self._dirty = False
 
-    @staticmethod
-    def _error(err: KafkaError) -> None:
-        logger.warning("kafka consumer: %s", err)
+    def _error(self, err: KafkaError) -> None:
+        self._errors.log(logging.WARNING, "kafka consumer: %s", err.str())
 
     def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         logger.info("assigned %d partition(s)", len(parts))
@@ -100,15 +104,19 @@ class KafkaSource:
             if err is not None:
                 if err.fatal():
                     raise KafkaException(err)
-                logger.warning("kafka consumer: %s", err)
+                self._error(err)
                 continue
             out.append(_raw(msg))
         return out
 
-    def done(self, record: RawRecord) -> None:
-        """Mark ``record`` finished: its next offset is committed by the next :meth:`commit`."""
+    def done(self, records: Sequence[RawRecord]) -> None:
+        """Mark ``records`` finished (each partition up to its last one there): the next
+        offsets are committed by the next :meth:`commit`."""
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            last[(r.topic, r.partition)] = r.offset
         self._consumer.store_offsets(
-            offsets=[TopicPartition(record.topic, record.partition, record.offset + 1)]
+            offsets=[TopicPartition(t, p, offset + 1) for (t, p), offset in last.items()]
         )
         self._dirty = True
 
@@ -124,10 +132,6 @@ class KafkaSource:
                 self._dirty = False
                 return
             logger.warning("offset commit failed (records will be re-read, then skipped): %s", exc)
-
-    def seek(self, record: RawRecord) -> None:
-        """Read ``record`` again next (after an unfinished attempt)."""
-        self._consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Records between the position and the high watermark, per assigned partition."""
@@ -150,16 +154,27 @@ class KafkaSource:
         self._consumer.close()
 
 
+def _warn_overridden(
+    config: Mapping[str, str], forced: Mapping[str, str], client: str = "consumer"
+) -> None:
+    """One warning line per user setting that ``forced`` overrides."""
+    for key, value in forced.items():
+        if key in config and str(config[key]).lower() != value.lower():
+            logger.warning("kafka %s setting %s=%s overridden to %s (the consumer's guarantee"
+                           " needs it)", client, key, config[key], value)  # fmt: skip
+
+
 def _raw(msg: Message) -> RawRecord:
-    raw_headers: Any = msg.headers() or []
-    headers = tuple((str(k), _as_bytes(v)) for k, v in raw_headers)
+    """``msg`` as a :class:`RawRecord`: without deserializers, confluent-kafka hands out
+    bytes (key, value, header values) and str header names already."""
+    headers: Any = msg.headers()
     return RawRecord(
-        topic=msg.topic() or "",
-        partition=msg.partition() or 0,
-        offset=msg.offset() or 0,
-        key=_as_bytes(msg.key()),
-        value=_as_bytes(msg.value()),
-        headers=headers,
+        msg.topic() or "",
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.key(),
+        msg.value(),
+        tuple(headers) if headers else (),
     )
 
 
@@ -171,7 +186,16 @@ class DeadLetterSender:
                          "enable.auto", "max.poll", "heartbeat", "partition.assignment",
                          "fetch.", "enable.partition.eof")  # fmt: skip
         conf = {k: v for k, v in config.items() if not k.startswith(consumer_only)}
-        self._producer = Producer({**conf, "acks": "all", "enable.idempotence": "true"})
+        forced = {"acks": "all", "enable.idempotence": "true"}
+        _warn_overridden(conf, forced, "dead-letter producer")
+        errors = QuietLibrdkafkaLog(name=__name__)
+
+        def on_error(err: KafkaError) -> None:
+            errors.log(logging.WARNING, "kafka dead-letter producer: %s", err.str())
+
+        self._producer = Producer(
+            {**conf, **forced, "error_cb": on_error}, logger=QuietLibrdkafkaLog()
+        )
         self._timeout_s = timeout_s
 
     def send(

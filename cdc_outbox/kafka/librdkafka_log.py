@@ -13,8 +13,13 @@ class QuietLibrdkafkaLog:
     rate-limited warnings (``error_cb``) already say so.
     """
 
-    def __init__(self, interval_s: float = 30.0, max_level: int = logging.WARNING) -> None:
-        self._logger = logging.getLogger("cdc_outbox.librdkafka")
+    def __init__(
+        self,
+        interval_s: float = 30.0,
+        max_level: int = logging.WARNING,
+        name: str = "cdc_outbox.librdkafka",
+    ) -> None:
+        self._logger = logging.getLogger(name)
         self._interval_s = interval_s
         self._max_level = max_level
         self._last: dict[str, float] = {}

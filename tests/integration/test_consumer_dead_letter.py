@@ -14,8 +14,8 @@ from psycopg_pool import ConnectionPool
 from cdc_outbox.consumer import ConsumerSettings, IdempotentConsumer
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.consumer_handlers import count_but_fail_poison
-from tests.consumer_support import APPLIED_DDL, OutboxEvent, applied_rows, produce_events
-from tests.helpers import consume_all, create_topic, wait_until
+from tests.consumer_support import OutboxEvent, applied_rows, counter_topics, produce_events
+from tests.helpers import consume_all, wait_until
 from tests.relay_support import running
 
 
@@ -31,11 +31,7 @@ def test_failing_event_is_retried_then_dead_lettered_and_its_key_stays_blocked(
     pg_dsn: str, kafka_broker: LocalKafka, kafka_topic_prefix: str
 ) -> None:
     bootstrap = kafka_broker.bootstrap_servers
-    topic, dlq = f"{kafka_topic_prefix}.event.counter", f"{kafka_topic_prefix}.consumer-dlq"
-    create_topic(bootstrap, topic, partitions=2)
-    create_topic(bootstrap, dlq, partitions=1)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(APPLIED_DDL)
+    topic, dlq = counter_topics(pg_dsn, bootstrap, kafka_topic_prefix, 2)
     first = _events(["a", "b", "c"], range(1, 6), poison={("b", 2)})
     produce_events(bootstrap, topic, first)
     settings = ConsumerSettings(

@@ -1,0 +1,307 @@
+"""How the records of one poll reach PostgreSQL: the fast path and the slow path.
+
+* :meth:`Applier.fast`: the records in ONE transaction. The ``processed_events`` rows of
+  the whole batch are inserted by one statement pipelined with ``BEGIN`` (``INSERT ... SELECT
+  unnest(ids) ON CONFLICT DO NOTHING RETURNING event_id``: one round trip), the handler runs
+  for the new ids only, in record order, then ``COMMIT``: two round trips per batch when no
+  handler raises and nothing is dead-lettered. Between two handlers the connection's socket
+  is checked (no round trip): a connection the server closed stops the batch at once
+  instead of running the rest of its handlers in a transaction that cannot commit.
+* :meth:`Applier.one`: one record in a transaction of its own, retried with doubling backoff
+  up to ``max_attempts`` when its handler or its COMMIT fails, then dead-lettered and its key
+  parked. Used only for records the fast path could not finish (see
+  :mod:`cdc_outbox.consumer.loop`), so an error raised at COMMIT (a deferred constraint, a
+  serialization failure) is attributed to the record that caused it.
+
+Errors: :class:`HandlerFailed` (the fast path's handler of record ``index`` raised),
+:class:`CommitFailed` (the fast path's COMMIT failed, the server rolled it back), and
+:data:`INFRA_ERRORS` for trouble that is not the records' fault (retried, never dead-letters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from cdc_outbox.consumer.events import DecodeUnavailable, Event
+from cdc_outbox.consumer.metrics import ConsumerMetrics
+from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
+from cdc_outbox.consumer.store import ConsumerStore
+from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
+
+logger = logging.getLogger("cdc_outbox.consumer.loop")
+
+__all__ = ["INFRA_ERRORS", "Applier", "CommitFailed", "HandlerFailed", "Item", "Outcome"]
+
+#: Not the records' fault: the batch (from the first unfinished record) is redone later.
+INFRA_ERRORS = (psycopg.OperationalError, PoolTimeout, DeadLetterError, DecodeUnavailable)
+#: A record and its event, or the reason it can never be handled (dead-lettered at once).
+Item = tuple[RawRecord, Event | str]
+#: (outcome, reason): "processed", "duplicate" or "dead_lettered" (metrics.OUTCOMES).
+Outcome = tuple[str, str]
+Parked = dict[tuple[str, str], str]
+
+
+class HandlerFailed(Exception):
+    """The handler of item ``index`` raised (the cause); the transaction was rolled back."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+class CommitFailed(Exception):
+    """The COMMIT of the first ``count`` items failed (the cause) and rolled them back."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.count = count
+
+
+class ConnectionLost(psycopg.OperationalError):
+    """The server closed the connection while the batch's handlers ran."""
+
+
+class Applier:
+    """Applies items with ``handler`` for one consumer. ``parked`` (shared with the loop) is
+    the persisted parked keys; a transaction's new ones join it only once it committed."""
+
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        pool: ConnectionPool[Any],
+        handler: Any,
+        store: ConsumerStore,
+        dead_letters: DeadLetterSender,
+        parked: Parked,
+        stop: threading.Event,
+        metrics: ConsumerMetrics,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.handler = handler
+        self.store = store
+        self.dead_letters = dead_letters
+        self.parked = parked
+        self.stop = stop
+        self.metrics = metrics
+
+    # -- the fast path ---------------------------------------------------------------------
+    def fast(self, items: Sequence[Item]) -> tuple[list[Outcome], Exception | None]:
+        """Apply a prefix of ``items`` in one transaction; its outcomes (one per item done,
+        committed) and the infrastructure error that ended it early with the connection
+        intact (a dead letter not acknowledged: the prefix before it is committed).
+        Raises :class:`HandlerFailed`, :class:`CommitFailed` or :data:`INFRA_ERRORS`."""
+        outcomes: list[Outcome] = []
+        parked: Parked = {}
+        trouble: Exception | None = None
+        with self.pool.connection() as conn:
+            try:
+                new: set[uuid.UUID] = set()
+                done: set[uuid.UUID] = set()
+                if self.settings.dedupe:
+                    new = self.store.mark_batch(conn, list(dict.fromkeys(_ids(items))))
+                try:
+                    for index, (record, event) in enumerate(items):
+                        if self.stop.is_set():
+                            break
+                        if index and _lost(conn):
+                            raise ConnectionLost("the server closed the connection mid-batch")
+                        outcomes.append(
+                            self._fast_one(conn, index, record, event, new, done, parked)
+                        )
+                except DeadLetterError as exc:
+                    trouble = exc
+                if self.settings.dedupe and len(outcomes) < len(items):
+                    rest = items[len(outcomes) :]
+                    self.store.unmark(conn, [i for i in _ids(rest) if i in new and i not in done])
+            except BaseException:
+                _rollback(conn)
+                raise
+            _commit(conn, len(outcomes))
+        self.parked.update(parked)
+        return outcomes, trouble
+
+    def _fast_one(
+        self,
+        conn: psycopg.Connection[Any],
+        index: int,
+        record: RawRecord,
+        event: Event | str,
+        new: set[uuid.UUID],
+        done: set[uuid.UUID],
+        parked: Parked,
+    ) -> Outcome:
+        if isinstance(event, str):
+            return self._give_up(conn, record, None, event, parked)
+        if self.settings.dedupe:
+            if event.event_id not in new or event.event_id in done:
+                return "duplicate", ""
+            done.add(event.event_id)  # a repeat later in this batch is a duplicate
+        blocker = self._blocker(record, parked)
+        if blocker is not None:
+            return self._dead_letter(record, f"blocked_by {blocker}")
+        try:
+            self.handler(conn, event)
+        except Exception as exc:
+            if isinstance(exc, INFRA_ERRORS) and conn.broken:
+                raise
+            raise HandlerFailed(index) from exc
+        return "processed", ""
+
+    # -- the slow path ---------------------------------------------------------------------
+    def one(self, item: Item) -> tuple[Outcome, bool] | None:
+        """Finish ``item`` in transactions of its own: (its outcome, whether an attempt
+        failed); None when stopping first (an unfinished retry is abandoned).
+        Raises :data:`INFRA_ERRORS`."""
+        record, event = item
+        if isinstance(event, str):
+            return self._give_up_alone(record, None, event), True
+        s = self.settings
+        attempt = 0
+        while True:
+            try:
+                with self.pool.connection() as conn:
+                    outcome = self._attempt(conn, record, event)
+                return outcome, attempt > 0
+            except (HandlerFailed, CommitFailed) as exc:
+                attempt += 1
+                cause = exc.__cause__
+                what = "handler" if isinstance(exc, HandlerFailed) else "commit"
+                why = (f"{what} failed after {attempt} attempt(s):"
+                       f" {type(cause).__name__}: {cause}")  # fmt: skip
+                extra = {"event_id": event.event_id}
+                if attempt >= s.max_attempts:
+                    logger.error("%s; dead-lettering", why, extra=extra)
+                    return self._give_up_alone(record, event, why), True
+                self.metrics.retried()
+                logger.warning("%s; retrying", why, extra=extra)
+                if self.stop.wait(backoff_delay(attempt, s.retry_backoff_s, s.retry_backoff_max_s)):
+                    return None
+
+    def _attempt(self, conn: psycopg.Connection[Any], record: RawRecord, event: Event) -> Outcome:
+        try:
+            if self.settings.dedupe and not self.store.mark_processed(conn, event.event_id):
+                outcome: Outcome = "duplicate", ""
+            elif (blocker := self._blocker(record, {})) is not None:
+                outcome = self._dead_letter(record, f"blocked_by {blocker}")
+            else:
+                try:
+                    self.handler(conn, event)
+                except Exception as exc:
+                    if isinstance(exc, INFRA_ERRORS) and conn.broken:
+                        raise
+                    raise HandlerFailed(0) from exc
+                outcome = "processed", ""
+        except BaseException:
+            _rollback(conn)
+            raise
+        _commit(conn, 1)
+        return outcome
+
+    def _give_up_alone(self, record: RawRecord, event: Event | None, reason: str) -> Outcome:
+        parked: Parked = {}
+        with self.pool.connection() as conn, conn.transaction():
+            outcome = self._give_up(conn, record, event, reason, parked)
+        self.parked.update(parked)
+        return outcome
+
+    # -- dead letters ----------------------------------------------------------------------
+    def _blocker(self, record: RawRecord, parked: Parked) -> str | None:
+        if record.key is None or not (parked or self.parked):
+            return None
+        key = (record.topic, record.key.decode(errors="replace"))
+        return parked.get(key) or self.parked.get(key)
+
+    def _give_up(
+        self,
+        conn: psycopg.Connection[Any],
+        record: RawRecord,
+        event: Event | None,
+        reason: str,
+        parked: Parked,
+    ) -> Outcome:
+        """Dead-letter ``record`` (acknowledged by Kafka) and park its key, on ``conn``."""
+        key = None if record.key is None else record.key.decode(errors="replace")
+        if (
+            event is not None
+            and self.settings.dedupe
+            and not self.store.mark_processed(conn, event.event_id)
+        ):
+            return "duplicate", ""
+        blocker = self._blocker(record, parked)
+        if blocker is not None:
+            reason = f"blocked_by {blocker}"
+        self._dead_letter(record, reason)
+        if key is not None and blocker is None:
+            event_id = event.event_id if event else None
+            self.store.park(conn, record.topic, key, event_id, reason)
+            parked[(record.topic, key)] = str(event_id) if event_id else "unknown"
+        return "dead_lettered", reason
+
+    def _dead_letter(self, record: RawRecord, reason: str) -> Outcome:
+        headers: list[tuple[str, str | bytes | None]] = list(record.headers)
+        headers += [
+            ("cdc_outbox.error", reason.encode()),
+            ("cdc_outbox.consumer", self.settings.consumer_name.encode()),
+            ("cdc_outbox.original_topic", record.topic.encode()),
+            ("cdc_outbox.original_partition", str(record.partition).encode()),
+            ("cdc_outbox.original_offset", str(record.offset).encode()),
+        ]
+        topic = self.settings.dead_letter_topic
+        self.dead_letters.send(topic, record.key, record.value, headers)
+        logger.warning("dead-lettered %s[%d]@%d: %s", record.topic, record.partition,
+                       record.offset, reason)  # fmt: skip
+        return "dead_lettered", reason
+
+
+def _ids(items: Sequence[Item]) -> list[uuid.UUID]:
+    return [e.event_id for _r, e in items if isinstance(e, Event)]
+
+
+def _commit(conn: psycopg.Connection[Any], count: int) -> None:
+    """COMMIT; :class:`CommitFailed` (``count`` items rolled back) unless the connection is
+    gone (then the error itself: infrastructure, the outcome is unknown)."""
+    try:
+        conn.commit()
+    except psycopg.Error as exc:
+        if conn.broken:
+            raise
+        raise CommitFailed(count) from exc
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    if not conn.broken:
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
+
+
+def _lost(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server closed ``conn``, found without a round trip. Between statements of
+    an open transaction the server sends nothing unasked but a FATAL message before it
+    closes the connection (notifications wait for the transaction's end): so data waiting on
+    the socket is read, and then the end of the stream is waited for (up to 1 s, which only
+    a connection the server is closing ever spends)."""
+    pgconn = conn.pgconn
+    wait = 0.0
+    try:
+        for _ in range(4):
+            if pgconn.status == pq.ConnStatus.BAD:
+                return True
+            readable, _w, _x = select.select([pgconn.socket], [], [], wait)
+            if not readable:
+                return False
+            pgconn.consume_input()
+            wait = 1.0
+    except (OSError, psycopg.OperationalError):
+        return True
+    return bool(pgconn.status == pq.ConnStatus.BAD)
