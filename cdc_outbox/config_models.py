@@ -8,13 +8,13 @@ identifier and Kafka topic rules) are shared with the top-level settings.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from cdc_outbox.names import IDENT_RE
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, is_legal_topic
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
@@ -31,7 +31,6 @@ __all__ = [
     "check_topic",
 ]
 
-IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _IDENT_RULE = "letters, digits, _ or $, not starting with a digit; max 63"
 
 COLUMN_PRESETS: dict[str, dict[str, str | None]] = {

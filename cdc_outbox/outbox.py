@@ -43,6 +43,8 @@ from typing import Any, TypeAlias
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.names import IDENT_RE
+
 __all__ = [
     "PRESETS",
     "AggregateId",
@@ -75,7 +77,6 @@ PRESETS: dict[str, dict[str, str | None]] = {
         "headers": None,
     },
 }
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
 _MAX_AGGREGATE_ID = 1000
@@ -106,7 +107,7 @@ class OutboxTable:
         if with_headers:
             names.append("headers")
         for name in [self.schema, self.table, *(self.column(n) or "" for n in names)]:
-            if not _IDENT.fullmatch(name):
+            if not IDENT_RE.fullmatch(name):
                 raise OutboxWriteError(f"{name!r} is not a valid SQL identifier")
         cols = [sql.Identifier(self.column(n) or "") for n in names]
         return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(

@@ -28,8 +28,6 @@ __all__ = ["RelayPorts", "ReplicationPort"]
 class ReplicationPort(Protocol):
     """One replication connection streaming one slot (see the module contract)."""
 
-    server_version: int
-
     @property
     def is_open(self) -> bool: ...
 

@@ -99,7 +99,6 @@ class ReplicationStream:
         self._conn: pq.abc.PGconn | None = None
         self._selector: selectors.DefaultSelector | None = None
         self._idle: pq.abc.PGconn | None = None  # connected, not streaming (holds a snapshot)
-        self.server_version = 0
 
     @property
     def is_open(self) -> bool:
@@ -136,12 +135,7 @@ class ReplicationStream:
             raise ReplicationError("start() without connect()")
         confirmed = self._slot_position(conn)
         start_lsn = max(start_lsn, confirmed)
-        command = start_replication_command(
-            self._slot,
-            self._publication,
-            start_lsn,
-            messages=self.server_version >= 140000,
-        )
+        command = start_replication_command(self._slot, self._publication, start_lsn)
         result = conn.exec_(command)
         if result.status != pq.ExecStatus.COPY_BOTH:
             msg = _error_text(conn)
@@ -199,7 +193,6 @@ class ReplicationStream:
             conn.finish()
             permanent = any(text in msg for text in _PERMANENT_CONNECT_TEXT)
             raise ReplicationError(f"replication connection failed: {msg}", permanent=permanent)
-        self.server_version = conn.server_version
         return conn
 
     def _slot_position(self, conn: pq.abc.PGconn) -> int:

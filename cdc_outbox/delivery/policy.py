@@ -71,15 +71,14 @@ class FailureAction(enum.Enum):
     DEAD_LETTER = "dead_letter"
     HALT = "halt"
     RETRY = "retry"
-    NEW_PRODUCER = "new_producer"
 
 
 def on_failure(failure: DeliveryFailure, halt_policy: bool) -> FailureAction:
-    """What to do after Kafka refused a record."""
+    """What to do after Kafka refused a record: the record's own fault is dead-lettered (or
+    halts); anything else is retried, from a new session (a producer with a fatal error is
+    replaced there: :meth:`~cdc_outbox.delivery.engine.Delivery.new_session`)."""
     if failure.kind == "record":
         return FailureAction.HALT if halt_policy else FailureAction.DEAD_LETTER
-    if failure.kind == "fatal":
-        return FailureAction.NEW_PRODUCER
     return FailureAction.RETRY
 
 

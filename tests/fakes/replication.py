@@ -161,8 +161,6 @@ class FakeStream:
     """A replication connection to a :class:`FakePostgres` (which may be swapped, as a
     multi-host DSN follows a promoted standby: :attr:`server`)."""
 
-    server_version = 150000
-
     def __init__(self, server: FakePostgres) -> None:
         self.server = server
         self._connected = False

@@ -57,7 +57,7 @@ def test_actions_per_kind_and_policy() -> None:
     assert on_failure(missing, halt_policy=False) is FailureAction.RETRY
     assert on_failure(missing, halt_policy=True) is FailureAction.RETRY
     fatal = _failure(KafkaError._FATAL, fatal=True)
-    assert on_failure(fatal, halt_policy=False) is FailureAction.NEW_PRODUCER
+    assert on_failure(fatal, halt_policy=False) is FailureAction.RETRY
 
 
 def test_precheck_counts_key_value_headers_and_overhead() -> None:
