@@ -9,8 +9,9 @@ Contract:
   had unpublished rows once its new slot existed; with none it writes ``STREAMING`` at the
   slot's consistent point: :func:`record_new_slot`, :mod:`cdc_outbox.ha.catch_up_rule`).
   Streaming from that slot is only allowed once the phase is ``STREAMING``, which is written
-  after every backlog row was acknowledged (or durably dead-lettered). A restart that finds ``CATCHING_UP`` recreates the
-  slot and redoes the catch-up (duplicates possible, never a gap).
+  after every backlog row was acknowledged (or durably dead-lettered). A restart that finds
+  ``CATCHING_UP`` recreates the slot and redoes the catch-up (duplicates possible, never a
+  gap).
 - ``POLLING``: auto mode relays by polling; returning to CDC goes through ``CATCHING_UP``.
 - Writes by a leader are fenced: :func:`write_phase` with a ``leader_id`` only updates the
   row while that instance holds the lease, and raises :class:`NotLeader` otherwise.
