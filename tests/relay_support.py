@@ -49,6 +49,15 @@ def init_outbox(settings: Settings) -> None:
     bootstrap.init(settings, create_table=True)
 
 
+def init_without_slot(settings: Settings) -> None:
+    """:func:`init_outbox`, then drop the slot (as if it was lost): rows written before the
+    first start are published by its catch-up. (A slot ``init`` made over an empty table is
+    streamed as it is, so rows written after it would be streamed.)"""
+    init_outbox(settings)
+    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot_name,))
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that makes ``python -m cdc_outbox run`` use ``settings``: this
     process's environment without its ``CDC_OUTBOX_*`` variables, plus one ``CDC_OUTBOX_*``

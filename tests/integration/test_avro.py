@@ -26,6 +26,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.service import drop_slot_quietly
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
@@ -129,9 +130,11 @@ def test_catch_up_and_cdc_tally_in_avro(
     settings = _demo_schema_outbox(
         pg_dsn, kafka_broker, kafka_topic_prefix, schema_registry, tmp_path
     )
-    _write_workload(pg_dsn, 300, settings)  # the backlog: published by the catch-up
+    drop_slot_quietly(settings)  # a lost slot: the backlog is published by the catch-up
+    _write_workload(pg_dsn, 300, settings)
     with service_thread(settings) as service:
         wait_until(lambda: service.stats.phase == "STREAMING", timeout=90)
+        assert service.stats.catch_ups == 1
         _write_workload(pg_dsn, 300, settings, "invoice")  # streamed (own aggregates, topic)
         _wait_published(service, 600)
     _ok_tally(pg_dsn, settings, kafka_broker, kafka_topic_prefix, schema_registry)
