@@ -5,7 +5,8 @@ before ``init``, which then leaves the phase CATCHING_UP); writers keep committi
 The relay is killed with SIGKILL during the catch-up, right after creating its slot, and
 right before streaming; after a restart every committed event is in Kafka, in per-aggregate
 order, no row is left PENDING (a later polling pass or catch-up would publish it again), and
-the redone catch-up re-sent at most what the catch-up leaves unmarked (``UNMARKED_WINDOW``), not what it had published.
+the redone catch-up re-sent at most what the catch-up leaves unmarked (``UNMARKED_WINDOW``),
+not what it had published.
 """
 
 from __future__ import annotations
