@@ -37,7 +37,7 @@ __all__ = ["COMMIT_TS_SETTING", "order_by", "order_key"]
 #: The server setting that makes key 3 available.
 COMMIT_TS_SETTING = "track_commit_timestamp"
 
-_TAIL = sql.SQL("age(xmin) DESC, cmin, ctid")
+_TAIL = sql.SQL("age(xmin) DESC, cmin::text::bigint, ctid")  # cid has no ordering
 
 
 def order_key(settings: Settings, commit_timestamps: bool) -> str | None:
