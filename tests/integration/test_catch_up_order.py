@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import uuid
 from typing import Any
@@ -23,6 +24,7 @@ from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import PreflightError
+from cdc_outbox.ha import relay_state
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service import Service
 from cdc_outbox_dev import workload
@@ -32,12 +34,14 @@ from tests.relay_support import (
     init_without_slot,
     relay_settings,
     service_thread,
+    slot_position,
     wait_streamed_past_now,
 )
 
 WRITERS = 4
 AGGREGATES_PER_WRITER = 10
-TRANSACTIONS = 250  # per writer
+#: Per writer; CDC_OUTBOX_CATCH_UP_ORDER_TRANSACTIONS=1250 makes the one-off 100,000-event run.
+TRANSACTIONS = int(os.environ.get("CDC_OUTBOX_CATCH_UP_ORDER_TRANSACTIONS", "250"))
 ROWS_PER_TRANSACTION = 20  # two per aggregate of the writer: 4 * 250 * 20 = 20,000 events
 FILLERS_PER_TRANSACTION = 10  # deleted again: the free space later rows reuse
 
@@ -129,24 +133,10 @@ def _inversions(settings: Settings, order: str) -> int:
     return inversions
 
 
-def _relay_state(dsn: str, slot: str) -> tuple[str, Lsn | None]:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT phase, consistent_point::text FROM cdc_outbox_relay_state WHERE slot_name = %s",
-            (slot,),
-        ).fetchone()
-    assert row is not None
-    return row[0], None if row[1] is None else Lsn.parse(row[1])
-
-
-def _slot_flushed(dsn: str, slot: str) -> Lsn:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-            (slot,),
-        ).fetchone()
-    assert row is not None
-    return Lsn.parse(row[0])
+def _relay_state(settings: Settings) -> tuple[str, Lsn | None]:
+    with psycopg.connect(settings.postgres_dsn()) as conn:
+        state = relay_state.read_state(conn, settings)
+    return str(state.phase), state.consistent_point
 
 
 def _relay_all(settings: Settings) -> Any:
@@ -207,8 +197,8 @@ def test_a_slot_init_made_over_an_empty_table_is_streamed_without_a_catch_up(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, **overrides
     )
     init_outbox(settings)  # an empty table
-    phase, point = _relay_state(pg_dsn, settings.slot_name)
-    assert phase == "STREAMING" and point == _slot_flushed(pg_dsn, settings.slot_name)
+    phase, point = _relay_state(settings)
+    assert phase == "STREAMING" and point == slot_position(pg_dsn, settings.slot_name)[0]
     spec = workload.WorkloadSpec(events=2_000, writers=2, aggregates=20, txn_sizes=(1, 10))
     workload.write_orders(pg_dsn, spec, columns=settings.column_names())  # relay not running
     caplog.set_level(logging.INFO, logger="cdc_outbox.service")
@@ -216,7 +206,7 @@ def test_a_slot_init_made_over_an_empty_table_is_streamed_without_a_catch_up(
     assert stats.catch_ups == 0
     assert f"streaming slot {settings.slot_name} as it is" in caplog.text
     # A catch-up would have written its own new slot's consistent point.
-    assert _relay_state(pg_dsn, settings.slot_name) == ("STREAMING", point)
+    assert _relay_state(settings) == ("STREAMING", point)
     expected = workload.stored_events(pg_dsn, columns=settings.column_names())
     verdict = _tally(settings, kafka_broker, kafka_topic_prefix, expected)
     assert verdict.ok, verdict.summary()
