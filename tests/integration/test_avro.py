@@ -26,13 +26,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.service import drop_slot_quietly
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from tests.helpers import run_cli, wait_until
 from tests.relay_support import (
     current_wal_lsn,
+    init_for_catch_up,
     init_outbox,
     outbox_statuses,
     relay_settings,
@@ -130,7 +130,7 @@ def test_catch_up_and_cdc_tally_in_avro(
     settings = _demo_schema_outbox(
         pg_dsn, kafka_broker, kafka_topic_prefix, schema_registry, tmp_path
     )
-    drop_slot_quietly(settings)  # a lost slot: the backlog is published by the catch-up
+    init_for_catch_up(settings)  # the backlog below is published by the catch-up
     _write_workload(pg_dsn, 300, settings)
     with service_thread(settings) as service:
         wait_until(lambda: service.stats.phase == "STREAMING", timeout=90)

@@ -30,8 +30,8 @@ from cdc_outbox.service import Service
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.relay_support import (
+    init_for_catch_up,
     init_outbox,
-    init_without_slot,
     relay_settings,
     service_thread,
     slot_position,
@@ -160,7 +160,7 @@ def test_catch_up_of_concurrent_writers_keeps_each_aggregates_commit_order(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str, layout: str
 ) -> None:
     settings = _settings(pg_dsn, kafka_broker, kafka_topic_prefix, layout)
-    init_without_slot(settings)  # the rows below are published by a catch-up
+    init_for_catch_up(settings)  # the rows below are published by a catch-up
     if layout == "default-now":
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE outbox ALTER COLUMN created_at SET DEFAULT now()")
@@ -248,7 +248,7 @@ def test_a_catch_up_that_would_republish_a_statusless_table_is_refused(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, columns={"preset": "debezium"}
     )
     assert settings.cdc_mark_published == "off"
-    init_without_slot(settings)
+    init_for_catch_up(settings)
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(_insert(settings), (str(uuid.uuid4()), "order", "a-1", "E", "{}"))
         conn.commit()

@@ -24,8 +24,8 @@ from cdc_outbox.service import Service
 from cdc_outbox_dev.readback import ConsumedRecord, count_records, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
+    init_for_catch_up,
     init_outbox,
-    init_without_slot,
     outbox_statuses,
     oversized_record_overrides,
     relay_settings,
@@ -171,7 +171,7 @@ def test_catch_up_parks_the_aggregate_and_polling_later_republishes_nothing(
     """The backlog (written before the first start) goes through the catch-up; then a
     polling relay runs on the same table and publishes nothing that was dead-lettered."""
     settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    init_without_slot(settings)
+    init_for_catch_up(settings)
     scenario = _Scenario(pg_dsn)
     scenario.write()
     with service_thread(settings) as service:
