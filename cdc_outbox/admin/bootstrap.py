@@ -168,7 +168,11 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
                     settings.outbox_table,
                 )
             elif point is not None:
-                logger.info("init: no unpublished rows: the relay streams slot %s", point)
+                logger.info(
+                    "init: no unpublished rows: the relay streams slot %s from %s",
+                    settings.slot_name,
+                    point,
+                )
             for check in checks:
                 if check.warning:
                     logger.warning("init: %s: %s (%s)", check.name, check.detail, check.fix)
