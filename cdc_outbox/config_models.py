@@ -70,6 +70,10 @@ class ColumnSettings(_Strict):
     event_type: str
     payload: str
     headers: str | None = None
+    #: A column whose values grow per aggregate in commit order (a per-aggregate version, an
+    #: insert timestamp): the catch-up's order (cdc_outbox.cdc.catch_up_order). None: the
+    #: layout's own (created_at in the default preset).
+    sequence: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -80,11 +84,14 @@ class ColumnSettings(_Strict):
         preset = COLUMN_PRESETS.get(str(data.get("preset", "default")), COLUMN_PRESETS["default"])
         for name, default in preset.items():
             data.setdefault(name, default)
-        if data.get("headers") == "":
-            data["headers"] = None
+        for optional in ("headers", "sequence"):
+            if data.get(optional) == "":
+                data[optional] = None
         return data
 
-    @field_validator("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
+    @field_validator(
+        "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "sequence"
+    )
     @classmethod
     def _ident(cls, v: str | None, info: Any) -> str | None:
         return None if v is None else check_ident(f"columns.{info.field_name}", v)

@@ -27,6 +27,8 @@ class RelayStats:
     ignored: dict[str, int] = field(default_factory=dict)
     delivery_errors: int = 0
     restarts: int = 0
+    #: Catch-ups started (a new slot and its snapshot's backlog) by this process.
+    catch_ups: int = 0
     confirmed_lsn: int = 0
     last_confirm_unix: float = 0.0
     in_flight: int = 0

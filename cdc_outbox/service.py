@@ -10,10 +10,14 @@ The leader follows the durable phase (:mod:`cdc_outbox.ha.relay_state`), writing
 transition before it takes effect:
 
 - ``polling`` mode: ``POLLING``, the polling relay.
-- ``cdc`` mode: ``STREAMING`` with a healthy slot streams it; anything else (``CATCHING_UP``
-  left by ``init`` or by a crash, ``POLLING``, a missing or invalidated slot) writes
-  ``CATCHING_UP``, recreates the slot with an exported snapshot, publishes every row still
-  unpublished in it, writes ``STREAMING`` at the slot's consistent point, then streams.
+- ``cdc`` mode: ``STREAMING`` with a healthy slot that is the relay's own streams it (also
+  the slot ``init`` made over a table with no unpublished row); anything else
+  (:mod:`cdc_outbox.ha.catch_up_rule`: ``CATCHING_UP`` left by ``init`` or by a crash,
+  ``POLLING``, a missing, invalidated or foreign slot) writes ``CATCHING_UP``, recreates the
+  slot with an exported snapshot, publishes every row still unpublished in it (each
+  aggregate's in commit order), writes ``STREAMING`` at the slot's consistent point, then
+  streams. A layout without a status column and ``cdc_mark_published = "off"`` refuses a
+  catch-up over a non-empty table (exit 3): it would publish every row again.
 - ``auto`` mode (default): like ``cdc`` while logical replication is usable; otherwise
   ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
   ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
@@ -42,6 +46,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.errors import CdcOutboxError, PreflightError, RelayHalted
 from cdc_outbox.ha import relay_state
+from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.relay_state import NotLeader, Phase
 from cdc_outbox.polling.relay import PollingRelay
@@ -107,7 +112,7 @@ class Service:
             if not lead.is_leader():
                 raise NotLeader("lease not renewed")
             try:
-                state = self._read_phase()
+                state = self._read_state()
                 if mode == "polling":
                     self._write_phase(lead, Phase.POLLING)
                     self._run_polling(lead, probe=False)
@@ -119,10 +124,8 @@ class Service:
                     fall_back_because, failures = None, 0
                     self._fall_back(lead, problem)
                     continue
-                if state is not Phase.STREAMING or slot_needs_recreating(settings):
-                    relay = self._catch_up(lead)
-                else:
-                    relay = self._relay(lead)
+                reason = self._catch_up_reason(state)
+                relay = self._relay(lead) if reason is None else self._catch_up(lead, reason)
                 logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
                 relay.run()
                 return
@@ -146,11 +149,15 @@ class Service:
             relay.request_stop()
         return relay
 
-    def _catch_up(self, lead: Leadership) -> Relay:
+    def _catch_up(self, lead: Leadership, reason: str) -> Relay:
         """CATCHING_UP: a fresh slot, the backlog of its snapshot, then STREAMING."""
         settings = self.settings
+        statusless_catch_up_must_be_safe(settings, reason)
         self._write_phase(lead, Phase.CATCHING_UP)
-        logger.info("creating slot %s with a snapshot for catch-up", settings.slot_name)
+        self.stats.catch_ups += 1
+        logger.info(
+            "catch-up needed (%s): creating slot %s with a snapshot", reason, settings.slot_name
+        )
         drop_slot_quietly(settings, leader_id=lead.instance_id)
         ensure_publication(settings)
         relay = self._relay(lead)
@@ -173,11 +180,28 @@ class Service:
         drop_slot_quietly(self.settings, leader_id=lead.instance_id)
         self._run_polling(lead, probe=True)
 
-    def _read_phase(self) -> Phase:
+    def _catch_up_reason(self, state: relay_state.RelayState) -> str | None:
+        """Why the slot cannot be streamed as it is (:mod:`cdc_outbox.ha.catch_up_rule`)."""
+        settings = self.settings
+        with db_pool.pooled(settings) as conn:
+            keeps = relay_state.table_exists(conn, settings) and relay_state.has_confirmed_lsn(
+                conn, settings
+            )
+        reason = catch_up_reason(state, bootstrap.status(settings).slot, keeps_position=keeps)
+        if reason is None:
+            logger.info(
+                "streaming slot %s as it is (phase %s, consistent point %s): no catch-up",
+                settings.slot_name,
+                state.phase,
+                state.consistent_point,
+            )
+        return reason
+
+    def _read_state(self) -> relay_state.RelayState:
         with db_pool.pooled(self.settings) as conn:
-            phase = relay_state.read_state(conn, self.settings).phase
-        self.stats.phase = str(phase)
-        return phase
+            state = relay_state.read_state(conn, self.settings)
+        self.stats.phase = str(state.phase)
+        return state
 
     def _write_phase(
         self, lead: Leadership, phase: Phase, *, consistent_point: int | None = None
@@ -284,10 +308,22 @@ def publication_must_fit(settings: Settings) -> None:
             raise PreflightError(f"publication: {check.detail} (fix: {check.fix})")
 
 
-def slot_needs_recreating(settings: Settings) -> bool:
-    """True when the slot is missing or invalidated (wal_status lost)."""
-    slot = bootstrap.status(settings).slot
-    return slot is None or slot.wal_status == "lost"
+def statusless_catch_up_must_be_safe(settings: Settings, reason: str) -> None:
+    """Raise ``PreflightError`` (exit 3) before a catch-up that would publish every row again:
+    a layout without a status column keeps published rows only with ``cdc_mark_published =
+    "off"``, and then nothing tells them from unpublished ones. An empty table is fine."""
+    if settings.columns.preset == "default" or settings.cdc_mark_published != "off":
+        return
+    with db_pool.pooled(settings) as conn:
+        rows = bootstrap.unpublished_rows(conn, settings)
+    if rows:
+        raise PreflightError(
+            f"a catch-up is needed ({reason}) but {settings.outbox_schema}."
+            f"{settings.outbox_table} has {rows} rows and, without a status column and with"
+            ' cdc_mark_published = "off", published ones cannot be told from unpublished'
+            ' ones: it would publish all of them again (fix: cdc_mark_published = "delete",'
+            " or delete the rows already in Kafka, then restart)"
+        )
 
 
 def ensure_publication(settings: Settings) -> None:

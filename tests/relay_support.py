@@ -49,6 +49,22 @@ def init_outbox(settings: Settings) -> None:
     bootstrap.init(settings, create_table=True)
 
 
+def init_for_catch_up(settings: Settings) -> None:
+    """:func:`init_outbox`, then drop the slot and leave the phase CATCHING_UP (as ``init``
+    over unpublished rows, or a crash mid catch-up, leaves it): rows written before the first
+    start are published by its catch-up, and a wait for STREAMING waits for it. (A slot
+    ``init`` made over an empty table is streamed as it is: rows written after it would be
+    streamed.)"""
+    init_outbox(settings)
+    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot_name,))
+        conn.execute(
+            "UPDATE cdc_outbox_relay_state SET phase = 'CATCHING_UP', consistent_point = NULL"
+            " WHERE slot_name = %s",
+            (settings.slot_name,),
+        )
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that makes ``python -m cdc_outbox run`` use ``settings``: this
     process's environment without its ``CDC_OUTBOX_*`` variables, plus one ``CDC_OUTBOX_*``

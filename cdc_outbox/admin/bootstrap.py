@@ -39,6 +39,7 @@ from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, PreflightError
 from cdc_outbox.ha import relay_state
 from cdc_outbox.ha.leadership_rules import application_name
+from cdc_outbox.lsn import Lsn
 from cdc_outbox.redaction import redact_dsn
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "init",
     "preflight",
     "status",
+    "unpublished_rows",
 ]
 
 logger = logging.getLogger(__name__)
@@ -144,14 +146,20 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
                 logger.info("init: %s done", name)
             # A slot cannot be created in a transaction that wrote; and the publication
             # must exist before the slot's consistent point for pgoutput to use it.
+            point = None
             if slot_sql is not None:
                 row = conn.execute(slot_sql).fetchone()
-                logger.info("init: created slot %s: %s", settings.slot_name, row)
-            # A new slot never streams rows committed before it: the relay's first start
-            # publishes what is still unpublished (catch-up) before it streams.
-            relay_state.ensure_row(conn, settings, catch_up=slot_sql is not None)
-            backlog = _unpublished_rows(conn, settings)
-            if backlog:
+                point = None if row is None else Lsn.parse(row[0])
+                logger.info("init: created slot %s at %s", settings.slot_name, point)
+            backlog = unpublished_rows(conn, settings)
+            # A new slot never streams rows committed before its consistent point. Counted
+            # after it exists, no unpublished row means none of those is unpublished: the
+            # relay streams this slot (STREAMING at its point). Otherwise its first start
+            # publishes them (catch-up) before it streams.
+            relay_state.record_new_slot(
+                conn, settings, None if backlog else point, created=point is not None
+            )
+            if backlog and point is not None:
                 logger.warning(
                     "init: %d unpublished rows already in %s.%s; the relay publishes them"
                     " (catch-up) before it streams",
@@ -159,12 +167,21 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
                     settings.outbox_schema,
                     settings.outbox_table,
                 )
+            elif point is not None:
+                logger.info(
+                    "init: no unpublished rows: the relay streams slot %s from %s",
+                    settings.slot_name,
+                    point,
+                )
+            for check in checks:
+                if check.warning:
+                    logger.warning("init: %s: %s (%s)", check.name, check.detail, check.fix)
         elif not actions:
             logger.debug("init: nothing to do")
         return InitReport(checks, actions, dry_run)
 
 
-def _unpublished_rows(conn: Conn, settings: Settings) -> int:
+def unpublished_rows(conn: Conn, settings: Settings) -> int:
     """Rows a catch-up would publish (all rows for a layout without a status column)."""
     where = sql.SQL(" WHERE status IN ('PENDING', 'PROCESSING')")
     if settings.columns.preset != "default":

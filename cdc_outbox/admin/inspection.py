@@ -86,6 +86,8 @@ class DatabaseState:
     table_columns: set[str] = field(default_factory=set)
     slot: SlotStatus | None = None
     publication: PublicationStatus | None = None
+    #: track_commit_timestamp is on (a catch-up can order rows by commit time).
+    commit_timestamps: bool = False
 
 
 _SERVER_SQL = """
@@ -97,7 +99,8 @@ SELECT current_setting('server_version_num')::int, current_setting('server_versi
        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int,
        r.rolsuper, r.rolreplication, current_user, current_database(),
        has_database_privilege(current_database(), 'CREATE'),
-       coalesce(has_schema_privilege(n.oid, 'CREATE'), false)
+       coalesce(has_schema_privilege(n.oid, 'CREATE'), false),
+       current_setting('track_commit_timestamp') = 'on'
 FROM pg_roles r
 LEFT JOIN pg_namespace n ON n.nspname = %s
 WHERE r.rolname = current_user
@@ -141,7 +144,8 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
     """Read the server settings, role privileges, outbox table, slot and publication."""
     row = conn.execute(_SERVER_SQL, (settings.outbox_schema,)).fetchone()
     assert row is not None
-    st = DatabaseState(*row)
+    st = DatabaseState(*row[:-1])
+    st.commit_timestamps = bool(row[-1])
     trow = conn.execute(_TABLE_SQL, (settings.outbox_schema, settings.outbox_table)).fetchone()
     if trow is not None:
         st.table_oid, st.table_owned, st.table_partitioned = trow

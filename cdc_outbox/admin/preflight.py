@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdc_outbox.admin.inspection import Conn, DatabaseState, inspect_database
+from cdc_outbox.cdc.catch_up_order import order_key
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import PreflightError
 
@@ -21,12 +22,14 @@ MIN_SERVER_VERSION = 150000
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One preflight result; ``fix`` says what to do when ``ok`` is false."""
+    """One preflight result; ``fix`` says what to do when ``ok`` is false or ``warning`` is
+    set (passed, but worth changing: ``init`` logs it as a WARNING)."""
 
     name: str
     ok: bool
     detail: str
     fix: str = ""
+    warning: bool = False
 
 
 class PreflightFailed(PreflightError):
@@ -51,7 +54,8 @@ def _required_columns(settings: Settings) -> list[str]:
 
 def preflight(conn: Conn, settings: Settings, *, create_table: bool = False) -> list[Check]:
     """Readiness checks; names: server_version, wal_level, replication_privilege,
-    replication_slots, wal_senders, outbox_table, outbox_columns, publication, slot."""
+    replication_slots, wal_senders, outbox_table, outbox_columns, catch_up_order (when the
+    table exists or will be created), publication, slot."""
     return evaluate_checks(inspect_database(conn, settings), settings, create_table)
 
 
@@ -89,12 +93,14 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
                              f"missing column(s): {', '.join(missing)}" if missing
                              else "all columns present",
                              "fix the columns.* settings or the table"))  # fmt: skip
+        checks.append(_order_check(st, settings))
     elif create_table:
         ok = st.can_create_in_schema
         checks.append(_check("outbox_table", ok,
                              f"table {table} will be created" if ok
                              else f"no CREATE privilege on schema {settings.outbox_schema}",
                              "run init as the schema owner"))  # fmt: skip
+        checks.append(_order_check(st, settings))
     else:
         checks.append(_check("outbox_table", False, f"table {table} does not exist",
                              "pass --create-table, or run the SQL that"
@@ -102,6 +108,27 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
     checks.append(_publication_check(st, settings, table))
     checks.append(_slot_check(st, settings))
     return checks
+
+
+def _order_check(st: DatabaseState, settings: Settings) -> Check:
+    """The order a catch-up gives each aggregate's rows (cdc_outbox.cdc.catch_up_order)."""
+    sequence = settings.columns.sequence
+    if sequence is not None and st.table_oid is not None and sequence not in st.table_columns:
+        return _check("catch_up_order", False, f"columns.sequence: no column {sequence!r}",
+                      "fix columns.sequence or the table")  # fmt: skip
+    key = order_key(settings, st.commit_timestamps)
+    if key is None:
+        return Check(
+            "catch_up_order",
+            True,
+            "a catch-up orders each aggregate's rows by transaction id only: commit order only"
+            " if each transaction writing an aggregate's events got its transaction id after"
+            " the previous one committed",
+            "set columns.sequence (a per-aggregate version or insert-timestamp column), or"
+            " track_commit_timestamp = on (restart)",
+            warning=True,
+        )
+    return _check("catch_up_order", True, f"a catch-up orders each aggregate's rows by {key}")
 
 
 def _publication_check(st: DatabaseState, settings: Settings, table: str) -> Check:

@@ -166,10 +166,10 @@ def drop_publication_ddl(settings: Settings) -> sql.Composed:
 
 
 def create_slot_sql(settings: Settings) -> sql.Composed:
-    """Create the pgoutput logical slot (plain SQL function; consistent point = now)."""
-    return sql.SQL("SELECT pg_create_logical_replication_slot({}, 'pgoutput')").format(
-        sql.Literal(settings.slot_name)
-    )
+    """Create the pgoutput logical slot (plain SQL function); returns its consistent point."""
+    return sql.SQL(
+        "SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')"
+    ).format(sql.Literal(settings.slot_name))
 
 
 def drop_slot_sql(settings: Settings) -> sql.Composed:

@@ -2,11 +2,12 @@
 
 When a slot is (re)created, rows committed before its consistent point will never be streamed.
 Those still unpublished in the slot's exported snapshot (``PENDING`` or ``PROCESSING``; every
-row for a layout without a status column) are submitted here through the same
-:class:`~cdc_outbox.delivery.engine.Delivery` as the stream, oldest first, and all must be
-acknowledged or durably dead-lettered before streaming starts from the consistent point: so
-nothing falls between the two and per-aggregate order holds (backlog first, then the stream
-in commit order). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere.
+row for a layout without a status column, whose published rows are deleted) are submitted
+here through the same :class:`~cdc_outbox.delivery.engine.Delivery` as the stream, and all
+must be acknowledged or durably dead-lettered before streaming starts from the consistent
+point: so nothing falls between the two and per-aggregate order holds (backlog first, each
+aggregate's rows in commit order as :mod:`cdc_outbox.cdc.catch_up_order` defines it, then the
+stream). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere.
 
 Contract: :func:`publish_backlog` returns the number of rows once every outcome is known (and,
 at least once, every published row is marked PUBLISHED by the published-marker), or
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import parked_aggregates
@@ -79,20 +81,26 @@ class _Backlog:
         self.error = self.error or reason
 
 
-def backlog_query(settings: Settings, mapper: OutboxMapper) -> sql.Composed:
-    """The rows a catch-up publishes, oldest first, as text in ``mapper.row_columns`` order."""
+def backlog_query(
+    settings: Settings, mapper: OutboxMapper, commit_timestamps: bool = False
+) -> sql.Composed:
+    """The rows a catch-up publishes, as text in ``mapper.row_columns`` order, each
+    aggregate's in commit order (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``:
+    the server has ``track_commit_timestamp`` on."""
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
     table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    order = catch_up_order.order_by(settings, commit_timestamps)
     if settings.columns.preset != "default":
-        # No status and no created_at column: every row, in physical (insertion) order.
-        return sql.SQL("SELECT {} FROM {} ORDER BY ctid").format(columns, table)
+        # No status column: the table holds only unpublished rows (cdc_mark_published =
+        # "delete"; the service refuses a catch-up with "off" over a non-empty table).
+        return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, table, order)
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
     return sql.SQL(
-        "SELECT {} FROM {} WHERE status IN ('PENDING', 'PROCESSING') ORDER BY created_at, ctid"
-    ).format(columns, table)
+        "SELECT {} FROM {} WHERE status IN ('PENDING', 'PROCESSING') ORDER BY {}"
+    ).format(columns, table, order)
 
 
 def publish_backlog(
@@ -122,9 +130,14 @@ def publish_backlog(
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
                 if settings.columns.preset == "default":
                     delivery.parking.load(parked_aggregates(conn, settings))
+                commit_ts = _commit_timestamps(conn)
+                logger.info(
+                    "catch-up order per aggregate: %s",
+                    catch_up_order.order_key(settings, commit_ts) or "transaction ids",
+                )
                 with conn.cursor(name="cdc_outbox_backlog") as cur:
                     cur.itersize = _FETCH
-                    cur.execute(backlog_query(settings, mapper))
+                    cur.execute(backlog_query(settings, mapper, commit_ts))
                     for values in cur:
                         backlog.pending += 1
                         record = mapper.map_row(values)
@@ -157,6 +170,13 @@ def publish_backlog(
         raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
+
+
+def _commit_timestamps(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    row = conn.execute(
+        "SELECT current_setting(%s) = 'on'", (catch_up_order.COMMIT_TS_SETTING,)
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _settle(delivery: Delivery, backlog: _Backlog) -> None:

@@ -20,7 +20,8 @@ def _checks_table(checks: list[Check]) -> Table:
     for col in ("check", "ok", "detail", "fix"):
         table.add_column(col)
     for c in checks:
-        table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail, c.fix)
+        verdict = "[red]FAIL[/]" if not c.ok else "[yellow]warn[/]" if c.warning else "[green]ok[/]"
+        table.add_row(c.name, verdict, c.detail, c.fix)
     return table
 
 
@@ -67,7 +68,7 @@ def init(
 
 
 def _check_dict(c: Check) -> dict[str, object]:
-    return {"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix}
+    return {"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix, "warning": c.warning}
 
 
 def _size(n: int | None) -> str:

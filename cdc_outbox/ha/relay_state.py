@@ -5,10 +5,13 @@ Contract:
   written, committed, *before* the transition takes effect: a process that dies anywhere
   finds on restart the phase whose work may be unfinished, and redoes it.
 - ``CATCHING_UP(slot, consistent_point)``: a slot is being (re)created and the rows that were
-  unpublished at its consistent point are being published. Streaming from that slot is only
-  allowed once the phase is ``STREAMING``, which is written after every backlog row was
-  acknowledged (or durably dead-lettered). A restart that finds ``CATCHING_UP`` recreates the
-  slot and redoes the catch-up (duplicates possible, never a gap).
+  unpublished at its consistent point are being published (``init`` leaves it when the table
+  had unpublished rows once its new slot existed; with none it writes ``STREAMING`` at the
+  slot's consistent point: :func:`record_new_slot`, :mod:`cdc_outbox.ha.catch_up_rule`).
+  Streaming from that slot is only allowed once the phase is ``STREAMING``, which is written
+  after every backlog row was acknowledged (or durably dead-lettered). A restart that finds
+  ``CATCHING_UP`` recreates the slot and redoes the catch-up (duplicates possible, never a
+  gap).
 - ``POLLING``: auto mode relays by polling; returning to CDC goes through ``CATCHING_UP``.
 - Writes by a leader are fenced: :func:`write_phase` with a ``leader_id`` only updates the
   row while that instance holds the lease, and raises :class:`NotLeader` otherwise.
@@ -43,12 +46,12 @@ __all__ = [
     "NotLeader",
     "Phase",
     "RelayState",
-    "ensure_row",
     "ensure_table",
     "has_confirmed_lsn",
     "keep_position",
     "kept_position",
     "read_state",
+    "record_new_slot",
     "write_phase",
 ]
 
@@ -191,20 +194,34 @@ def kept_position(settings: Settings) -> int:
         return 0
 
 
-def ensure_row(conn: Conn, settings: Settings, *, catch_up: bool) -> None:
-    """Create the slot's row if missing (phase CATCHING_UP); with ``catch_up`` set an existing
-    row to CATCHING_UP as well (``init`` just created the slot: its backlog is unrelayed)."""
-    conflict = (
-        sql.SQL("DO UPDATE SET phase = 'CATCHING_UP', consistent_point = NULL, updated_at = now()")
-        if catch_up
-        else sql.SQL("DO NOTHING")
-    )
+def record_new_slot(
+    conn: Conn, settings: Settings, streamable_from: int | None, *, created: bool
+) -> None:
+    """``init``'s record of the slot. Not ``created`` (it existed): add a CATCHING_UP row if
+    there is none, change nothing else. ``created``: the slot is a new incarnation, so the
+    kept ``confirmed_lsn`` of an earlier one is cleared, and the phase is STREAMING at
+    ``streamable_from`` (its consistent point, given when no row committed before it is
+    unpublished: the slot alone delivers everything) or else CATCHING_UP (its backlog)."""
+    table = schema.relay_state_ident(settings)
+    if not created:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (slot_name, phase) VALUES (%s, 'CATCHING_UP')"
+                " ON CONFLICT (slot_name) DO NOTHING"
+            ).format(table),
+            (settings.slot_name,),
+        )
+        return
+    phase = Phase.CATCHING_UP if streamable_from is None else Phase.STREAMING
+    point = None if streamable_from is None else str(Lsn(streamable_from))
     conn.execute(
         sql.SQL(
-            "INSERT INTO {} (slot_name, phase) VALUES (%s, 'CATCHING_UP')"
-            " ON CONFLICT (slot_name) {}"
-        ).format(schema.relay_state_ident(settings), conflict),
-        (settings.slot_name,),
+            "INSERT INTO {} (slot_name, phase, consistent_point) VALUES (%s, %s, %s::pg_lsn)"
+            " ON CONFLICT (slot_name) DO UPDATE SET phase = EXCLUDED.phase,"
+            " consistent_point = EXCLUDED.consistent_point, confirmed_lsn = NULL,"
+            " updated_at = now()"
+        ).format(table),
+        (settings.slot_name, str(phase), point),
     )
 
 

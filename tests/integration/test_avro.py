@@ -32,6 +32,7 @@ from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from tests.helpers import run_cli, wait_until
 from tests.relay_support import (
     current_wal_lsn,
+    init_for_catch_up,
     init_outbox,
     outbox_statuses,
     relay_settings,
@@ -129,9 +130,11 @@ def test_catch_up_and_cdc_tally_in_avro(
     settings = _demo_schema_outbox(
         pg_dsn, kafka_broker, kafka_topic_prefix, schema_registry, tmp_path
     )
-    _write_workload(pg_dsn, 300, settings)  # the backlog: published by the catch-up
+    init_for_catch_up(settings)  # the backlog below is published by the catch-up
+    _write_workload(pg_dsn, 300, settings)
     with service_thread(settings) as service:
         wait_until(lambda: service.stats.phase == "STREAMING", timeout=90)
+        assert service.stats.catch_ups == 1
         _write_workload(pg_dsn, 300, settings, "invoice")  # streamed (own aggregates, topic)
         _wait_published(service, 600)
     _ok_tally(pg_dsn, settings, kafka_broker, kafka_topic_prefix, schema_registry)

@@ -1,11 +1,12 @@
 """Durable phases: a crash anywhere in the catch-up never strands the backlog.
 
-A big backlog (>= 50,000 rows) waits in the outbox when the relay first starts (the phase
-``init`` leaves is CATCHING_UP); writers keep committing meanwhile. The relay is killed with
-SIGKILL during the catch-up, right after creating its slot, and right before streaming; after
-a restart every committed event is in Kafka, in per-aggregate order, no row is left PENDING
-(a later polling pass or catch-up would publish it again), and the redone catch-up re-sent at
-most what the catch-up leaves unmarked (``UNMARKED_WINDOW``), not what it had published.
+A big backlog (>= 50,000 rows) waits in the outbox when the relay first starts (written
+before ``init``, which then leaves the phase CATCHING_UP); writers keep committing meanwhile.
+The relay is killed with SIGKILL during the catch-up, right after creating its slot, and
+right before streaming; after a restart every committed event is in Kafka, in per-aggregate
+order, no row is left PENDING (a later polling pass or catch-up would publish it again), and
+the redone catch-up re-sent at most what the catch-up leaves unmarked (``UNMARKED_WINDOW``),
+not what it had published.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def _write_backlog(dsn: str, rows: int) -> None:
             " FROM generate_series(0, %s - 1) g",
             (rows,),
         )
+
+
+def _create_table(settings: Settings) -> None:
+    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+        for stmt in outbox_table_ddl(settings):
+            conn.execute(stmt)
 
 
 class _Writers:
@@ -89,8 +96,9 @@ def test_kill_9_in_catch_up_strands_nothing(
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
     )
-    init_outbox(settings)
+    _create_table(settings)
     _write_backlog(pg_dsn, BACKLOG)
+    init_outbox(settings)  # over unpublished rows: the first start catches up
     assert relay_phase(pg_dsn, settings.slot_name)[0] == "CATCHING_UP"
     writers = _Writers(pg_dsn, settings, 3_000)
     env = {} if crash_at == "during_catch_up" else {"CDC_OUTBOX_CRASH_AT": crash_at}
@@ -137,9 +145,7 @@ def test_init_on_a_table_with_pending_rows_relays_them_in_cdc_mode(
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
     )
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for stmt in outbox_table_ddl(settings):
-            conn.execute(stmt)
+    _create_table(settings)
     _write_backlog(pg_dsn, 10_000)
     init_outbox(settings)  # creates the slot after the rows were committed
     relay = RelayProcess(settings, "init-backlog")

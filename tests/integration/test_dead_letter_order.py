@@ -24,6 +24,7 @@ from cdc_outbox.service import Service
 from cdc_outbox_dev.readback import ConsumedRecord, count_records, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (
+    init_for_catch_up,
     init_outbox,
     outbox_statuses,
     oversized_record_overrides,
@@ -170,11 +171,12 @@ def test_catch_up_parks_the_aggregate_and_polling_later_republishes_nothing(
     """The backlog (written before the first start) goes through the catch-up; then a
     polling relay runs on the same table and publishes nothing that was dead-lettered."""
     settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    init_outbox(settings)
+    init_for_catch_up(settings)
     scenario = _Scenario(pg_dsn)
     scenario.write()
     with service_thread(settings) as service:
         wait_until(lambda: service.stats.phase == "STREAMING", timeout=60)
+        assert service.stats.catch_ups == 1
         assert service.stats.events_dead_lettered == scenario.expected_dead
     wait_until(lambda: outbox_statuses(pg_dsn).get("PENDING", 0) == 0, timeout=30)
     _check_parked(settings, scenario, kafka_broker.bootstrap_servers, kafka_topic_prefix)

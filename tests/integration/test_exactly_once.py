@@ -18,6 +18,7 @@ from cdc_outbox_dev.readback import read_topics
 from tests.helpers import run_cli, vm_hwm_kb, wait_until
 from tests.relay_support import (
     RelayProcess,
+    init_for_catch_up,
     init_outbox,
     insert_bulk_transaction,
     oversized_record_overrides,
@@ -180,7 +181,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     while streaming, and kill -9 at 10 random points. read_committed sees every event exactly once,
     in per-aggregate order; read_uncommitted sees the aborted records too."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
-    init_outbox(settings)
+    init_for_catch_up(settings)  # the backlog goes through a catch-up
     total = 24_000
     spec = workload.WorkloadSpec(
         events=total, writers=4, aggregates=200, txn_sizes=(1, 5, 50, 200), rate=1_200

@@ -11,7 +11,7 @@ import pytest
 from cdc_outbox.ha.relay_state import NotLeader, Phase
 from cdc_outbox.service import Service, drop_slot_quietly
 from tests.helpers import wait_until
-from tests.relay_support import init_outbox, relay_settings
+from tests.relay_support import init_for_catch_up, init_outbox, relay_settings
 
 
 def _slot_exists(dsn: str, slot: str) -> bool:
@@ -60,7 +60,7 @@ def test_a_failed_switch_to_streaming_leaves_no_walsender_holding_the_snapshot(
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"
     )
-    init_outbox(settings)
+    init_for_catch_up(settings)
     original = Service._write_phase
     failed = threading.Event()
 

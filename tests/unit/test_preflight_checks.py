@@ -109,3 +109,40 @@ def test_partitioned_outbox_published_via_its_root_passes() -> None:
 
 def test_plain_outbox_publication_without_via_root_still_passes() -> None:
     assert check(ready(publication=publication(via_root=False)), "publication").ok
+
+
+DEBEZIUM = Settings(dsn=SecretStr("host=db.example dbname=shop"), columns={"preset": "debezium"})
+DEBEZIUM_COLUMNS = {"id", "aggregatetype", "aggregateid", "type", "payload"}
+
+
+def order_check(state: DatabaseState, settings: Settings) -> Check:
+    [found] = [
+        c
+        for c in evaluate_checks(state, settings, create_table=False)
+        if c.name == "catch_up_order"
+    ]
+    return found
+
+
+def test_a_layout_without_a_commit_order_key_gets_a_warning_not_a_failure() -> None:
+    result = order_check(ready(table_columns=DEBEZIUM_COLUMNS), DEBEZIUM)
+    assert result.ok and result.warning
+    assert "transaction id only" in result.detail
+    assert "columns.sequence" in result.fix and "track_commit_timestamp" in result.fix
+
+
+def test_commit_timestamps_or_a_sequence_column_give_the_commit_order() -> None:
+    state = ready(table_columns=DEBEZIUM_COLUMNS, commit_timestamps=True)
+    assert not order_check(state, DEBEZIUM).warning
+    versioned = DEBEZIUM.model_copy(
+        update={"columns": DEBEZIUM.columns.model_copy(update={"sequence": "version"})}
+    )
+    result = order_check(ready(table_columns=DEBEZIUM_COLUMNS | {"version"}), versioned)
+    assert result.ok and not result.warning and "column version" in result.detail
+    missing = order_check(ready(table_columns=DEBEZIUM_COLUMNS), versioned)
+    assert not missing.ok and "no column 'version'" in missing.detail
+
+
+def test_the_default_layout_orders_by_created_at_without_a_warning() -> None:
+    result = check(ready(), "catch_up_order")
+    assert result.ok and not result.warning and "created_at" in result.detail

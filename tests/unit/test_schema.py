@@ -89,7 +89,7 @@ def test_long_table_name_keeps_index_name_within_63() -> None:
 def test_slot_sql_uses_literal() -> None:
     s = settings(slot_name="my_slot")
     assert render(schema.create_slot_sql(s)) == (
-        "SELECT pg_create_logical_replication_slot('my_slot', 'pgoutput')"
+        "SELECT lsn::text FROM pg_create_logical_replication_slot('my_slot', 'pgoutput')"
     )
     assert render(schema.drop_slot_sql(s)) == "SELECT pg_drop_replication_slot('my_slot')"
     assert render(schema.drop_publication_ddl(s)) == 'DROP PUBLICATION IF EXISTS "cdc_outbox_pub"'

@@ -1,0 +1,52 @@
+"""Whether the slot can be streamed as it is, or a catch-up (new slot + snapshot) is needed.
+
+Pure: no I/O. Contract of :func:`catch_up_reason` (None: stream the slot as it is):
+
+- no slot, or an invalidated one (``wal_status = lost``): catch up;
+- a durable phase other than ``STREAMING`` (``CATCHING_UP`` left by ``init`` over a table with
+  unpublished rows or by a crash mid catch-up, ``POLLING``, no state row): catch up;
+- ``STREAMING``: stream, unless the slot is confirmed past every position this relay recorded
+  for it, ``max(consistent_point, confirmed_lsn)``. The slot a relay streams is only ever
+  confirmed to positions kept in ``confirmed_lsn`` first (or to the consistent point it was
+  created at), so a slot past them was made by someone else, later: rows committed between
+  our last position and its consistent point would be skipped. When the state table cannot
+  keep positions (``keeps_position`` false: a table made by an older ``init``) this check is
+  not possible and the slot is streamed, as before.
+
+``init`` writes ``STREAMING`` at the consistent point of the slot it creates when the table had
+no unpublished row once the slot existed (every row committed before the consistent point was
+published, so the slot alone delivers everything): the first ``run`` streams that slot
+instead of dropping it for a catch-up.
+"""
+
+from __future__ import annotations
+
+from cdc_outbox.admin.inspection import SlotStatus
+from cdc_outbox.ha.relay_state import Phase, RelayState
+from cdc_outbox.lsn import Lsn
+
+__all__ = ["catch_up_reason"]
+
+
+def catch_up_reason(
+    state: RelayState, slot: SlotStatus | None, *, keeps_position: bool = True
+) -> str | None:
+    """Why a catch-up is needed (one line for the log), or None to stream the slot."""
+    if slot is None:
+        return "the slot does not exist"
+    if slot.wal_status == "lost":
+        return "the slot was invalidated (wal_status lost)"
+    if not state.exists:
+        return "no relay state recorded for the slot"
+    if state.phase is not Phase.STREAMING:
+        return f"phase {state.phase}"
+    flushed = slot.confirmed_flush_lsn
+    if not keeps_position or flushed is None or state.consistent_point is None:
+        return None
+    recorded = max(state.consistent_point, state.confirmed_lsn or Lsn(0))
+    if flushed > recorded:
+        return (
+            f"the slot is confirmed up to {Lsn(flushed)}, past every position this relay"
+            f" recorded for it ({Lsn(recorded)}): it was recreated by someone else"
+        )
+    return None
