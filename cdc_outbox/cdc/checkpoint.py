@@ -7,7 +7,8 @@ Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeo
 while Kafka is down) and, at most five times a second, when the confirmed position
 advanced (a smaller unconfirmed window means fewer duplicates after a crash). A position is
 handed to ``keep`` (the relay: :func:`cdc_outbox.ha.relay_state.keep_position`) before it is
-first sent, so it survives a PostgreSQL crash, which may take the slot's own back. With a
+first sent, so it survives a PostgreSQL crash, which may take the slot's own back; while
+``keep`` answers False the position is not sent (persisted before it takes effect). With a
 published-marker (``marker``), a position is confirmed only once every event up to it is
 marked published (:class:`~cdc_outbox.cdc.published_marker.MarkedWatermark`): a crash then
 re-streams any row still unmarked, so none is left PENDING for a later polling pass or
@@ -39,7 +40,7 @@ class Checkpointer:
         start: int,
         interval_s: float,
         ceiling: Callable[[], int | None] = lambda: None,
-        keep: Callable[[int], None] = lambda lsn: None,
+        keep: Callable[[int], bool] = lambda lsn: True,
         marker: PublishedMarker | None = None,
     ) -> None:
         self._marker = marker
@@ -85,8 +86,8 @@ class Checkpointer:
     def send(self, *, reply_requested: bool = False) -> None:
         """Send an update now."""
         flushed = max(self.confirmable(), self.sent_flush)
-        if flushed > self.sent_flush:
-            self._keep(flushed)
+        if flushed > self.sent_flush and not self._keep(flushed):
+            flushed = self.sent_flush  # not persisted: not confirmed either (tried again later)
         self._stream.send_status(
             max(self.written, flushed), flushed, reply_requested=reply_requested
         )

@@ -429,9 +429,14 @@ class Relay:
         self.delivery.abandon()
         self.stats.in_flight = 0
 
-    def _keep_position(self, lsn: int) -> None:
-        if self._keeps_position:
-            self._keeps_position = self._keep(lsn)
+    def _keep_position(self, lsn: int) -> bool:
+        """Whether ``lsn`` may be confirmed: kept, or the state table cannot keep it at all."""
+        if not self._keeps_position:
+            return True
+        outcome = self._keep(lsn)
+        if outcome == "unsupported":
+            self._keeps_position = False
+        return outcome != "failed"
 
     def _parked_in_table(self) -> list[tuple[str, str]]:
         with psycopg.connect(self.settings.postgres_dsn()) as conn:

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.walproto import Keepalive, XLogData
+from cdc_outbox.ha.relay_state import KeepOutcome
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
 
@@ -56,9 +57,9 @@ class RelayPorts:
     producer_client: ProducerFactory | None = None
     checkpoints: CheckpointStore | None = None
     #: The state table's kept confirmed position (:func:`~cdc_outbox.ha.relay_state.
-    #: kept_position`) and how to raise it (:func:`~cdc_outbox.ha.relay_state.keep_position`:
-    #: False once it can never work).
+    #: kept_position`) and how to raise it (:func:`~cdc_outbox.ha.relay_state.keep_position`,
+    #: whose outcome says whether the confirmation may go out).
     kept: Callable[[], int] | None = None
-    keep: Callable[[int], bool] | None = None
+    keep: Callable[[int], KeepOutcome] | None = None
     #: The parked aggregates ``(aggregate_id, blocking event id)`` (default: from the table).
     parked: Callable[[], Iterable[tuple[str, str]]] | None = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
@@ -43,6 +43,7 @@ from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
 
 __all__ = [
+    "KeepOutcome",
     "NotLeader",
     "Phase",
     "RelayState",
@@ -155,10 +156,16 @@ def read_state(conn: Conn, settings: Settings) -> RelayState:
     )
 
 
-def keep_position(settings: Settings, lsn: int) -> bool:
-    """Raise the slot's ``confirmed_lsn`` to ``lsn`` (committed when this returns); False if
-    the table has no such column (made by an older ``init``: warned, never to be tried again).
-    Other failures are logged: the confirmation still goes out, a crash may re-send more."""
+#: What :func:`keep_position` achieved: ``kept`` (committed), ``unsupported`` (the table has no
+#: ``confirmed_lsn`` column: warned, never to be tried again; confirmations go out unkept, as
+#: with an older ``init``), ``failed`` (the database did not take it now: logged; the
+#: confirmation must wait, or a later start would find the slot past every recorded position
+#: and catch up needlessly).
+KeepOutcome = Literal["kept", "unsupported", "failed"]
+
+
+def keep_position(settings: Settings, lsn: int) -> KeepOutcome:
+    """Raise the slot's ``confirmed_lsn`` to ``lsn`` (committed when this returns ``kept``)."""
     try:
         # Short waits: this runs on the relay thread, and a database that is down fails the
         # stream anyway (the confirmation cannot go out either).
@@ -176,10 +183,13 @@ def keep_position(settings: Settings, lsn: int) -> bool:
             " owner) to add it; until then a PostgreSQL crash may make the relay re-send the"
             " events of the seconds (or more) before it"
         )
-        return False
+        return "unsupported"
     except (CdcOutboxError, psycopg.Error) as exc:
-        logger.warning("could not keep the confirmed position %s: %s", Lsn(lsn), exc)
-    return True
+        logger.warning(
+            "could not keep the confirmed position %s (not confirmed yet): %s", Lsn(lsn), exc
+        )
+        return "failed"
+    return "kept"
 
 
 def kept_position(settings: Settings) -> int:

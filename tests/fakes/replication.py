@@ -58,6 +58,7 @@ class FakePostgres:
     saved_confirmed: int = 0  # what a crash brings it back to
     kept: int = 0  # the state table's confirmed_lsn
     backwards: list[tuple[int, int]] = field(default_factory=list)  # confirmations that regressed
+    advances: list[tuple[int, int]] = field(default_factory=list)  # (confirmed, kept then)
     drops: list[int] = field(default_factory=list)  # frame counts after which streams end
     down: bool = False
     streams_open: list[FakeStream] = field(default_factory=list)
@@ -241,6 +242,8 @@ class FakeStream:
         server = self.server
         if flushed < server.confirmed:
             server.backwards.append((server.confirmed, flushed))
+        elif flushed > server.confirmed:
+            server.advances.append((flushed, server.kept))
         server.confirmed = max(server.confirmed, flushed)
         self._reply = self._reply or reply_requested
 

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config import Settings
+from cdc_outbox.ha.relay_state import KeepOutcome
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, Record
 from tests.fakes.replication import FakePostgres, FakeStream
 
@@ -40,6 +41,7 @@ class Harness:
     pg: FakePostgres = field(default_factory=FakePostgres)
     cluster: FakeCluster = field(default_factory=FakeCluster)
     keeps_position: bool = True
+    keep_fails: int = 0  # the next keeps that fail (the database did not take them)
 
     def __post_init__(self) -> None:
         self.stream = FakeStream(self.pg)
@@ -62,10 +64,14 @@ class Harness:
         self.stream.kill()  # the connection to the old server is gone
 
     def relay(self) -> Relay:
-        def keep(lsn: int) -> bool:
-            if self.keeps_position:
-                self.pg.kept = max(self.pg.kept, lsn)
-            return self.keeps_position
+        def keep(lsn: int) -> KeepOutcome:
+            if not self.keeps_position:
+                return "unsupported"
+            if self.keep_fails:
+                self.keep_fails -= 1
+                return "failed"
+            self.pg.kept = max(self.pg.kept, lsn)
+            return "kept"
 
         ports = RelayPorts(
             stream=self.stream,
@@ -264,6 +270,19 @@ def test_failover_to_a_standby_that_was_behind_loses_nothing(delivery: str) -> N
         _assert_exactly_once(h)
     else:
         _assert_at_least_once(h)
+
+
+def test_a_position_is_confirmed_only_once_it_is_kept() -> None:
+    """The state table refuses the first keeps (the database is briefly unavailable): those
+    positions are not confirmed to the slot (a later start would find the slot past every
+    recorded position and catch up needlessly), and confirming resumes once one is kept."""
+    h = Harness("at_least_once", keep_fails=3)
+    _write(h.pg, 80)
+    h.run(h.relay())
+    assert h.keep_fails == 0, "the failing keeps were never tried"
+    assert h.pg.advances, "nothing was confirmed"
+    assert all(confirmed <= kept for confirmed, kept in h.pg.advances), h.pg.advances[:3]
+    _assert_at_least_once(h)
 
 
 # -- random interleavings -----------------------------------------------------------------
