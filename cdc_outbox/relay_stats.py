@@ -53,6 +53,8 @@ class RelayStats:
     #: ``last_loop_unix`` itself: see cdc_outbox.monitoring.health).
     last_loop_unix: float = 0.0
     beating_roles: set[str] = field(default_factory=set)
+    #: The error that cannot heal which is ending ``run`` (``/healthz`` then fails).
+    fatal: str | None = None
 
     def beat(self) -> None:
         """The calling main loop turned: liveness (``/healthz``) is measured from here."""
