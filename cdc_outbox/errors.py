@@ -131,7 +131,7 @@ def cannot_heal(exc: BaseException) -> CdcOutboxError | None:
     if state in _PRIVILEGE_SQLSTATES:
         return PrivilegeMissing(
             f"privileges: {text} (fix: GRANT the privilege to the relay's role; see"
-            " docs/configuration.md, 'Privileges')"
+            " docs/configuration.md, 'Least-privilege role')"
         )
     return None
 

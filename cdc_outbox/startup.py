@@ -94,6 +94,14 @@ def _needed_privileges(settings: Settings) -> list[str]:
     return needed
 
 
+#: Column grants count (the least-privilege role of sql/roles.sql updates some columns only).
+_PRIVILEGE_FUNCTION = {
+    "SELECT": "has_any_column_privilege",
+    "UPDATE": "has_any_column_privilege",
+    "DELETE": "has_table_privilege",
+}
+
+
 def _table_name(settings: Settings) -> str:
     return f"{settings.outbox_schema}.{settings.outbox_table}"
 
@@ -105,7 +113,8 @@ def _table_privileges(conn: psycopg.Connection[tuple[object, ...]], settings: Se
     row = conn.execute(
         sql.SQL("SELECT {}").format(
             sql.SQL(", ").join(
-                sql.SQL("has_table_privilege(%s, {})").format(sql.Literal(p)) for p in names
+                sql.SQL("{}(%s, {})").format(sql.SQL(_PRIVILEGE_FUNCTION[p]), sql.Literal(p))
+                for p in names
             )
         ),
         [table] * len(names),

@@ -1,7 +1,9 @@
 """The ``cdc-outbox`` command line (the only package importing typer).
 
 Exit codes: 0 ok; 1 runtime error (database unreachable, login refused, SQL error);
-2 usage or configuration error; 3 preflight failed (server not ready, slot in use).
+2 usage or configuration error; 3 preflight failed (server not ready, slot in use); ``run``'s
+errors that cannot heal: 4 schema, 5 privileges, 6 authentication, 7 missing topic
+(:mod:`cdc_outbox.errors`).
 Errors are printed by :func:`main` as one ``cdc-outbox: error: ...`` line on stderr.
 """
 
