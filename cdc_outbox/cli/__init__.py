@@ -17,6 +17,7 @@ import typer
 from cdc_outbox import __version__
 from cdc_outbox.cli import (
     bootstrap_cmd,
+    config_cmd,
     consume_cmd,
     lag_cmd,
     polling_cmd,
@@ -98,6 +99,7 @@ polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 
 consume_cmd.register(app)  # consume (the idempotent consumer, cdc_outbox.consumer)
 schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)
+config_cmd.register(app)  # config show (effective settings and their sources)
 
 
 def _register_dev_commands(app: typer.Typer) -> None:
