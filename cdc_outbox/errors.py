@@ -147,3 +147,12 @@ def raise_if_cannot_heal(exc: BaseException) -> None:
     """Raise :func:`cannot_heal`'s error for ``exc`` (retrying cannot help), if any."""
     if (fatal := cannot_heal(exc)) is not None:
         raise fatal from None
+
+
+def topic_missing(topic: str, reason: str) -> str:
+    """The one line for a Kafka topic that does not exist (auto-creation off)."""
+    return (
+        f"topic: Kafka topic '{topic}' does not exist and the broker does not create it"
+        f" ({reason}) (fix: create it, e.g. kafka-topics.sh --create --topic {topic}, or set"
+        " auto.create.topics.enable=true on the brokers; then start run again)"
+    )

@@ -68,6 +68,11 @@ class RelayStats:
         ``Leadership.acquire(stats.beating(stop))``)."""
         return _BeatingEvent(stop, self.beat)
 
+    def fail(self, line: str) -> str:
+        """Record ``line`` as the error that cannot heal which ends the service; returns it."""
+        self.fatal = line
+        return line
+
     def count_published(self, topic: str) -> None:
         self.events_published += 1
         by_topic = self.published_by_topic

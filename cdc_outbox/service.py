@@ -45,6 +45,7 @@ from cdc_outbox.errors import (
     PreflightError,
     RelayHalted,
     SchemaMissing,
+    TopicMissing,
     classify,
     raise_if_cannot_heal,
 )
@@ -147,7 +148,11 @@ class Service:
                 logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
                 relay.run()
                 return
-            except (RelayHalted, NotLeader, PreflightError):
+            except RelayHalted as exc:
+                if self.stats.fatal == str(exc):  # the delivery engine's missing topic
+                    raise TopicMissing(str(exc)) from None
+                raise
+            except (NotLeader, PreflightError):
                 raise
             except (CdcOutboxError, psycopg.Error) as exc:
                 raise_if_cannot_heal(exc)

@@ -30,7 +30,7 @@ from cdc_outbox.admin.preflight import Check, evaluate_checks
 from cdc_outbox.admin.schema import POLLING_COLUMNS
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
-from cdc_outbox.kafka.producer_config import check_producer_config
+from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
 
 __all__ = ["LOG_EVERY_S", "check_before_run", "check_kafka_config"]
 
@@ -46,7 +46,7 @@ def check_kafka_config(settings: Settings) -> None:
     eos = settings.delivery == "exactly_once"
     config = settings.kafka_config()
     if eos:
-        config = {"transaction.timeout.ms": str(settings.eos.transaction_timeout_ms), **config}
+        config = eos_config(config, settings.eos.transaction_timeout_ms)
     check_producer_config(
         config, gapless=settings.on_permanent_error == "halt" and not eos, transactional=eos
     )

@@ -55,6 +55,12 @@ def producer_config(
     return {**defaults, **config, **required}, required
 
 
+def eos_config(config: Mapping[str, Any], transaction_timeout_ms: int) -> dict[str, Any]:
+    """``config`` for the transactional producer: our ``transaction.timeout.ms`` unless the
+    user set one."""
+    return {"transaction.timeout.ms": str(transaction_timeout_ms), **config}
+
+
 def check_producer_config(
     config: Mapping[str, Any], gapless: bool = False, transactional: bool = False
 ) -> None:
