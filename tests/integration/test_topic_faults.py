@@ -15,6 +15,7 @@ import uuid
 import psycopg
 from prometheus_client import CollectorRegistry, generate_latest
 
+from cdc_outbox.config import Settings
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox.relay_stats import RelayStats
@@ -53,20 +54,21 @@ def _write(dsn: str) -> list[str]:
     return ids
 
 
-def _stuck_then_fixed(dsn: str, bootstrap: str, prefix: str, alert: str, fault, fix) -> None:
-    settings = relay_settings(
-        dsn,
-        bootstrap,
-        prefix,
-        mode="cdc",
-        kafka={
-            "bootstrap_servers": bootstrap,
-            "config": {"topic.metadata.propagation.max.ms": "1000"},
-        },
-    )
+def _prepared(dsn: str, bootstrap: str, prefix: str) -> tuple[Settings, str]:
+    """CDC settings (a missing topic reported after 1 s, not 30), the outbox, the dead-letter
+    topic; returns them and the events' topic."""
+    kafka = {
+        "bootstrap_servers": bootstrap,
+        "config": {"topic.metadata.propagation.max.ms": "1000"},
+    }
+    settings = relay_settings(dsn, bootstrap, prefix, mode="cdc", kafka=kafka)
     init_outbox(settings)
-    topic = f"{prefix}.event.order"
     create_topic(bootstrap, f"{prefix}.dlq")
+    return settings, f"{prefix}.event.order"
+
+
+def _stuck_then_fixed(dsn: str, bootstrap: str, prefix: str, alert: str, fault, fix) -> None:
+    settings, topic = _prepared(dsn, bootstrap, prefix)
     fault(topic)
     with relay_thread(settings) as relay:
         wait_until(lambda: slot_position(dsn, settings.slot_name)[1], timeout=60)
@@ -101,19 +103,7 @@ def test_missing_topic_ends_run_naming_it_and_loses_nothing(
     pg_dsn: str, kafka_strict_broker, kafka_topic_prefix: str
 ) -> None:
     bootstrap = kafka_strict_broker.bootstrap_servers
-    settings = relay_settings(
-        pg_dsn,
-        bootstrap,
-        kafka_topic_prefix,
-        mode="cdc",
-        kafka={
-            "bootstrap_servers": bootstrap,
-            "config": {"topic.metadata.propagation.max.ms": "1000"},
-        },
-    )
-    init_outbox(settings)
-    topic = f"{kafka_topic_prefix}.event.order"
-    create_topic(bootstrap, f"{kafka_topic_prefix}.dlq")
+    settings, topic = _prepared(pg_dsn, bootstrap, kafka_topic_prefix)
     ids = _write(pg_dsn)
     first = RelayProcess(settings, "topic-missing-1")
     first.start()
