@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     #: Kafka; keep it at or below the topics' max.message.bytes.
     max_record_bytes: int = Field(default=1_000_000, ge=1024)
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(default=9187, ge=0, le=65535)
+    metrics_port: int = Field(default=9077, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
     heartbeat_interval_s: float = Field(default=0.0, ge=0, le=3600)
     #: Connections the process-wide pool (cdc_outbox.db_pool) may hold: probes, phase

@@ -97,6 +97,16 @@ class ColumnSettings(_Strict):
         return None if v is None else check_ident(f"columns.{info.field_name}", v)
 
 
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of a nested table: ``CDC_OUTBOX_KAFKA__CONFIG__SASL__PASSWORD``
+    arrives as ``{"sasl": {"password": ...}}`` and means ``sasl.password``."""
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            yield from _dotted(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 class KafkaSettings(_Strict):
     """Kafka producer settings; ``config`` is passed through to librdkafka verbatim."""
 
@@ -109,7 +119,7 @@ class KafkaSettings(_Strict):
         if not isinstance(v, Mapping):
             return v
         out: dict[str, Any] = {}
-        for key, value in v.items():
+        for key, value in _dotted(v):
             if isinstance(value, bool):
                 value = "true" if value else "false"
             elif isinstance(value, int | float):

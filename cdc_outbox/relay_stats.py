@@ -60,6 +60,8 @@ class RelayStats:
     #: ``last_loop_unix`` itself: see cdc_outbox.monitoring.health).
     last_loop_unix: float = 0.0
     beating_roles: set[str] = field(default_factory=set)
+    #: The error that cannot heal which is ending ``run`` (``/healthz`` then fails).
+    fatal: str | None = None
 
     def beat(self) -> None:
         """The calling main loop turned: liveness (``/healthz``) is measured from here."""
@@ -72,6 +74,11 @@ class RelayStats:
         waits on it (for a loop that lives in code without a ``stats``, e.g. the standby's
         ``Leadership.acquire(stats.beating(stop))``)."""
         return _BeatingEvent(stop, self.beat)
+
+    def fail(self, line: str) -> str:
+        """Record ``line`` as the error that cannot heal which ends the service; returns it."""
+        self.fatal = line
+        return line
 
     def count_published(self, topic: str) -> None:
         self.events_published += 1

@@ -44,13 +44,22 @@ from cdc_outbox.admin import bootstrap, schema
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
-from cdc_outbox.errors import CdcOutboxError, PreflightError, RelayHalted
+from cdc_outbox.errors import (
+    CdcOutboxError,
+    PreflightError,
+    RelayHalted,
+    SchemaMissing,
+    TopicMissing,
+    classify,
+    raise_if_cannot_heal,
+)
 from cdc_outbox.ha import relay_state
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.relay_state import NotLeader, Phase
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.startup import check_before_run, check_kafka_config
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +81,17 @@ class Service:
             current.request_stop()
 
     def run(self) -> None:
+        """Relay until stopped; an error that cannot heal (:func:`cdc_outbox.errors.classify`)
+        is raised at once, ``/healthz`` failing (``stats.fatal``) while monitoring stops."""
+        try:
+            self._run()
+        except CdcOutboxError as exc:
+            if classify(exc) == "fatal":
+                self.stats.fatal = str(exc)
+            raise
+
+    def _run(self) -> None:
+        check_kafka_config(self.settings)
         _tune_gc()
         with ExitStack() as stack:
             stack.enter_context(db_pool.hold(self.settings))  # closed last, at exit
@@ -79,6 +99,8 @@ class Service:
                 from cdc_outbox.monitoring import start_monitoring
 
                 stack.enter_context(start_monitoring(self.settings, lambda: self.stats))
+            if not check_before_run(self.settings, self._stop):
+                return
             _ensure_state_table(self.settings)
             leadership = self._leadership = Leadership(self.settings)
             stack.callback(leadership.release)
@@ -129,9 +151,14 @@ class Service:
                 logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
                 relay.run()
                 return
-            except (RelayHalted, NotLeader, PreflightError):
+            except RelayHalted as exc:
+                if self.stats.fatal == str(exc):  # the delivery engine's missing topic
+                    raise TopicMissing(str(exc)) from None
+                raise
+            except (NotLeader, PreflightError):
                 raise
             except (CdcOutboxError, psycopg.Error) as exc:
+                raise_if_cannot_heal(exc)
                 # CdcUnavailable, CatchUpFailed, a failed slot creation, the database going
                 # away (also while reading or writing the phase): auto mode polls after a
                 # second failure in a row, otherwise retry with backoff.
@@ -281,7 +308,11 @@ def cdc_problem(settings: Settings) -> str | None:
         with db_pool.pooled(settings) as conn:
             checks = bootstrap.preflight(conn, settings)
     except (CdcOutboxError, psycopg.Error) as exc:
+        raise_if_cannot_heal(exc)
         return str(exc)
+    for check in checks:  # polling needs them as well: no reason to fall back
+        if check.name in ("outbox_table", "outbox_columns") and not check.ok:
+            raise SchemaMissing(f"schema: {check.detail} (fix: {check.fix})")
     bad = [c for c in checks if not c.ok and not (c.name == "slot" and "lost" in c.detail)]
     return "; ".join(f"{c.name}: {c.detail}" for c in bad) or None
 
@@ -291,6 +322,7 @@ def _ensure_state_table(settings: Settings) -> None:
         with db_pool.pooled(settings) as conn:
             relay_state.ensure_table(conn, settings)
     except (CdcOutboxError, psycopg.Error) as exc:
+        raise_if_cannot_heal(exc)
         logger.warning("could not check the relay state table: %s", exc)
 
 

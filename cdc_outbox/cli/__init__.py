@@ -1,7 +1,9 @@
 """The ``cdc-outbox`` command line (the only package importing typer).
 
 Exit codes: 0 ok; 1 runtime error (database unreachable, login refused, SQL error);
-2 usage or configuration error; 3 preflight failed (server not ready, slot in use).
+2 usage or configuration error; 3 preflight failed (server not ready, slot in use); ``run``'s
+errors that cannot heal: 4 schema, 5 privileges, 6 authentication, 7 missing topic
+(:mod:`cdc_outbox.errors`).
 Errors are printed by :func:`main` as one ``cdc-outbox: error: ...`` line on stderr.
 """
 
@@ -15,6 +17,7 @@ import typer
 from cdc_outbox import __version__
 from cdc_outbox.cli import (
     bootstrap_cmd,
+    config_cmd,
     consume_cmd,
     debezium_cmd,
     lag_cmd,
@@ -98,6 +101,7 @@ polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
 
 consume_cmd.register(app)  # consume (the idempotent consumer, cdc_outbox.consumer)
 schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)
+config_cmd.register(app)  # config show (effective settings and their sources)
 debezium_cmd.register(app)  # config import-debezium (Debezium connector -> TOML)
 sql_cmd.register(app)  # sql outbox|processed-events|roles (prints DDL, no database)
 

@@ -83,6 +83,38 @@ class GlobalOptionsGroup(TyperGroup):
         shared = [p for p in self.params if p.name in GLOBAL_PARAMS]
         for command in self.commands.values():
             _add_options(command, shared)
+        _tidy_metavars(self)
+
+
+def _tidy_metavars(command: Any) -> None:
+    """Real metavars in ``--help`` instead of typer's ``<str>``/``<bool>``: none for a flag,
+    the choices for a choice (``cdc|polling|auto``), else the option's name (``--slot SLOT``)."""
+    for param in command.params:
+        _tidy(param)
+    get_help_option = command.get_help_option
+
+    def help_option(ctx: Any) -> Any:
+        option = get_help_option(ctx)
+        if option is not None:
+            _tidy(option)
+        return option
+
+    command.get_help_option = help_option
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _tidy_metavars(sub)
+
+
+def _tidy(param: Any) -> None:
+    if param.metavar is not None or getattr(param, "param_type_name", "") != "option":
+        return
+    desc = getattr(param, "type_descriptor", None)
+    choices = desc.choices if desc is not None and desc.is_choice else None
+    if getattr(param, "is_flag", False):
+        param.metavar = ""
+    elif choices:
+        param.metavar = "|".join(str(c) for c in choices)
+    else:
+        param.metavar = str(param.name).upper()
 
 
 def _add_options(command: Any, shared: list[Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -18,19 +18,26 @@ def register(app: typer.Typer) -> None:
 def run(
     ctx: typer.Context,
     mode: Annotated[
-        str | None,
-        typer.Option("--mode", help="cdc, polling or auto (mode; default auto)."),
+        Literal["cdc", "polling", "auto"] | None,
+        typer.Option(
+            "--mode",
+            help="Relay mode (mode; default auto).",
+        ),
     ] = None,
     delivery: Annotated[
-        str | None,
+        Literal["at_least_once", "exactly_once"] | None,
         typer.Option(
             "--delivery",
-            help="at_least_once or exactly_once (delivery; default at_least_once).",
+            help="Delivery guarantee (delivery; default at_least_once).",
         ),
     ] = None,
     grace: Annotated[
         float | None,
-        typer.Option("--grace", help="Seconds to flush and confirm on SIGTERM (shutdown_grace_s)."),
+        typer.Option(
+            "--grace",
+            metavar="SECONDS",
+            help="Seconds to flush and confirm on SIGTERM (shutdown_grace_s).",
+        ),
     ] = None,
 ) -> None:
     """Run the relay until SIGTERM/SIGINT (several may run: one leads, the others stand by).

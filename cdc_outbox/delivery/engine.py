@@ -8,11 +8,11 @@ their loop. Contract:
 - ``handle.dead_lettered()`` once the event was dead-lettered *durably*: its dead-letter record
   acknowledged on ``dead_letter_topic`` and its outbox row marked ``FAILED`` with the reason
   (:class:`~cdc_outbox.delivery.failed_rows.FailedRows`), so ``redrive`` finds it in every mode.
-- ``handle.retry(reason)`` when the record failed in a way that is retried (topic missing, not
-  authorised, producer fatal, ...): never a dead letter. ``restart_reason`` is set (and the
-  alert in the stats): the caller drops the session and re-sends from its durable position.
-- ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``; the
-  handle then never completes, so nothing after it is confirmed.
+- ``handle.retry(reason)`` when the record failed in a way that is retried (not authorised,
+  producer fatal, ...): never a dead letter. ``restart_reason`` is set (and the alert in the
+  stats): the caller drops the session and re-sends from its durable position.
+- ``halt_reason`` is set instead of dead-lettering under ``on_permanent_error = "halt"``, and
+  on a missing topic (``stats.fatal``: ``run`` ends, exit 7); the handle then never completes.
 - Once an event waits for its schema (registry unreachable: a retry), nothing more is
   produced until :meth:`new_session`: later events get ``handle.retry`` at once, so none
   overtakes it.
@@ -55,6 +55,8 @@ from cdc_outbox.delivery.policy import (
     precheck,
 )
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
+from cdc_outbox.errors import topic_missing
+from cdc_outbox.kafka.producer_config import eos_config
 from cdc_outbox.kafka.publisher import (
     DeliveryFailure,
     Headers,
@@ -284,7 +286,10 @@ class Delivery:
         later = self.keys.done(sent.key)
         self.stats.delivery_errors += 1
         action = on_failure(failure, self._halt_policy)
-        if action is FailureAction.DEAD_LETTER and self.eos:
+        if failure.alert == "topic_missing":  # cannot heal: run ends; the handle never completes
+            self.stats.count_retry("topic_missing")
+            self.halt(self.stats.fail(topic_missing(failure.topic, failure.reason)))
+        elif action is FailureAction.DEAD_LETTER and self.eos:
             # The transaction is now abortable: abort, re-send, dead-letter this one up front.
             self.rejected[sent.event_id] = failure
             self.restart(f"Kafka rejected event {sent.event_id} in a transaction", failure)
@@ -369,31 +374,22 @@ class Delivery:
             self.restart_reason = reason
 
     def _new_publisher(self) -> KafkaPublisher:
+        settings = self.settings
         if self.eos:
-            config = {
-                "transaction.timeout.ms": str(self.settings.eos.transaction_timeout_ms),
-                **self.settings.kafka_config(),
-            }
+            config = eos_config(settings.kafka_config(), settings.eos.transaction_timeout_ms)
             return KafkaPublisher(
                 config, transactional_id=self.transactional_id, client=self._producer_client
             )
         return KafkaPublisher(
-            self.settings.kafka_config(), gapless=self._halt_policy, client=self._producer_client
+            settings.kafka_config(), gapless=self._halt_policy, client=self._producer_client
         )
 
     def _log_dead(
         self, event_id: str | None, key: bytes | None, topic: str | None, reason: str
     ) -> None:
-        logger.warning(
-            "event %s dead-lettered: %s",
-            event_id,
-            reason,
-            extra={
-                "event_id": event_id,
-                "aggregate_id": (key or b"").decode(errors="replace"),
-                "topic": topic,
-            },
-        )
+        aggregate_id = (key or b"").decode(errors="replace")
+        context = {"event_id": event_id, "aggregate_id": aggregate_id, "topic": topic}
+        logger.warning("event %s dead-lettered: %s", event_id, reason, extra=context)
 
 
 def _dead(record: OutboxRecord, reason: str) -> DeadLetter:

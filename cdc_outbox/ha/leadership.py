@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
-from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.errors import CdcOutboxError, raise_if_cannot_heal
 from cdc_outbox.ha.leadership_rules import (
     LeaseClock,
     connection_params,
@@ -170,6 +170,7 @@ class Leadership:
                 ) from None
             except psycopg.Error as exc:
                 self._close_conn()
+                raise_if_cannot_heal(exc)
                 if (message := self._redact(exc)) != last_error:
                     self._log(logging.WARNING, "%s; retrying", message)
                 last_error = message

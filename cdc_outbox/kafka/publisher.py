@@ -1,7 +1,8 @@
 """The relay's Kafka producer. Only the :mod:`cdc_outbox.kafka` package imports confluent-kafka
 (this module; :mod:`cdc_outbox.kafka.checkpoints`, the exactly-once checkpoint topic;
 :mod:`cdc_outbox.kafka.consumer`, the consumer's side; :mod:`cdc_outbox.kafka.probe`, the
-readiness check; a unit test checks it).
+readiness check; :mod:`cdc_outbox.kafka.producer_config`, the producer's settings and their
+start-up check; a unit test checks it).
 
 Reading topics back (demo, tests, benchmarks) is ``cdc_outbox_dev.readback``, not shipped.
 
@@ -45,34 +46,14 @@ from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
-from cdc_outbox.redaction import MASK, is_secret_kafka_key
+from cdc_outbox.kafka.producer_config import config_error_line, producer_config, redact_config
 
 logger = logging.getLogger(__name__)
 
 
 Headers = list[tuple[str, bytes]]
-
-#: Settings we insist on: they are what makes delivery reports mean "durable, in order".
-REQUIRED_CONFIG: Mapping[str, str] = {
-    "enable.idempotence": "true",
-    "acks": "all",
-}
-
-#: Defaults a user may override through ``kafka.config``.
-DEFAULT_CONFIG: Mapping[str, str] = {
-    # Never give up on a record by timeout: while the broker is down the queue fills, the relay
-    # stops reading the slot, and delivery resumes in order once the broker is back.
-    "message.timeout.ms": "0",
-    "linger.ms": "20",  # batches of ~1,000 records at high rates; adds at most 20 ms
-    "batch.num.messages": "10000",
-    "queue.buffering.max.messages": "200000",
-    "queue.buffering.max.kbytes": "262144",
-}
-
-#: Defaults of a transactional producer (exactly-once): a closing Kafka transaction waits for
-#: its last records, so they should not linger long (the commit interval batches anyway).
-TRANSACTIONAL_DEFAULTS: Mapping[str, str] = {"linger.ms": "5"}
 
 #: Record-level rejections: this record can never be written (the only dead-letter cases).
 _RECORD_CODES = frozenset(
@@ -154,12 +135,6 @@ class _DeliveryReport:
             self.listener.failed(_failure(err, msg.topic(), msg.key(), msg.value(), self.headers))
 
 
-def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a librdkafka config safe to log: secret keys (:func:`is_secret_kafka_key`)
-    have their value replaced by ``***``."""
-    return {k: (MASK if is_secret_kafka_key(k) else v) for k, v in config.items()}
-
-
 class ProducerClient(Protocol):
     """What :class:`KafkaPublisher` uses of ``confluent_kafka.Producer`` (a test passes a
     fake of it through ``client``; delivery reports are called from ``poll``/``flush``)."""
@@ -202,11 +177,7 @@ class KafkaPublisher:
         transactional_id: str | None = None,
         client: ProducerFactory | None = None,
     ) -> None:
-        required = {**REQUIRED_CONFIG, **({"enable.gapless.guarantee": "true"} if gapless else {})}
-        if transactional_id is not None:
-            required["transactional.id"] = transactional_id
-        defaults = {**DEFAULT_CONFIG, **(TRANSACTIONAL_DEFAULTS if transactional_id else {})}
-        merged: dict[str, Any] = {**defaults, **config, **required}
+        merged, required = producer_config(config, gapless, transactional_id)
         self.transactional = transactional_id is not None
         #: Records produced in the open transaction (transactional only).
         self.txn_records = 0
@@ -224,8 +195,8 @@ class KafkaPublisher:
             return
         try:
             self._producer = Producer(merged, logger=QuietLibrdkafkaLog())
-        except KafkaException as exc:
-            raise ValueError(f"invalid Kafka configuration: {exc.args[0]}") from exc
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise ConfigError(config_error_line(config, exc)) from None
 
     def produce(
         self,

@@ -1,7 +1,9 @@
 """Liveness and readiness for ``/healthz`` and ``/readyz`` (Kubernetes probes, HEALTHCHECK).
 
 Contract:
-- Liveness: the main loop turned within ``health.loop_stale_s`` (``RelayStats.last_loop_unix``).
+- Liveness: the main loop turned within ``health.loop_stale_s`` (``RelayStats.last_loop_unix``)
+  and no error that cannot heal is ending the service (``RelayStats.fatal``: status
+  ``failed``, the error line in ``error``, while it shuts down).
   For a role whose loop never called ``RelayStats.beat`` (code not instrumented yet) the
   endpoint beats for it when asked: liveness then means "the process serves HTTP". (Not the
   check thread: a check hanging on a frozen database must not make the process look dead.)
@@ -127,9 +129,11 @@ class HealthChecks(BackgroundLoop):
             stats.last_loop_unix = time.time()  # no loop of this role beats: we do
         last = stats.last_loop_unix
         age = time.time() - last if last else None
-        alive = age is not None and age <= self.loop_stale_s
+        alive = age is not None and age <= self.loop_stale_s and stats.fatal is None
+        status = "ok" if alive else "stale" if stats.fatal is None else "failed"
         return alive, {
-            "status": "ok" if alive else "stale",
+            "status": status,
+            "error": stats.fatal,
             "role": stats.role,
             "mode": stats.mode,
             "last_loop_unix": round(last, 3) if last else None,

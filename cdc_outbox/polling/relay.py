@@ -45,7 +45,7 @@ import psycopg
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
-from cdc_outbox.errors import ConfigError, RelayHalted
+from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.ha.relay_state import NotLeader
 from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.polling import sql as polling_sql
@@ -166,6 +166,7 @@ class PollingRelay:
                     self.run_once()
                     backoff = 0.5
                 except (psycopg.Error, OSError) as exc:
+                    raise_if_cannot_heal(exc)
                     self.stats.restarts += 1
                     logger.warning("polling relay: %s; retrying in %.1fs", exc, backoff)
                     self._close_connection()

@@ -25,7 +25,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from cdc_outbox.kafka.publisher import DEFAULT_CONFIG, REQUIRED_CONFIG
+from cdc_outbox.kafka.producer_config import DEFAULT_CONFIG, REQUIRED_CONFIG
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.helpers import (
     allow_topic_writes,

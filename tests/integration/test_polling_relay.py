@@ -18,6 +18,7 @@ import psycopg
 from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.config import Settings
+from cdc_outbox.errors import RelayHalted
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
@@ -183,42 +184,57 @@ def test_permanent_failure_dead_letters_parks_the_aggregate_then_redrive_publish
     assert [dict(r.headers)["id"].decode() for r in records if r.key == b"o-1"] == [big, small]
 
 
-def test_retried_failure_backs_off_without_using_an_attempt(
+def test_missing_topic_halts_without_using_an_attempt(
     pg_dsn: str, kafka_strict_broker: Any, kafka_topic_prefix: str
 ) -> None:
-    """A missing topic (auto-creation off) is retried after a backoff, never dead-lettered."""
+    """A missing topic (auto-creation off) cannot heal by retrying: the relay halts (``run``
+    then ends, exit 7), never dead-letters it nor uses an attempt; once the topic exists the
+    next relay publishes the row."""
     bootstrap = kafka_strict_broker.bootstrap_servers
     settings = _settings(
         pg_dsn,
         bootstrap,
         kafka_topic_prefix,
-        backoff_base_s=1.0,
-        backoff_max_s=2.0,
         kafka_config={"topic.metadata.propagation.max.ms": "500"},
     )
     _create_table(settings)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         event = _insert(conn, "o-1", {"n": 1})
+    topic = f"{kafka_topic_prefix}.event.order"
     relay = PollingRelay(settings)
     try:
-        assert relay.run_once() == 1
-        row = _rows(pg_dsn)[event]
-        assert (row["status"], row["attempts"]) == ("PENDING", 0)
-        assert "UNKNOWN_TOPIC" in row["last_error"]
-        with psycopg.connect(pg_dsn) as conn:
-            due = conn.execute(
-                "SELECT extract(epoch FROM available_at - now()) FROM outbox"
-            ).fetchone()
-        assert due is not None and 0 < due[0] <= 1.0  # backoff_base_s 1.0, jitter 0.5..1
+        errors: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _catch(relay.run, errors), daemon=True)
+        thread.start()
+        thread.join(90)  # it ends on its own (bounded: a relay retrying forever fails here)
+        relay.request_stop()
+        thread.join(30)
+        assert len(errors) == 1 and isinstance(errors[0], RelayHalted), errors
+        assert f"Kafka topic '{topic}' does not exist" in str(errors[0])
+        assert relay.stats.fatal is not None
         assert relay.stats.retries_by_alert["topic_missing"] >= 1
         assert relay.stats.events_dead_lettered == 0
-        create_topic(bootstrap, f"{kafka_topic_prefix}.event.order")
+    finally:
+        relay.close()
+    row = _rows(pg_dsn)[event]
+    assert row["status"] != "FAILED" and row["attempts"] == 0, row
+    create_topic(bootstrap, topic)
+    again = PollingRelay(settings)
+    try:
+        again.sweep(everything=True)  # the halted relay's lease, as a new leader takes it over
         wait_until(
-            lambda: relay.run_once() > 0 and _rows(pg_dsn)[event]["status"] == "PUBLISHED",
+            lambda: again.run_once() >= 0 and _rows(pg_dsn)[event]["status"] == "PUBLISHED",
             timeout=60,
         )
     finally:
-        relay.close()
+        again.close()
+
+
+def _catch(run: Any, errors: list[BaseException]) -> None:
+    try:
+        run()
+    except BaseException as exc:
+        errors.append(exc)
 
 
 def _worker_process(settings: Settings, name: str) -> subprocess.Popen[bytes]:

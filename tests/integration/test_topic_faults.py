@@ -1,8 +1,10 @@
-"""Topic-level Kafka faults are retried and alerted, never dead-lettered.
+"""Topic-level Kafka faults are never dead-lettered, and no event is lost.
 
-Against the strict broker (auto-creation off, ACLs enforced): a missing topic, then a topic
-whose writes are denied. In both cases no event is dead-lettered, the slot does not pass the
-stuck events, ``cdc_outbox_delivery_alert`` is raised, and everything flows once fixed.
+Against the strict broker (auto-creation off, ACLs enforced): a topic whose writes are denied
+is retried and alerted (``cdc_outbox_delivery_alert``) and flows once the ACL is lifted; a
+missing topic cannot heal by retrying, so ``run`` ends (exit 7) with one line naming the
+topic and the fix, without confirming the stuck events, and a ``run`` after the topic was
+created delivers them all.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import uuid
 import psycopg
 from prometheus_client import CollectorRegistry, generate_latest
 
+from cdc_outbox.config import Settings
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox_dev.readback import count_records, read_topics
 from tests.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
 from tests.relay_support import (
+    RelayProcess,
     current_wal_lsn,
     init_outbox,
+    outbox_statuses,
     relay_settings,
     relay_thread,
     slot_position,
@@ -49,20 +54,21 @@ def _write(dsn: str) -> list[str]:
     return ids
 
 
-def _stuck_then_fixed(dsn: str, bootstrap: str, prefix: str, alert: str, fault, fix) -> None:
-    settings = relay_settings(
-        dsn,
-        bootstrap,
-        prefix,
-        mode="cdc",
-        kafka={
-            "bootstrap_servers": bootstrap,
-            "config": {"topic.metadata.propagation.max.ms": "1000"},
-        },
-    )
+def _prepared(dsn: str, bootstrap: str, prefix: str) -> tuple[Settings, str]:
+    """CDC settings (a missing topic reported after 1 s, not 30), the outbox, the dead-letter
+    topic; returns them and the events' topic."""
+    kafka = {
+        "bootstrap_servers": bootstrap,
+        "config": {"topic.metadata.propagation.max.ms": "1000"},
+    }
+    settings = relay_settings(dsn, bootstrap, prefix, mode="cdc", kafka=kafka)
     init_outbox(settings)
-    topic = f"{prefix}.event.order"
     create_topic(bootstrap, f"{prefix}.dlq")
+    return settings, f"{prefix}.event.order"
+
+
+def _stuck_then_fixed(dsn: str, bootstrap: str, prefix: str, alert: str, fault, fix) -> None:
+    settings, topic = _prepared(dsn, bootstrap, prefix)
     fault(topic)
     with relay_thread(settings) as relay:
         wait_until(lambda: slot_position(dsn, settings.slot_name)[1], timeout=60)
@@ -93,18 +99,42 @@ def _stuck_then_fixed(dsn: str, bootstrap: str, prefix: str, alert: str, fault, 
     assert count_records(bootstrap, f"{prefix}.dlq") == 0
 
 
-def test_missing_topic_is_retried_and_alerted_never_dead_lettered(
+def test_missing_topic_ends_run_naming_it_and_loses_nothing(
     pg_dsn: str, kafka_strict_broker, kafka_topic_prefix: str
 ) -> None:
     bootstrap = kafka_strict_broker.bootstrap_servers
-    _stuck_then_fixed(
-        pg_dsn,
-        bootstrap,
-        kafka_topic_prefix,
-        "topic_missing",
-        fault=lambda topic: None,
-        fix=lambda topic: create_topic(bootstrap, topic),
-    )
+    settings, topic = _prepared(pg_dsn, bootstrap, kafka_topic_prefix)
+    ids = _write(pg_dsn)
+    first = RelayProcess(settings, "topic-missing-1")
+    first.start()
+    try:
+        code = first.wait(120)  # bounded: a relay retrying forever fails here
+    finally:
+        first.stop_quietly()
+    log = first.log_tail(20_000)
+    errors = [line for line in log.splitlines() if line.startswith("cdc-outbox: error: ")]
+    assert code == 7, log
+    assert errors == [
+        f"cdc-outbox: error: topic: Kafka topic '{topic}' does not exist and the broker does"
+        " not create it (Broker: Unknown topic or partition) (fix: create it, e.g."
+        f" kafka-topics.sh --create --topic {topic}, or set auto.create.topics.enable=true"
+        " on the brokers; then start run again)"
+    ], log
+    assert outbox_statuses(pg_dsn) == {"PENDING": EVENTS}  # none counted as published
+    assert count_records(bootstrap, f"{kafka_topic_prefix}.dlq") == 0
+    create_topic(bootstrap, topic)
+    second = RelayProcess(settings, "topic-missing-2")
+    second.start()
+    try:
+        wait_until(lambda: outbox_statuses(pg_dsn) == {"PUBLISHED": EVENTS}, timeout=90,
+                   message=lambda: second.log_tail())  # fmt: skip
+        second.terminate()
+        assert second.wait(60) == 0, second.log_tail()
+    finally:
+        second.stop_quietly()
+    records = read_topics(bootstrap, topic)
+    assert {dict(r.headers)["id"].decode() for r in records} == set(ids)
+    assert count_records(bootstrap, f"{kafka_topic_prefix}.dlq") == 0
 
 
 def test_denied_writes_are_retried_and_alerted_never_dead_lettered(

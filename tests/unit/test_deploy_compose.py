@@ -53,7 +53,7 @@ def test_compose_file_is_valid_compose_spec() -> None:
         (("stop_grace_period: 40s", "stop_grace: 40s"), "stop_grace"),  # unknown key
         (("condition: service_completed_successfully", "condition: service_done"),
          "service_done"),  # not one of the allowed values
-        (('      - "9188:9187"', '      - ["9188", "9187"]'), "9188"),  # wrong type
+        (('      - "9078:9077"', '      - ["9078", "9077"]'), "9078"),  # wrong type
         (("  pgdata:\n", "  pgdata: 42\n"), "42"),
     ],
 )  # fmt: skip

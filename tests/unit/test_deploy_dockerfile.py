@@ -100,7 +100,7 @@ def problems(text: str) -> list[str]:
     envs = parser.envs
     if envs.get("CDC_OUTBOX_METRICS_HOST") != "0.0.0.0":
         found.append("metrics endpoint not reachable from outside the container")
-    if values(final, "EXPOSE") != [envs.get("CDC_OUTBOX_METRICS_PORT", "9187")]:
+    if values(final, "EXPOSE") != [envs.get("CDC_OUTBOX_METRICS_PORT", "9077")]:
         found.append("EXPOSE is not the metrics port")
     labels = parser.labels
     for key in ("title", "description", "version", "licenses"):
@@ -124,7 +124,7 @@ def test_the_dockerfile_follows_every_rule() -> None:
         (("--no-index ", ""), "final stage may download packages"),
         (("STOPSIGNAL SIGTERM", "STOPSIGNAL SIGKILL"), "no STOPSIGNAL SIGTERM"),
         (('ENTRYPOINT ["cdc-outbox"]', 'ENTRYPOINT ["python"]'), "entrypoint ['python']"),
-        (("EXPOSE 9187", "EXPOSE 8080"), "EXPOSE is not the metrics port"),
+        (("EXPOSE 9077", "EXPOSE 8080"), "EXPOSE is not the metrics port"),
         (("FROM ${PYTHON_IMAGE}\nARG PYTHON_IMAGE\n", "FROM python:3.12\nARG PYTHON_IMAGE\n"),
          "final base image python:3.12"),
         (("ARG VERSION=0.1.0\n", "ARG VERSION\n"), "no OCI label version"),

@@ -81,3 +81,14 @@ def test_postgres_check_error_masks_the_password() -> None:
     health._record("postgres", lambda: (_ for _ in ()).throw(OSError("auth s3cret-pw failed")))
     result = health.results["postgres"]
     assert not result.ok and result.error == "auth *** failed"
+
+
+def test_liveness_fails_while_a_fatal_error_ends_the_service() -> None:
+    stats = RelayStats(role="leader")
+    stats.beat()
+    health = HealthChecks(SETTINGS, lambda: stats)
+    assert health.liveness()[0]
+    stats.fatal = "schema: table public.nosuch does not exist (fix: ...)"
+    alive, body = health.liveness()
+    assert not alive
+    assert body["status"] == "failed" and body["error"] == stats.fatal

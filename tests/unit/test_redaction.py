@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cdc_outbox.config_models import KafkaSettings
-from cdc_outbox.kafka.publisher import redact_config
+from cdc_outbox.kafka.producer_config import redact_config
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
 SECRET_KEYS = [
