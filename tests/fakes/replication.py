@@ -160,7 +160,8 @@ def txn_frames(txn: Txn) -> list[bytes]:
 
 class FakeStream:
     """A replication connection to a :class:`FakePostgres` (which may be swapped, as a
-    multi-host DSN follows a promoted standby: :attr:`server`)."""
+    multi-host DSN follows a promoted standby: :attr:`server`; a started stream stays with
+    the server it was started on)."""
 
     def __init__(self, server: FakePostgres) -> None:
         self.server = server
@@ -172,6 +173,7 @@ class FakeStream:
         self._drop_at: int | None = None
         self._reply = False
         self._killed = False
+        self._session = server
         self.starts: list[int] = []
 
     def kill(self) -> None:
@@ -190,11 +192,14 @@ class FakeStream:
         if self.server.down:
             raise ReplicationError("replication connection failed: server down")
         self._connected = True
-        return self.server.history()
+        self._session = self.server  # a connection is to one server
+        return self._session.history()
 
     def start(self, start_lsn: int) -> int:
         assert self._connected, "start() without connect()"
-        server = self.server
+        server = self._session
+        if server.down:
+            raise ReplicationError("START_REPLICATION failed: server closed the connection")
         start = max(start_lsn, server.confirmed)
         self.starts.append(start)
         server.streams += 1
@@ -219,12 +224,16 @@ class FakeStream:
     def read_raw(self, timeout: float) -> bytes | None:
         if not self._open:
             raise ReplicationError("replication stream is not open")
-        if self._killed or (self._drop_at is not None and self._sent >= self._drop_at):
+        if (
+            self._killed
+            or self._session.down
+            or (self._drop_at is not None and self._sent >= self._drop_at)
+        ):
             self._killed = False
             self.close()
             raise ReplicationError("replication stream ended: FATAL: terminating connection")
         if not self._frames:
-            server = self.server
+            server = self._session
             if self._next_txn < len(server.txns):
                 self._frames = txn_frames(server.txns[self._next_txn])
                 self._next_txn += 1
@@ -239,7 +248,7 @@ class FakeStream:
     def send_status(self, written: int, flushed: int, *, reply_requested: bool = False) -> None:
         if not self._open:
             raise ReplicationError("replication stream is not open")
-        server = self.server
+        server = self._session
         if flushed < server.confirmed:
             server.backwards.append((server.confirmed, flushed))
         elif flushed > server.confirmed:
