@@ -29,16 +29,21 @@ __all__ = [
 
 ENV_PREFIX = "CDC_OUTBOX_"
 #: Variables with our prefix that are not settings but are read elsewhere (config file path;
-#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries; the test
-#: harness's backend).
+#: sandbox: cache directory, Kafka class-data-sharing archive, PostgreSQL binaries and major
+#: version; the test harness's backend and the knobs of its longer runs).
 ENV_ALLOWED = frozenset(
     {
         "CDC_OUTBOX_CONFIG",
         "CDC_OUTBOX_CACHE_DIR",
         "CDC_OUTBOX_KAFKA_CDS",
         "CDC_OUTBOX_PG_BINDIR",
+        "CDC_OUTBOX_PG_VERSION",
         "CDC_OUTBOX_CRASH_AT",
         "CDC_OUTBOX_TEST_BACKEND",
+        "CDC_OUTBOX_CHAOS_SEED",
+        "CDC_OUTBOX_CHAOS_ONLY",
+        "CDC_OUTBOX_CATCH_UP_ORDER_TRANSACTIONS",
+        "CDC_OUTBOX_RESTART_EXAMPLES",
     }
 )
 ENV_ALLOWED_PREFIXES = ("CDC_OUTBOX_SANDBOX_",)
