@@ -130,7 +130,7 @@ class EosCommitter:
                     extra={"mode": "cdc"},
                 )
         self.history = history
-        batch.committed_lsn = batch.end_lsn = batch.closing_end_lsn = max(memory, kafka)
+        batch.rebase(max(memory, kafka))
         logger.info(
             "exactly-once: Kafka holds PostgreSQL transactions up to %s (timeline %d)",
             Lsn(batch.committed_lsn),

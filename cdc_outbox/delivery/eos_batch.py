@@ -20,7 +20,8 @@ Contract of :class:`EosBatch`:
   :meth:`committed` makes ``closing_end_lsn`` the new ``committed_lsn``.
 * **Confirms nothing uncommitted**: :meth:`ceiling` is the highest LSN the slot may be confirmed
   to: ``committed_lsn`` while a Kafka transaction (open or closing) holds events, unbounded
-  (``None``) otherwise. ``committed_lsn`` never decreases.
+  (``None``) otherwise. ``committed_lsn`` never decreases, except through :meth:`rebase`
+  (a session start in a new history: only what holds there is still skipped).
 """
 
 from __future__ import annotations
@@ -153,6 +154,12 @@ class EosBatch:
         self.committed_lsn = max(self.committed_lsn, self.closing_end_lsn)
         events, self.closing_events = self.closing_events, 0
         return events
+
+    def rebase(self, committed_lsn: int) -> None:
+        """A session starts (nothing open): ``committed_lsn`` is what Kafka holds of the
+        current history, possibly lower than before (see :meth:`~cdc_outbox.cdc.eos.
+        EosCommitter.load`)."""
+        self.committed_lsn = self.end_lsn = self.closing_end_lsn = committed_lsn
 
     def aborted(self) -> None:
         """The Kafka transaction was aborted: forget it (its transactions are re-streamed)."""
