@@ -3,7 +3,7 @@
 #   make test   - the full test suite (real PostgreSQL and Kafka, no Docker)
 #   make test-versions - the relay, fault and failover tests (VERSION_TESTS) on each of
 #                 PG_VERSIONS (CDC_OUTBOX_PG_VERSION; all run, non-zero exit if any failed)
-#   make lint   - ruff + mypy --strict
+#   make lint   - ruff + mypy --strict + lint-imports (the layer contracts in pyproject.toml)
 #   make bench  - both benchmarks (relay vs raw slot drain; CDC vs polling), JSON in benchmarks/out
 VENV := .venv
 PYTEST_ARGS ?=
@@ -40,6 +40,7 @@ test-versions: bootstrap
 lint: bootstrap
 	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks examples
 	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev examples
+	$(VENV)/bin/lint-imports
 
 bench: bootstrap
 	$(VENV)/bin/python -m benchmarks relay --events 100000 --txn-size 100 --json benchmarks/out/relay.json
