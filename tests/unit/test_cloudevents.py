@@ -33,7 +33,13 @@ DSN = {"dsn": "dbname=shop user=app"}
 
 def mapper(mode: str, **kwargs: Any) -> CloudEventsMapper:
     return CloudEventsMapper(
-        "public", "outbox", DEFAULT_COLUMNS, "t.{aggregate_type}", mode=mode, source=SOURCE, **kwargs
+        "public",
+        "outbox",
+        DEFAULT_COLUMNS,
+        "t.{aggregate_type}",
+        mode=mode,
+        source=SOURCE,
+        **kwargs,
     )
 
 
@@ -123,6 +129,7 @@ def test_invalid_cloudevents_records_are_bad_records() -> None:
         (b"not json", (ct,)),
         (b'{"specversion": "1.0", "id": "x", "source": "/s", "type": "T"}', (ct,)),
         (b"{}", (("ce_specversion", b"1.0"),)),  # no id, source, type
+        (b"{}", (("ce_id", b"7"), ("ce_source", b"/s"), ("ce_type", b"T"))),  # id not a UUID
     ):
         with pytest.raises(BadRecord):
             event_of(RawRecord("t", 0, 1, b"k", value, headers), json_value)
@@ -172,7 +179,9 @@ def test_settings_build_the_cloudevents_mapper_with_a_default_source() -> None:
     assert isinstance(m, CloudEventsMapper)
     assert m._source == "cdc-outbox/shop/public.outbox"
     assert default_source(None, "s", "t") == "cdc-outbox/s.t"
-    custom = load_settings(overrides={"cloudevents": "structured", "cloudevents_source": "/x", **DSN})
+    custom = load_settings(
+        overrides={"cloudevents": "structured", "cloudevents_source": "/x", **DSN}
+    )
     assert custom.outbox_mapper()._source == "/x"  # type: ignore[attr-defined]
     assert type(load_settings(overrides=DSN).outbox_mapper()) is OutboxMapper
 
