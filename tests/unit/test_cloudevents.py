@@ -5,6 +5,7 @@ and the settings that refuse combinations without a meaning."""
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -216,3 +217,20 @@ def test_the_env_var_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDC_OUTBOX_CLOUDEVENTS", "bogus")
     with pytest.raises(ConfigError, match="cloudevents"):
         load_settings(overrides=DSN)
+
+
+def test_without_the_sdk_the_setting_is_refused_and_plain_records_still_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extra is optional: the core imports no cloudevents module until it is used."""
+    for name in [m for m in sys.modules if m == "cloudevents" or m.startswith("cloudevents.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cloudevents", None)  # what an absent package looks like
+    with pytest.raises(ConfigError, match=r"pip install 'cdc-outbox\[cloudevents\]'"):
+        load_settings(overrides={"cloudevents": "binary", **DSN})
+    plain = load_settings(overrides=DSN).outbox_mapper().map_insert(REL, row())
+    assert isinstance(plain, OutboxRecord)
+    assert event_of(consumed(plain), json_value).payload == {"n": 1}
+    ce = RawRecord("t", 0, 1, b"k", b"{}", (("ce_id", EID.encode()),))
+    with pytest.raises(ConfigError, match="cloudevents SDK is not installed"):
+        event_of(ce, json_value)
