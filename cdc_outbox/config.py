@@ -14,6 +14,7 @@ both are re-exported here.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -21,6 +22,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     Field,
     SecretStr,
@@ -157,6 +159,11 @@ class Settings(BaseSettings):
     #: Record values: the payload as is ("json") or Avro in the Confluent wire format.
     value_format: Literal["json", "avro"] = "json"
     key_format: Literal["string", "avro"] = "string"
+    #: Publish in the CloudEvents Kafka binding: "binary" (ce_* headers, the payload as value)
+    #: or "structured" (a JSON envelope); needs the cloudevents extra (docs/cloudevents.md).
+    cloudevents: Literal["off", "binary", "structured"] = "off"
+    #: The CloudEvents ``source``; empty: ``cdc-outbox/<database>/<schema>.<table>``.
+    cloudevents_source: str = ""
     schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
@@ -237,6 +244,7 @@ class Settings(BaseSettings):
                 'value_format/key_format = "avro" needs schema_registry.url (schema ids'
                 " come from the registry)"
             )
+        _check_cloudevents(self)
         if self.delivery == "exactly_once" and self.columns.preset != "default":
             raise ValueError(
                 'delivery = "exactly_once" needs the status columns of the default column preset'
@@ -280,13 +288,24 @@ class Settings(BaseSettings):
 
     def outbox_mapper(self) -> OutboxMapper:
         """The row-to-record mapping these settings describe (every mode uses this one)."""
-        return OutboxMapper(
-            self.outbox_schema,
-            self.outbox_table,
-            self.column_names(),
-            self.topic_template,
-            tombstones=self.null_payload == "tombstone",
-            reserved_topics=frozenset({self.dead_letter_topic, self.eos.checkpoint_topic}),
+        args = (self.outbox_schema, self.outbox_table, self.column_names(), self.topic_template)
+        kwargs: dict[str, Any] = {
+            "tombstones": self.null_payload == "tombstone",
+            "reserved_topics": frozenset({self.dead_letter_topic, self.eos.checkpoint_topic}),
+        }
+        if self.cloudevents == "off":
+            return OutboxMapper(*args, **kwargs)
+        from cdc_outbox.cloudevents_mapping import CloudEventsMapper, default_source
+
+        dbname = conninfo_to_dict(self.postgres_dsn()).get("dbname") if self.dsn else None
+        avro = self.value_format == "avro"
+        return CloudEventsMapper(
+            *args,
+            mode=self.cloudevents,
+            source=self.cloudevents_source
+            or default_source(str(dbname or ""), self.outbox_schema, self.outbox_table),
+            datacontenttype="application/avro" if avro else "application/json",
+            **kwargs,
         )
 
     def column_names(self) -> ColumnNames:
@@ -324,6 +343,27 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
             yield name, (redact_dsn(self.postgres_dsn()) if name == "dsn" else value)
+
+
+def _check_cloudevents(s: Settings) -> None:
+    """CloudEvents combinations that make no sense, and a missing SDK (ValueError, one line)."""
+    if s.cloudevents == "off":
+        return
+    if importlib.util.find_spec("cloudevents") is None:
+        raise ValueError(
+            f"cloudevents = {s.cloudevents!r} needs the cloudevents SDK:"
+            " pip install 'cdc-outbox[cloudevents]'"
+        )
+    if s.cloudevents == "structured" and s.value_format == "avro":
+        raise ValueError(
+            'cloudevents = "structured" puts a JSON envelope in the value: it cannot be'
+            ' value_format = "avro" (use cloudevents = "binary")'
+        )
+    if s.cloudevents == "structured" and s.null_payload == "tombstone":
+        raise ValueError(
+            'cloudevents = "structured" never publishes a null value: null_payload ='
+            ' "tombstone" needs cloudevents = "binary" or "off"'
+        )
 
 
 # -- loading -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ __all__ = [
     "decoder_for",
     "event_of",
     "json_value",
+    "text_of",
 ]
 
 ValueDecoder = Callable[[RawRecord], Any]
@@ -81,7 +82,7 @@ def decoder_for(value_format: str, registry: SchemaRegistrySettings | None = Non
     raise ConfigError(f"consumer: value_format {value_format!r} is not supported")
 
 
-def _text(data: bytes | None) -> str | None:
+def text_of(data: bytes | None) -> str | None:
     if data is None:
         return None
     try:
@@ -92,7 +93,7 @@ def _text(data: bytes | None) -> str | None:
 
 def _event_id(headers: dict[str, bytes | None]) -> uuid.UUID:
     """The ``id`` header (set by the relay to the outbox row's id) as a UUID."""
-    raw = _text(headers.get("id"))
+    raw = text_of(headers.get("id"))
     if raw is None:
         raise BadRecord("record has no 'id' header (not an outbox event?)")
     try:
@@ -102,13 +103,18 @@ def _event_id(headers: dict[str, bytes | None]) -> uuid.UUID:
 
 
 def event_of(record: RawRecord, decode: ValueDecoder) -> Event:
-    """The :class:`Event` of ``record``; :class:`BadRecord` if it has none."""
+    """The :class:`Event` of ``record``; :class:`BadRecord` if it has none. CloudEvents
+    records (binary or structured) are read by :mod:`cdc_outbox.consumer.cloudevents_records`."""
     headers = dict(record.headers)
+    from cdc_outbox.consumer import cloudevents_records as ce
+
+    if ce.is_cloudevent(headers):
+        return ce.cloud_event_of(record, headers, decode)
     return Event(
         event_id=_event_id(headers),
-        aggregate_type=_text(headers.get("aggregate_type")),
-        aggregate_id=_text(record.key),
-        event_type=_text(headers.get("event_type")),
+        aggregate_type=text_of(headers.get("aggregate_type")),
+        aggregate_id=text_of(record.key),
+        event_type=text_of(headers.get("event_type")),
         payload=decode(record),
         headers=headers,
         topic=record.topic,
