@@ -318,6 +318,7 @@ class Settings(BaseSettings):
             event_type=c.event_type,
             payload=c.payload,
             headers=c.headers,
+            tracing_span_context=c.tracing_span_context,
         )
 
     def redacted(self) -> dict[str, Any]:

@@ -70,6 +70,9 @@ class ColumnSettings(_Strict):
     event_type: str
     payload: str
     headers: str | None = None
+    #: Text column of the W3C trace context the writer helper stores, e.g. Debezium's
+    #: ``tracingspancontext`` (docs/consumers.md, "Trace propagation"); None (default): none.
+    tracing_span_context: str | None = None
     #: A column whose values grow per aggregate in commit order (a per-aggregate version, an
     #: insert timestamp): the catch-up's order (cdc_outbox.cdc.catch_up_order). None: the
     #: layout's own (created_at in the default preset).
@@ -84,13 +87,20 @@ class ColumnSettings(_Strict):
         preset = COLUMN_PRESETS.get(str(data.get("preset", "default")), COLUMN_PRESETS["default"])
         for name, default in preset.items():
             data.setdefault(name, default)
-        for optional in ("headers", "sequence"):
+        for optional in ("headers", "sequence", "tracing_span_context"):
             if data.get(optional) == "":
                 data[optional] = None
         return data
 
     @field_validator(
-        "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "sequence"
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "sequence",
+        "tracing_span_context",
     )
     @classmethod
     def _ident(cls, v: str | None, info: Any) -> str | None:

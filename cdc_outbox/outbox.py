@@ -21,7 +21,11 @@ Contract of :func:`write_event` / :func:`write_event_async` / :func:`write_event
   checks that what a custom ``dumps`` returns is JSON;
 * one ``INSERT`` on the caller's connection/cursor, no commit: the event becomes visible
   (and is relayed) if and only if the caller's transaction commits;
-* the return value is the event id (``event_id`` if given, else a new ``uuid4``).
+* the return value is the event id (``event_id`` if given, else a new ``uuid4``);
+* when the table names a ``tracing_span_context`` column (unset by default), OpenTelemetry
+  (``opentelemetry-api``, the ``otel`` extra) is installed and a span is current, its W3C
+  trace context is stored there (:mod:`cdc_outbox.tracing`); otherwise the column is left
+  to its default.
 
 Table and column names come from an :class:`OutboxTable` (default: ``public.outbox`` with the
 ``default`` column preset); build it from your relay settings with
@@ -44,6 +48,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.names import IDENT_RE
+from cdc_outbox.tracing import current_span_context
 
 __all__ = [
     "PRESETS",
@@ -67,6 +72,7 @@ PRESETS: dict[str, dict[str, str | None]] = {
         "event_type": "event_type",
         "payload": "payload",
         "headers": "headers",
+        "tracing_span_context": None,
     },
     "debezium": {
         "id": "id",
@@ -75,6 +81,7 @@ PRESETS: dict[str, dict[str, str | None]] = {
         "event_type": "type",
         "payload": "payload",
         "headers": None,
+        "tracing_span_context": None,
     },
 }
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -96,16 +103,19 @@ class OutboxTable:
     columns: Mapping[str, str | None] = field(default_factory=dict)
 
     def column(self, name: str) -> str | None:
-        """The column for logical column ``name`` (``headers`` may be None: no such column)."""
+        """The column for logical column ``name`` (``headers`` and ``tracing_span_context`` may
+        be None: no such column)."""
         if self.preset not in PRESETS:
             raise OutboxWriteError(f"unknown column preset {self.preset!r}")
         return self.columns.get(name, PRESETS[self.preset][name])
 
-    def insert_sql(self, with_headers: bool) -> sql.Composed:
+    def insert_sql(self, with_headers: bool, with_tracing: bool = False) -> sql.Composed:
         """``INSERT INTO schema.table (id, aggregate_type, ...) VALUES (%s, ...)``."""
         names = ["id", "aggregate_type", "aggregate_id", "event_type", "payload"]
         if with_headers:
             names.append("headers")
+        if with_tracing:
+            names.append("tracing_span_context")
         for name in [self.schema, self.table, *(self.column(n) or "" for n in names)]:
             if not IDENT_RE.fullmatch(name):
                 raise OutboxWriteError(f"{name!r} is not a valid SQL identifier")
@@ -220,7 +230,11 @@ def prepare(
         if table.column("headers") is None:
             raise OutboxWriteError("this outbox table has no headers column")
         params.append(_json_text("headers", dict(headers), dumps))
-    return table.insert_sql(with_headers=bool(headers)), tuple(params), eid
+    tracing = table.column("tracing_span_context") and current_span_context()
+    if tracing:
+        params.append(tracing)
+    query = table.insert_sql(with_headers=bool(headers), with_tracing=bool(tracing))
+    return query, tuple(params), eid
 
 
 def write_event(
@@ -282,8 +296,7 @@ def write_event_sqlalchemy(
     query, params, eid = prepare(
         table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
     )
-    names = ["id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"]
-    binds = {f"p_{n}": v for n, v in zip(names, params, strict=False)}
+    binds = {f"p_{i}": v for i, v in enumerate(params)}
     rendered = query.as_string(None)
     for name in binds:  # psycopg placeholders -> SQLAlchemy named binds, in order
         rendered = rendered.replace("%s", f":{name}", 1)

@@ -15,7 +15,10 @@ Contract of :meth:`OutboxMapper.map_insert`:
   name (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``) gives a
   :class:`DeadLetter` (never a record with a null key, nor one with a null value without
   ``tombstones``) that keeps whatever key/value/headers are known. A NULL headers column
-  means "no extra headers".
+  means "no extra headers";
+* with a ``tracing_span_context`` column configured, its W3C trace context becomes the
+  ``traceparent`` (and ``tracestate``) headers after those (NULL or malformed: none, never a
+  dead letter; :func:`cdc_outbox.tracing.span_context_headers`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from cdc_outbox.cdc.pgoutput import (
     TupleData,
 )
 from cdc_outbox.errors import ConfigError, DecodeError
+from cdc_outbox.tracing import span_context_headers
 
 __all__ = [
     "DEBEZIUM_COLUMNS",
@@ -55,6 +59,8 @@ class ColumnNames:
     event_type: str
     payload: str
     headers: str | None
+    #: W3C trace context text written by the writer helper (cdc_outbox.tracing); None: none.
+    tracing_span_context: str | None = None
 
 
 DEFAULT_COLUMNS = ColumnNames(
@@ -108,7 +114,9 @@ def _problem(name: str, value: ColumnValue) -> str:
 class _Positions:
     """Indexes of the configured columns in one Relation (resolved once per Relation object)."""
 
-    __slots__ = ("agg_id", "agg_type", "event_type", "headers", "id", "ncols", "payload", "rel")
+    __slots__ = (
+        "agg_id", "agg_type", "event_type", "headers", "id", "ncols", "payload", "rel", "tracing"
+    )  # fmt: skip
 
     def __init__(self, rel: Relation, columns: ColumnNames) -> None:
         index = {c.name: i for i, c in enumerate(rel.columns)}
@@ -130,6 +138,8 @@ class _Positions:
         self.event_type = pos(columns.event_type)
         self.payload = pos(columns.payload)
         self.headers = None if columns.headers is None else pos(columns.headers)
+        tsc = columns.tracing_span_context
+        self.tracing = None if tsc is None else pos(tsc)
 
 
 class OutboxMapper:
@@ -207,7 +217,8 @@ class OutboxMapper:
         """The columns :meth:`map_row` takes, in order (headers only if configured)."""
         c = self._cols
         names = [c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload]
-        return names + ([c.headers] if c.headers is not None else [])
+        names += [c.headers] if c.headers is not None else []
+        return names + ([c.tracing_span_context] if c.tracing_span_context is not None else [])
 
     def map_row(self, values: Sequence[str | None]) -> OutboxRecord | DeadLetter:
         """Map a row read by SQL as text (``row_columns`` order, ``::text`` casts), with the
@@ -268,6 +279,7 @@ class OutboxMapper:
             and type(key) is bytes
             and type(value) is bytes
             and id_v.isascii()
+            and pos.tracing is None  # rows with a tracing column take the general path
         ):
             topic, ok = self._topic(at_v, et_v)
             if ok:
@@ -278,7 +290,10 @@ class OutboxMapper:
                 if type(extra) is tuple:
                     headers.extend(extra)
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
-        return self._slow(pos, id_v, at_v, key, et_v, value, hv)
+        record = self._slow(pos, id_v, at_v, key, et_v, value, hv)
+        if pos.tracing is not None and type(trace := row[pos.tracing]) is bytes:
+            record.headers.extend(span_context_headers(trace))
+        return record
 
     def _slow(
         self,

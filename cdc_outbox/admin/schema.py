@@ -56,6 +56,8 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
         lines.append(
             sql.SQL("{} jsonb NOT NULL DEFAULT '{{}}'").format(sql.Identifier(cols.headers))
         )
+    if cols.tracing_span_context is not None:
+        lines.append(sql.SQL("{} text").format(sql.Identifier(cols.tracing_span_context)))
     polling = settings.columns.preset == "default"
     if polling:
         statuses = sql.SQL(", ").join(sql.Literal(s) for s in STATUSES)

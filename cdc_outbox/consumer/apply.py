@@ -37,6 +37,7 @@ from cdc_outbox.consumer.metrics import ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
 from cdc_outbox.consumer.store import ConsumerStore
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
+from cdc_outbox.tracing import handler_span
 
 logger = logging.getLogger("cdc_outbox.consumer.loop")
 
@@ -151,12 +152,25 @@ class Applier:
         if blocker is not None:
             return self._dead_letter(record, f"blocked_by {blocker}")
         try:
-            self.handler(conn, event)
+            self._handle(conn, event)
         except Exception as exc:
             if isinstance(exc, INFRA_ERRORS) and conn.broken:
                 raise
             raise HandlerFailed(index) from exc
         return "processed", ""
+
+    def _handle(self, conn: psycopg.Connection[Any], event: Event) -> None:
+        """The handler, in a span continuing the record's trace (cdc_outbox.tracing)."""
+        attributes = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": event.topic,
+            "messaging.destination.partition.id": str(event.partition),
+            "messaging.kafka.offset": event.offset,
+            "messaging.message.id": str(event.event_id),
+        }
+        with handler_span(event.headers.items(), event.topic, attributes):
+            self.handler(conn, event)
 
     # -- the slow path ---------------------------------------------------------------------
     def one(self, item: Item) -> tuple[Outcome, bool] | None:
@@ -196,7 +210,7 @@ class Applier:
                 outcome = self._dead_letter(record, f"blocked_by {blocker}")
             else:
                 try:
-                    self.handler(conn, event)
+                    self._handle(conn, event)
                 except Exception as exc:
                     if isinstance(exc, INFRA_ERRORS) and conn.broken:
                         raise

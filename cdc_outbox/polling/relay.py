@@ -82,6 +82,7 @@ class _Row:
             self.event_type,
             self.payload,
             self.headers,
+            self.tracing,
             self.attempts,
             self.created_unix,
         ) = values
@@ -133,6 +134,7 @@ class PollingRelay:
         self._ns = polling_sql.advisory_namespace(settings.outbox_schema, settings.outbox_table)
         self._mapper = settings.outbox_mapper()
         self._with_headers = settings.column_names().headers is not None
+        self._with_tracing = settings.column_names().tracing_span_context is not None
         self._conn: psycopg.Connection[Any] | None = None
         self._delivery: Delivery | None = None
         self._stop = False
@@ -269,6 +271,8 @@ class PollingRelay:
                 values = [row.id_text, row.agg_type, row.aggregate_id, row.event_type, row.payload]
                 if self._with_headers:
                     values.append(row.headers)
+                if self._with_tracing:
+                    values.append(row.tracing)
                 delivery.submit(self._mapper.map_row(values), row)
             self._await(rows, delivery)
         except ProduceInterrupted as exc:

@@ -33,7 +33,10 @@ def test_importing_the_writer_imports_no_relay_code() -> None:
         "print(sorted(m for m in sys.modules if m.startswith('cdc_outbox')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['cdc_outbox', 'cdc_outbox.names', 'cdc_outbox.outbox']"
+    assert (
+        out.stdout.strip()
+        == "['cdc_outbox', 'cdc_outbox.names', 'cdc_outbox.outbox', 'cdc_outbox.tracing']"
+    )
 
 
 @pytest.mark.parametrize(

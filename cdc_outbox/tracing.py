@@ -1,0 +1,119 @@
+"""OpenTelemetry trace propagation through the outbox (optional: the ``otel`` extra).
+
+The trace context travels as W3C Trace Context (``traceparent``, ``tracestate``):
+
+* the writer stores the current span's context in the outbox row's ``tracing_span_context``
+  column (Debezium's ``tracingspancontext`` convention) as properties-style text, one
+  ``name=value`` per line: ``traceparent=00-<trace id>-<span id>-<flags>`` and, if not
+  empty, ``tracestate=...`` with ``\\`` escaped as ``\\\\`` (Java ``Properties`` text, as
+  Debezium writes it; :func:`current_span_context`, :func:`format_span_context`);
+* the relay turns that text into Kafka headers ``traceparent`` / ``tracestate``
+  (:func:`span_context_headers`, pure);
+* the consumer runs the handler inside a CONSUMER span whose parent is the context of those
+  headers (:func:`handler_span`).
+
+Without ``opentelemetry-api`` installed the writer stores nothing and the consumer opens no
+span; the relay needs no OpenTelemetry at all. Only stdlib is imported at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "current_span_context",
+    "format_span_context",
+    "handler_span",
+    "span_context_headers",
+]
+
+#: W3C traceparent: version 00 (lowercase hex), trace id, parent span id, flags.
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_FIELDS = ("traceparent", "tracestate")
+#: Java Properties escapes (Debezium writes the column with ``Properties.store``).
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def format_span_context(carrier: Mapping[str, str]) -> str | None:
+    """The column text of a W3C carrier (``traceparent`` required), or None."""
+    traceparent = carrier.get("traceparent", "")
+    if not _TRACEPARENT.fullmatch(traceparent):
+        return None
+    lines = [f"traceparent={traceparent}"]
+    tracestate = carrier.get("tracestate", "").strip()
+    if tracestate and "\n" not in tracestate:
+        escaped = tracestate.replace("\\", "\\\\")  # read back as Properties text
+        lines.append(f"tracestate={escaped}")
+    return "\n".join(lines)
+
+
+def span_context_headers(text: bytes) -> tuple[tuple[str, bytes], ...]:
+    """Kafka headers from a ``tracing_span_context`` column value (pure, never raises).
+
+    Accepts properties-style text (``traceparent=...``; ``#`` comment lines and Java escapes
+    as ``Properties.store`` writes them) or a bare traceparent. A missing or malformed
+    traceparent gives no headers at all: tracing never dead-letters an event.
+    """
+    try:
+        decoded = text.decode()
+    except UnicodeDecodeError:
+        return ()
+    found: dict[str, str] = {}
+    for raw in decoded.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            name, value = "traceparent", line
+        name = name.strip()
+        if name in _FIELDS and name not in found:
+            found[name] = _ESCAPE.sub(r"\1", value.strip())
+    traceparent = found.get("traceparent", "")
+    if not _TRACEPARENT.fullmatch(traceparent):
+        return ()
+    out = [("traceparent", traceparent.encode())]
+    if found.get("tracestate"):
+        out.append(("tracestate", found["tracestate"].encode()))
+    return tuple(out)
+
+
+def current_span_context() -> str | None:
+    """The column text of the current span's context; None without ``opentelemetry-api``
+    or without a valid current span."""
+    try:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        return None
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)  # writes nothing for an invalid span
+    return format_span_context(carrier)
+
+
+@contextlib.contextmanager
+def handler_span(
+    headers: Iterable[tuple[str, bytes | None]], topic: str, attributes: Mapping[str, Any]
+) -> Iterator[None]:
+    """Run the body in a CONSUMER span ``"<topic> process"`` continuing the trace of the
+    record's ``traceparent``/``tracestate`` headers (a new trace without them); does nothing
+    without ``opentelemetry-api``. An exception of the body is recorded on the span."""
+    try:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        yield
+        return
+    carrier: dict[str, str] = {}
+    for name, value in headers:
+        if name in _FIELDS and value is not None and name not in carrier:
+            with contextlib.suppress(UnicodeDecodeError):
+                carrier[name] = value.decode()
+    parent = TraceContextTextMapPropagator().extract(carrier)
+    tracer = trace.get_tracer("cdc_outbox.consumer")
+    with tracer.start_as_current_span(
+        f"{topic} process", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
+    ):
+        yield
