@@ -1,5 +1,6 @@
 """Catch-up progress (issue 27, small conventions): the total is counted once at the start,
-rows done reach it, both as ``cdc_outbox_catch_up_backlog_rows`` and ``..._rows_done`` metrics and in the log."""
+rows done reach it, as the ``cdc_outbox_catch_up_backlog_rows`` and ``..._rows_done``
+gauges and in the log."""
 
 from __future__ import annotations
 
