@@ -29,6 +29,9 @@ class RelayStats:
     restarts: int = 0
     #: Catch-ups started (a new slot and its snapshot's backlog) by this process.
     catch_ups: int = 0
+    #: The last catch-up's rows to publish (one COUNT at its start) and rows submitted so far.
+    catch_up_rows_total: int = 0
+    catch_up_rows_done: int = 0
     confirmed_lsn: int = 0
     last_confirm_unix: float = 0.0
     in_flight: int = 0

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -43,6 +44,7 @@ from cdc_outbox.delivery.failed_rows import parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.progress import Progress
 
 if TYPE_CHECKING:
     from cdc_outbox.cdc.eos import EosCommitter
@@ -103,6 +105,37 @@ def backlog_query(
     ).format(columns, table, order)
 
 
+def backlog_count_query(settings: Settings) -> sql.Composed:
+    """One COUNT of the rows :func:`backlog_query` returns (the catch-up's progress total)."""
+    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    if settings.columns.preset != "default":
+        return sql.SQL("SELECT count(*) FROM {}").format(table)
+    return sql.SQL("SELECT count(*) FROM {} WHERE status IN ('PENDING', 'PROCESSING')").format(
+        table
+    )
+
+
+def _start_progress(
+    conn: psycopg.Connection[tuple[object, ...]], settings: Settings, delivery: Delivery
+) -> Progress:
+    row = conn.execute(backlog_count_query(settings)).fetchone()
+    total = int(str(row[0])) if row else 0
+    delivery.stats.catch_up_rows_total = total
+    delivery.stats.catch_up_rows_done = 0
+    logger.info("catch-up: %d rows to publish", total)
+    return Progress(total=total, started=time.monotonic())
+
+
+def _report(progress: Progress, delivery: Delivery, done: int, last: bool = False) -> None:
+    """Rows submitted so far: the metric at once, a log line at most every LOG_INTERVAL
+    (and always for the ``last`` report)."""
+    progress.done = done
+    delivery.stats.catch_up_rows_done = done
+    now = time.monotonic()
+    if progress.due(now) or last:
+        logger.info("catch-up progress: %s", progress.line(now))
+
+
 def publish_backlog(
     settings: Settings,
     snapshot: str,
@@ -131,6 +164,7 @@ def publish_backlog(
                 if settings.columns.preset == "default":
                     delivery.parking.load(parked_aggregates(conn, settings))
                 commit_ts = _commit_timestamps(conn)
+                progress = _start_progress(conn, settings, delivery)
                 logger.info(
                     "catch-up order per aggregate: %s",
                     catch_up_order.order_key(settings, commit_ts) or "transaction ids",
@@ -147,6 +181,7 @@ def publish_backlog(
                         delivery.submit(record, backlog)
                         count += 1
                         if count % _FETCH == 0:
+                            _report(progress, delivery, count)
                             delivery.service()
                             _check(delivery, backlog)
                             if eos is None:
@@ -156,6 +191,7 @@ def publish_backlog(
                             ):
                                 _commit(delivery, backlog, eos, ids, marks, marking)
                                 id_bytes = 0
+                _report(progress, delivery, count, last=True)
             _settle(delivery, backlog)
             if eos is not None and ids:
                 _commit(delivery, backlog, eos, ids, marks, marking)

@@ -108,6 +108,16 @@ class RelayCollector(Collector):
         yield CounterMetricFamily(
             p + "relay_restarts_total", "Stream restarts after a failure.", value=stats.restarts
         )
+        yield _gauge(
+            "catch_up_backlog_rows",
+            "Rows the last catch-up has to publish (counted once at its start).",
+            stats.catch_up_rows_total,
+        )
+        yield _gauge(
+            "catch_up_rows_done",
+            "Rows of the last catch-up submitted so far.",
+            stats.catch_up_rows_done,
+        )
         yield GaugeMetricFamily(
             p + "events_in_flight",
             "Events sent to Kafka, not yet acknowledged.",
@@ -370,7 +380,8 @@ METRIC_NAMES = frozenset(
     for n in (
         "build_info", "relay_mode", "events_published_total", "events_dead_lettered_total",
         "ignored_messages_total", "delivery_errors_total", "transactions_total",
-        "relay_restarts_total", "events_in_flight", "confirmed_lsn_bytes",
+        "relay_restarts_total", "catch_up_backlog_rows", "catch_up_rows_done", "events_in_flight",
+        "confirmed_lsn_bytes",
         "last_confirm_timestamp_seconds", "commit_to_ack_latency_seconds", "monitor_up",
         "monitor_errors_total", "monitor_last_sample_timestamp_seconds", "server_wal_lsn_bytes",
         "slot_present", "slot_active", "slot_confirmed_flush_lsn_bytes", "slot_restart_lsn_bytes",
