@@ -29,6 +29,8 @@ class RelayStats:
     restarts: int = 0
     #: Catch-ups started (a new slot and its snapshot's backlog) by this process.
     catch_ups: int = 0
+    #: Invalidated slots found, by reason (cdc_outbox.ha.slot_invalidation.REASONS).
+    slot_invalidations: dict[str, int] = field(default_factory=dict)
     confirmed_lsn: int = 0
     last_confirm_unix: float = 0.0
     in_flight: int = 0
