@@ -44,15 +44,16 @@ def _write(dsn: str, settings: Settings, events: int, kind: str) -> None:
     workload.write_orders(dsn, spec, columns=settings.column_names())
 
 
+_SLOT_SQL = (
+    "SELECT wal_status, to_jsonb(s) ->> 'invalidation_reason' FROM pg_replication_slots s"
+    " WHERE slot_name = %s"
+)
+
+
 def _slot(dsn: str, slot: str) -> tuple[str | None, str | None] | None:
     """(wal_status, invalidation_reason) of ``slot`` (the reason is None before 17)."""
     with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT wal_status, to_jsonb(s) ->> 'invalidation_reason'"
-            " FROM pg_replication_slots s WHERE slot_name = %s",
-            (slot,),
-        ).fetchone()
-    return None if row is None else (row[0], row[1])
+        return conn.execute(_SLOT_SQL, (slot,)).fetchone()  # type: ignore[return-value]
 
 
 def _invalidate(dsn: str, slot: str) -> None:
