@@ -5,7 +5,8 @@ Exit codes: 0 ok; 1 runtime error; 2 configuration (:class:`ConfigError`, librdk
 settings included); 3 preflight (:class:`PreflightError`); 4 a database object is missing
 (:class:`SchemaMissing`); 5 a privilege is missing (:class:`PrivilegeMissing`); 6 the login
 was refused (:class:`AuthenticationFailed`); 7 a Kafka topic is missing
-(:class:`TopicMissing`).
+(:class:`TopicMissing`); 8 the replication slot was invalidated, in cdc mode
+(:class:`SlotInvalidated`).
 
 Failure classes (:data:`FailureClass`):
 
@@ -70,6 +71,13 @@ class TopicMissing(CannotHeal):
     """A Kafka topic does not exist and the broker does not create it (exit 7)."""
 
     exit_code = 7
+
+
+class SlotInvalidated(CannotHeal):
+    """cdc mode: PostgreSQL invalidated the slot (removed WAL, a recovery conflict, idle
+    timeout); only auto mode recreates it (exit 8). See cdc_outbox.ha.slot_invalidation."""
+
+    exit_code = 8
 
 
 class DecodeError(CdcOutboxError):

@@ -32,6 +32,8 @@ class RelayStats:
     #: The last catch-up's rows to publish (one COUNT at its start) and rows submitted so far.
     catch_up_rows_total: int = 0
     catch_up_rows_done: int = 0
+    #: Invalidated slots found, by reason (cdc_outbox.ha.slot_invalidation.REASONS).
+    slot_invalidations: dict[str, int] = field(default_factory=dict)
     confirmed_lsn: int = 0
     last_confirm_unix: float = 0.0
     in_flight: int = 0

@@ -41,6 +41,7 @@ from psycopg import sql
 
 from cdc_outbox import db_pool
 from cdc_outbox.admin import bootstrap, schema
+from cdc_outbox.admin.inspection import SlotStatus
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
@@ -49,14 +50,16 @@ from cdc_outbox.errors import (
     PreflightError,
     RelayHalted,
     SchemaMissing,
+    SlotInvalidated,
     TopicMissing,
     classify,
     raise_if_cannot_heal,
 )
-from cdc_outbox.ha import relay_state
+from cdc_outbox.ha import relay_state, slot_invalidation
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.relay_state import NotLeader, Phase
+from cdc_outbox.ha.slot_invalidation import of_error as _invalidated
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.startup import check_before_run, check_kafka_config
@@ -146,7 +149,7 @@ class Service:
                     fall_back_because, failures = None, 0
                     self._fall_back(lead, problem)
                     continue
-                reason = self._catch_up_reason(state)
+                reason = self._catch_up_reason(state, mode)
                 relay = self._relay(lead) if reason is None else self._catch_up(lead, reason)
                 logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
                 relay.run()
@@ -164,7 +167,9 @@ class Service:
                 # second failure in a row, otherwise retry with backoff.
                 failures += 1
                 logger.warning("relaying failed (%s)", exc, extra={"mode": self.stats.mode})
-                if mode == "auto" and (isinstance(exc, CdcUnavailable) or failures >= 2):
+                # An invalidated slot: the next turn reads why and recreates it (auto mode).
+                unusable = isinstance(exc, CdcUnavailable) and not _invalidated(str(exc))
+                if mode == "auto" and (unusable or failures >= 2):
                     fall_back_because = str(exc)
                 self._stop.wait(min(30.0, 0.25 * 2 ** min(failures, 7)))
 
@@ -207,14 +212,16 @@ class Service:
         drop_slot_quietly(self.settings, leader_id=lead.instance_id)
         self._run_polling(lead, probe=True)
 
-    def _catch_up_reason(self, state: relay_state.RelayState) -> str | None:
+    def _catch_up_reason(self, state: relay_state.RelayState, mode: str) -> str | None:
         """Why the slot cannot be streamed as it is (:mod:`cdc_outbox.ha.catch_up_rule`)."""
         settings = self.settings
         with db_pool.pooled(settings) as conn:
             keeps = relay_state.table_exists(conn, settings) and relay_state.has_confirmed_lsn(
                 conn, settings
             )
-        reason = catch_up_reason(state, bootstrap.status(settings).slot, keeps_position=keeps)
+        slot = bootstrap.status(settings).slot
+        self._check_slot(slot, mode)
+        reason = catch_up_reason(state, slot, keeps_position=keeps)
         if reason is None:
             logger.info(
                 "streaming slot %s as it is (phase %s, consistent point %s): no catch-up",
@@ -223,6 +230,18 @@ class Service:
                 state.consistent_point,
             )
         return reason
+
+    def _check_slot(self, slot: SlotStatus | None, mode: str) -> None:
+        """Count an invalidated slot by reason; cdc mode ends with :class:`SlotInvalidated`
+        (exit 8), auto mode logs it and recreates the slot with a catch-up."""
+        if slot is None or (found := slot_invalidation.of_slot_status(slot)) is None:
+            return
+        self.stats.slot_invalidations[found.reason] = (
+            self.stats.slot_invalidations.get(found.reason, 0) + 1
+        )
+        if mode == "cdc":
+            raise SlotInvalidated(found.line(slot.name))
+        logger.warning("slot %s invalidated (%s): %s", slot.name, found.reason, found.cause)
 
     def _read_state(self) -> relay_state.RelayState:
         with db_pool.pooled(self.settings) as conn:

@@ -47,6 +47,8 @@ class SlotStatus:
     safe_wal_size: int | None
     plugin: str | None
     database: str | None
+    #: 17+ (None before): see cdc_outbox.ha.slot_invalidation.
+    invalidation_reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -123,8 +125,9 @@ _SLOT_SQL = """
 SELECT slot_name, slot_type, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text,
        pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint,
        pg_wal_lsn_diff(w.lsn, restart_lsn)::bigint,
-       wal_status, safe_wal_size, plugin, database
-FROM pg_replication_slots,
+       wal_status, safe_wal_size, plugin, database,
+       to_jsonb(s) ->> 'invalidation_reason'
+FROM pg_replication_slots s,
      LATERAL (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
                           ELSE pg_current_wal_lsn() END AS lsn) w
 WHERE slot_name = %s
@@ -155,10 +158,10 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
         st.table_columns = {r[0] for r in conn.execute(_COLUMNS_SQL, (st.table_oid,))}
     srow = conn.execute(_SLOT_SQL, (settings.slot_name,)).fetchone()
     if srow is not None:
-        name, kind, active, pid, flushed, restart, lag, retained, wal, safe, plugin, db = srow
+        name, kind, active, pid, flushed, restart, lag, retained, wal, safe, plugin, db, why = srow
         st.slot = SlotStatus(
             name, kind, active, pid, _lsn(flushed), _lsn(restart), lag, retained, wal, safe,
-            plugin, db,
+            plugin, db, why,
         )  # fmt: skip
     prow = conn.execute(_PUB_SQL, (settings.publication_name,)).fetchone()
     if prow is not None:

@@ -2,7 +2,7 @@
 
 Pure: no I/O. Contract of :func:`catch_up_reason` (None: stream the slot as it is):
 
-- no slot, or an invalidated one (``wal_status = lost``): catch up;
+- no slot, or an invalidated one (:mod:`cdc_outbox.ha.slot_invalidation`): catch up;
 - a durable phase other than ``STREAMING`` (``CATCHING_UP`` left by ``init`` over a table with
   unpublished rows or by a crash mid catch-up, ``POLLING``, no state row): catch up;
 - ``STREAMING``: stream, unless the slot is confirmed past every position this relay recorded
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from cdc_outbox.admin.inspection import SlotStatus
 from cdc_outbox.ha.relay_state import Phase, RelayState
+from cdc_outbox.ha.slot_invalidation import of_slot_status
 from cdc_outbox.lsn import Lsn
 
 __all__ = ["catch_up_reason"]
@@ -34,8 +35,8 @@ def catch_up_reason(
     """Why a catch-up is needed (one line for the log), or None to stream the slot."""
     if slot is None:
         return "the slot does not exist"
-    if slot.wal_status == "lost":
-        return "the slot was invalidated (wal_status lost)"
+    if (invalidated := of_slot_status(slot)) is not None:
+        return f"the slot was invalidated ({invalidated.reason})"
     if not state.exists:
         return "no relay state recorded for the slot"
     if state.phase is not Phase.STREAMING:

@@ -118,6 +118,13 @@ class RelayCollector(Collector):
             "Rows of the last catch-up submitted so far.",
             stats.catch_up_rows_done,
         )
+        yield _by_label(
+            p + "slot_invalidations_total",
+            "Invalidated replication slots found, by reason (wal_removed, rows_removed,"
+            " wal_level_insufficient, idle_timeout, recovery_conflict, unknown).",
+            "reason",
+            stats.slot_invalidations.copy(),
+        )
         yield GaugeMetricFamily(
             p + "events_in_flight",
             "Events sent to Kafka, not yet acknowledged.",
@@ -393,6 +400,6 @@ METRIC_NAMES = frozenset(
         "polling_retry_attempts", "heartbeats_total", "heartbeat_errors_total",
         "heartbeat_last_success_timestamp_seconds", "role", "phase", "delivery_retries_total",
         "delivery_alert", "order_broken_total", "delivery_guarantee", "kafka_transactions_total",
-        "untrusted_checkpoints_total",
+        "untrusted_checkpoints_total", "slot_invalidations_total",
     )
 )  # fmt: skip

@@ -86,6 +86,7 @@ def busy_stats() -> RelayStats:
     stats.confirmed_lsn, stats.last_confirm_unix, stats.in_flight = 0x1_0000_1000, 1.7e9, 5
     stats.count_retry("topic_missing")
     stats.role, stats.phase, stats.order_broken = "leader", "STREAMING", 1
+    stats.slot_invalidations["wal_removed"] = 1
     return stats
 
 
