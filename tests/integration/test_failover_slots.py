@@ -13,6 +13,8 @@ checks say the version has no failover slots.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from typing import Any
 
@@ -23,7 +25,7 @@ from cdc_outbox.admin import bootstrap
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox import standby as sb
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 from tests.relay_support import (
     init_outbox,
     outbox_statuses,
@@ -105,11 +107,21 @@ def _failover_with_the_relay(
         wait_until(lambda: service.stats.events_published >= 3_000, timeout=180)
         # The relay's confirmations made the standby's copy persistent: usable after promotion.
         wait_until(lambda: _synced(standby, settings.slot_name, persistent=True), timeout=120)
-        checks = {c.name: c for c in bootstrap.standby_checks(settings, standby.dsn)}
-        assert all(c.ok for c in checks.values()), checks
+        cli = run_cli("status", "--json", "--standby", standby.dsn, dsn=dsn)
+        assert cli.returncode == 0, cli.stderr
+        rows = json.loads(cli.stdout)["standby_checks"]
+        assert [r["name"] for r in rows if r["ok"]] == [
+            "sync_replication_slots",
+            "hot_standby_feedback",
+            "primary_slot_name",
+            "primary_conninfo_dbname",
+            "slot_synced",
+        ], rows
         primary.crash()
         sb.promote(standby)
-        workload.write_orders(dsn, spec, columns=columns)
+        # Other aggregates: versions restart at 1 per aggregate in each write_orders call.
+        after = dataclasses.replace(spec, aggregate_type="invoice")
+        workload.write_orders(dsn, after, columns=columns)
         wait_streamed_past_now(dsn, settings.slot_name, timeout=240)
         wait_until(lambda: "PENDING" not in outbox_statuses(dsn), timeout=120)
         catch_ups = service.stats.catch_ups
@@ -122,3 +134,4 @@ def _failover_with_the_relay(
     assert catch_ups == 0
     assert verdict.missing == []
     assert verdict.mismatched == []
+    assert verdict.order_violations == []
