@@ -14,10 +14,10 @@ PG_VERSIONS ?= 16 17 18
 VERSION_TESTS := \
 	tests/integration/test_relay_delivery.py \
 	tests/integration/test_relay_faults.py \
-	tests/integration/test_kept_position.py \
 	tests/integration/test_standby_harness.py \
 	tests/integration/test_failover.py \
 	tests/integration/test_slot_invalidation.py \
+	tests/integration/test_failover_slots.py \
 	--deselect tests/integration/test_relay_faults.py::test_memory_stays_bounded_on_a_huge_transaction
 
 .PHONY: bootstrap demo test test-versions lint bench

@@ -117,6 +117,9 @@ class Settings(BaseSettings):
 
     dsn: SecretStr = SecretStr("")
     slot_name: str = "cdc_outbox"
+    #: create the slot with ``failover = true`` on PostgreSQL 17+ (synchronized to standbys
+    #: that run ``sync_replication_slots``); ignored, with an INFO line, on older servers.
+    slot_failover: bool = True
     publication_name: str = "cdc_outbox_pub"
     outbox_schema: str = "public"
     outbox_table: str = "outbox"

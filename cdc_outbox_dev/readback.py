@@ -74,9 +74,7 @@ def read_topics(
                 headers = [(k, v) for k, v in pairs if isinstance(v, bytes)]
                 stamp = msg.timestamp()[1]
                 records.append(
-                    ConsumedRecord(
-                        topic, partition, offset, msg.key(), msg.value(), headers, stamp
-                    )
+                    ConsumedRecord(topic, partition, offset, msg.key(), msg.value(), headers, stamp)
                 )
                 if offset + 1 >= end:
                     del ends[(topic, partition)]

@@ -26,7 +26,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox.admin import schema
-from cdc_outbox.admin.inspection import Conn, PublicationStatus, SlotStatus, inspect_database
+from cdc_outbox.admin.failover_checks import standby_failover_checks
+from cdc_outbox.admin.inspection import (
+    Conn,
+    PublicationStatus,
+    SlotStatus,
+    inspect_database,
+    inspect_standby,
+)
 from cdc_outbox.admin.preflight import (
     MIN_SERVER_VERSION,
     Check,
@@ -59,6 +66,7 @@ __all__ = [
     "drop",
     "init",
     "preflight",
+    "standby_checks",
     "status",
     "unpublished_rows",
 ]
@@ -70,9 +78,10 @@ class SlotActive(PreflightError):
     """``drop`` refused: a relay is streaming from the slot."""
 
 
-def connect(settings: Settings) -> Conn:
-    """An autocommit connection; ``DatabaseUnavailable`` (one line, no secrets) on failure."""
-    dsn = settings.postgres_dsn()
+def connect(settings: Settings, dsn: str | None = None) -> Conn:
+    """An autocommit connection (to ``dsn``, by default the settings' database);
+    ``DatabaseUnavailable`` (one line, no secrets) on failure."""
+    dsn = settings.postgres_dsn() if dsn is None else dsn
     given = conninfo_to_dict(dsn)
     extra: dict[str, Any] = {}
     if "connect_timeout" not in given:
@@ -88,6 +97,14 @@ def connect(settings: Settings) -> Conn:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL ({redact_dsn(dsn)}): {message}"
         ) from None
+
+
+def standby_checks(settings: Settings, dsn: str) -> list[Check]:
+    """Whether the standby at ``dsn`` is set up for failover slots and has our slot synced
+    (:mod:`cdc_outbox.admin.failover_checks`; ``status --standby``)."""
+    with connect(settings, dsn) as conn:
+        st = inspect_standby(conn, settings.slot_name)
+    return standby_failover_checks(st, settings.slot_name)
 
 
 # -- init ----------------------------------------------------------------------------------
@@ -134,7 +151,10 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
         if st.publication is None:
             ddl.append(("create_publication", schema.publication_ddl(settings)))
         ddl += relay_state.missing_ddl(conn, settings)
-        slot_sql = schema.create_slot_sql(settings) if st.slot is None else None
+        slot_sql = None
+        if st.slot is None:
+            failover = schema.slot_failover(settings.slot_failover, st.version_num)
+            slot_sql = schema.create_slot_sql(settings, failover)
         actions = [Action(name, stmt.as_string(conn)) for name, stmt in ddl]
         if slot_sql is not None:
             actions.append(Action("create_slot", slot_sql.as_string(conn)))

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.admin.schema import FAILOVER_SLOTS_VERSION
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.lsn import Lsn
@@ -23,8 +24,10 @@ __all__ = [
     "DatabaseState",
     "PublicationStatus",
     "SlotStatus",
+    "StandbyState",
     "id_column_type",
     "inspect_database",
+    "inspect_standby",
 ]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -49,6 +52,19 @@ class SlotStatus:
     database: str | None
     #: 17+ (None before): see cdc_outbox.ha.slot_invalidation.
     invalidation_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyState:
+    """What a standby shows: its settings and our slot there (``slot_synced`` None: absent)."""
+
+    version_num: int
+    in_recovery: bool
+    sync_replication_slots: str
+    hot_standby_feedback: str
+    primary_slot_name: str
+    primary_conninfo: str
+    slot_synced: bool | None
 
 
 @dataclass(slots=True)
@@ -90,6 +106,9 @@ class DatabaseState:
     publication: PublicationStatus | None = None
     #: track_commit_timestamp is on (a catch-up can order rows by commit time).
     commit_timestamps: bool = False
+    #: PostgreSQL 17+: ``synchronized_standby_slots`` and the slot's ``failover`` column.
+    synchronized_standby_slots: str | None = None
+    slot_failover: bool | None = None
 
 
 _SERVER_SQL = """
@@ -142,6 +161,30 @@ SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s
 ORDER BY schemaname, tablename
 """
 
+#: PostgreSQL 17+ only (the setting and the column are new there).
+_FAILOVER_SQL = """
+SELECT current_setting('synchronized_standby_slots'),
+       (SELECT failover FROM pg_replication_slots WHERE slot_name = %s)
+"""
+_STANDBY_SQL = """
+SELECT current_setting('server_version_num')::int, pg_is_in_recovery(),
+       current_setting('sync_replication_slots', true), current_setting('hot_standby_feedback'),
+       current_setting('primary_slot_name'), current_setting('primary_conninfo'),
+       (SELECT CASE WHEN current_setting('server_version_num')::int >= 170000
+                    THEN (to_jsonb(s) ->> 'synced')::bool AND NOT s.temporary
+                    ELSE false END
+        FROM pg_replication_slots s WHERE slot_name = %s)
+"""
+
+
+def inspect_standby(conn: Conn, slot_name: str) -> StandbyState:
+    """The failover-slot settings of a standby and whether ``slot_name`` is synced there
+    (``primary_conninfo`` is read to find its ``dbname`` only; it is never logged)."""
+    row = conn.execute(_STANDBY_SQL, (slot_name,)).fetchone()
+    assert row is not None
+    version, recovery, sync, feedback, slot, primary, synced = row
+    return StandbyState(version, recovery, sync or "off", feedback, slot, primary, synced)
+
 
 def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
     """Read the server settings, role privileges, outbox table, slot and publication."""
@@ -163,6 +206,10 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
             name, kind, active, pid, _lsn(flushed), _lsn(restart), lag, retained, wal, safe,
             plugin, db, why,
         )  # fmt: skip
+    if st.version_num >= FAILOVER_SLOTS_VERSION:
+        frow = conn.execute(_FAILOVER_SQL, (settings.slot_name,)).fetchone()
+        assert frow is not None
+        st.synchronized_standby_slots, st.slot_failover = frow
     prow = conn.execute(_PUB_SQL, (settings.publication_name,)).fetchone()
     if prow is not None:
         ops = [op for op, on in zip(_OPS, prow[1:5], strict=True) if on]

@@ -56,7 +56,8 @@ def _required_columns(settings: Settings) -> list[str]:
 def preflight(conn: Conn, settings: Settings, *, create_table: bool = False) -> list[Check]:
     """Readiness checks; names: server_version, wal_level, replication_privilege,
     replication_slots, wal_senders, outbox_table, outbox_columns, catch_up_order (when the
-    table exists or will be created), publication, slot."""
+    table exists or will be created), publication, slot; on PostgreSQL 17+ failover_slot
+    (when the slot exists) and synchronized_standby_slots (warnings only)."""
     return evaluate_checks(inspect_database(conn, settings), settings, create_table)
 
 
@@ -108,6 +109,11 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
                              " `cdc-outbox sql outbox` prints"))  # fmt: skip
     checks.append(_publication_check(st, settings, table))
     checks.append(_slot_check(st, settings))
+    from cdc_outbox.admin.failover_checks import primary_failover_checks  # imports Check
+
+    checks += primary_failover_checks(
+        st.version_num, st.synchronized_standby_slots, st.slot_failover
+    )
     return checks
 
 

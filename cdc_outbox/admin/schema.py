@@ -7,11 +7,15 @@ Functions return lists of ``sql.Composed`` statements; render with ``.as_string(
 
 from __future__ import annotations
 
+import logging
+
 from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.consumer.store import PROCESSED_EVENTS_TABLE as PROCESSED_EVENTS_TABLE
 from cdc_outbox.consumer.store import consumer_tables_ddl
+
+logger = logging.getLogger(__name__)
 
 #: Columns the polling relay updates (default preset; never renamed; granted column-wise).
 POLLING_COLUMNS = (
@@ -167,8 +171,33 @@ def drop_publication_ddl(settings: Settings) -> sql.Composed:
     )
 
 
-def create_slot_sql(settings: Settings) -> sql.Composed:
-    """Create the pgoutput logical slot (plain SQL function); returns its consistent point."""
+#: The first PostgreSQL major with failover slots (``pg_replication_slots.failover``).
+FAILOVER_SLOTS_VERSION = 170000
+
+
+def slot_failover(wanted: bool, server_version: int) -> bool:
+    """Whether a new slot is created with ``failover = true``: ``wanted`` (the
+    ``slot_failover`` setting) and the server is 17+ (on older servers the setting is
+    ignored, with an INFO line)."""
+    if not wanted:
+        return False
+    if server_version < FAILOVER_SLOTS_VERSION:
+        logger.info(
+            "slot_failover ignored: PostgreSQL %d has no failover slots (17+)",
+            server_version // 10000,
+        )
+        return False
+    return True
+
+
+def create_slot_sql(settings: Settings, failover: bool = False) -> sql.Composed:
+    """Create the pgoutput logical slot (plain SQL function); returns its consistent point.
+    ``failover`` (PostgreSQL 17+ only): the slot is synchronized to standbys."""
+    if failover:
+        return sql.SQL(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot"
+            "({}, 'pgoutput', false, false, true)"
+        ).format(sql.Literal(settings.slot_name))
     return sql.SQL(
         "SELECT lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')"
     ).format(sql.Literal(settings.slot_name))

@@ -88,7 +88,10 @@ class Relay:
         self._is_leader = is_leader
         ports = ports or RelayPorts()
         self._stream: ReplicationPort = ports.stream or ReplicationStream(
-            settings.postgres_dsn(), settings.slot_name, settings.publication_name
+            settings.postgres_dsn(),
+            settings.slot_name,
+            settings.publication_name,
+            failover=settings.slot_failover,
         )
         self._kept = ports.kept or (lambda: kept_position(settings))
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))

@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from psycopg import conninfo, pq, sql
 
+from cdc_outbox.admin.schema import slot_failover
 from cdc_outbox.cdc.history import History, parse_timeline_history
 from cdc_outbox.cdc.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
 from cdc_outbox.errors import CdcOutboxError
@@ -92,10 +93,11 @@ class SlotMissing(ReplicationError):
 class ReplicationStream:
     """One walsender connection streaming one slot. Not thread-safe; one reader at a time."""
 
-    def __init__(self, dsn: str, slot: str, publication: str) -> None:
+    def __init__(self, dsn: str, slot: str, publication: str, *, failover: bool = False) -> None:
         self._dsn = conninfo.make_conninfo(dsn, replication="database")
         self._slot = slot
         self._publication = publication
+        self._failover = failover
         self._conn: pq.abc.PGconn | None = None
         self._selector: selectors.DefaultSelector | None = None
         self._idle: pq.abc.PGconn | None = None  # connected, not streaming (holds a snapshot)
@@ -159,7 +161,10 @@ class ReplicationStream:
         """
         self.close()
         conn = self._connect()
-        command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')")
+        options = "FAILOVER true, " if slot_failover(self._failover, conn.server_version) else ""
+        command = sql.SQL(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (" + options + "SNAPSHOT 'export')"
+        )
         res = conn.exec_(command.format(sql.Identifier(self._slot)).as_string(None).encode())
         if res.status != pq.ExecStatus.TUPLES_OK:
             msg = _error_text(conn)
@@ -173,7 +178,9 @@ class ReplicationStream:
             conn.finish()
             raise ReplicationError("CREATE_REPLICATION_SLOT returned no snapshot")
         self._idle = conn
-        logger.info("created slot %s at %s", self._slot, point.decode())
+        logger.info(
+            "created slot %s at %s%s", self._slot, point.decode(), options and " (failover)"
+        )
         return int(Lsn.parse(point.decode())), snapshot.decode()
 
     def identify(self) -> tuple[str, str]:

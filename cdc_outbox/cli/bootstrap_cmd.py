@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -15,8 +16,8 @@ from cdc_outbox.errors import ConfigError
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
-def _checks_table(checks: list[Check]) -> Table:
-    table = Table(title="Preflight checks", title_justify="left")
+def _checks_table(checks: list[Check], title: str = "Preflight checks") -> Table:
+    table = Table(title=title, title_justify="left")
     for col in ("check", "ok", "detail", "fix"):
         table.add_column(col)
     for c in checks:
@@ -82,7 +83,19 @@ def _size(n: int | None) -> str:
     return str(n)  # pragma: no cover
 
 
-def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+def status(
+    ctx: typer.Context,
+    json_out: JsonOpt = False,
+    standby: Annotated[
+        str | None,
+        typer.Option(
+            "--standby",
+            metavar="DSN",
+            help="Also check this standby for failover slots (PostgreSQL 17+): its settings"
+            " and whether the slot is synchronized there.",
+        ),
+    ] = None,
+) -> None:
     """Show the slot (position, lag, retained WAL), the publication, pending rows, dead
     letters, the relay's durable phase, its leader and the instances standing by.
 
@@ -90,8 +103,12 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """
     settings = settings_from(ctx)
     report = bootstrap.status(settings)
+    on_standby = None if standby is None else bootstrap.standby_checks(settings, standby)
     if json_out:
-        print_json(report.to_dict())
+        doc = report.to_dict()
+        if on_standby is not None:
+            doc["standby_checks"] = [asdict(c) for c in on_standby]
+        print_json(doc)
         return
     table = Table(title="cdc-outbox status", title_justify="left", show_header=False)
     table.add_column("key")
@@ -145,6 +162,8 @@ def status(ctx: typer.Context, json_out: JsonOpt = False) -> None:
         )
     stdout.print(table)
     stdout.print(_checks_table(report.checks))
+    if on_standby is not None:
+        stdout.print(_checks_table(on_standby, "Standby checks (failover slots)"))
 
 
 def drop(

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdc_outbox_dev.sandbox import _proc
@@ -55,6 +56,10 @@ SKIPPED_FILES = frozenset(
         "tablespace_map",
     }
 )
+
+#: What a standby needs to synchronize failover slots (PostgreSQL 17+; ``primary_slot_name``
+#: and the ``dbname`` in ``primary_conninfo`` come from ``standby_settings``).
+FAILOVER_SLOT_STANDBY_SETTINGS = {"sync_replication_slots": "on", "hot_standby_feedback": "on"}
 
 
 def primary_conninfo(port: int, application_name: str, dbname: str = "postgres") -> str:
@@ -119,11 +124,19 @@ def make_standby(
     application_name: str = "standby1",
     slot: str | None = None,
     settings: Mapping[str, str] | None = None,
+    failover_slots: bool = False,
     timeout: float = 120.0,
 ) -> LocalPostgres:
     """A running asynchronous standby of ``primary`` (a cold copy, see the module docstring);
     ``primary`` runs again on return and the standby streams from it. ``settings`` add to the
-    standby's (they start as the primary's). The caller closes the standby."""
+    standby's (they start as the primary's). ``failover_slots`` (PostgreSQL 17+, needs
+    ``slot``): the standby synchronizes failover slots (``sync_replication_slots`` and
+    ``hot_standby_feedback`` on) and the primary's ``synchronized_standby_slots`` names
+    ``slot``. The caller closes the standby."""
+    if failover_slots:
+        if slot is None:
+            raise ValueError("failover_slots needs a physical slot (slot=...)")
+        settings = {**FAILOVER_SLOT_STANDBY_SETTINGS, **(settings or {})}
     if slot is not None:
         with psycopg.connect(primary.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
@@ -150,6 +163,11 @@ def make_standby(
         primary.start(timeout)
         standby.start(timeout)
         wait_streaming(standby, timeout)
+        if failover_slots:  # after the copy: a promoted standby must not wait for itself
+            with psycopg.connect(primary.dsn, autocommit=True) as conn:
+                setting = sql.SQL("ALTER SYSTEM SET synchronized_standby_slots = {}")
+                conn.execute(setting.format(sql.Literal(slot)))
+                conn.execute("SELECT pg_reload_conf()")
     except BaseException:
         standby.close()
         primary.start(timeout)
