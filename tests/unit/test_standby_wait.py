@@ -100,7 +100,9 @@ def test_parse_standby_names() -> None:
             parse_standby_names(bad)
 
 
-def test_a_bad_wait_for_standbys_setting_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_wait_for_standbys_setting_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from cdc_outbox.config import load_settings
 
     monkeypatch.setenv("CDC_OUTBOX_DSN", "postgresql://u@h/d")
