@@ -162,7 +162,7 @@ class GatedStream:
         if data[0] != _XLOGDATA:
             if gate.empty:
                 self._ready.append(data)
-            elif parse_copy_data(data).reply_requested:  # type: ignore[union-attr]
+            elif getattr(parse_copy_data(data), "reply_requested", False):
                 self._ready.append(b"k" + struct.pack(">QQB", 0, 0, 1))
             return False
         kind = data[XLOG_HEADER_SIZE]
