@@ -133,6 +133,9 @@ class Settings(BaseSettings):
     status_interval_s: float = Field(default=10.0, gt=0, lt=WAL_SENDER_TIMEOUT_DEFAULT_S)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     max_in_flight: int = Field(default=50_000, gt=0)
+    #: CDC: hand a transaction to Kafka only once one of these physical standbys (comma-
+    #: separated application_names, or "*": any) flushed its commit (pg_stat_replication).
+    wait_for_standbys: str = ""
     mode: Literal["auto", "cdc", "polling"] = "auto"
     #: exactly_once: Kafka transactions in CDC streaming and catch-up (polling: at-least-once).
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
@@ -190,6 +193,16 @@ class Settings(BaseSettings):
     @classmethod
     def _dsn(cls, v: SecretStr) -> SecretStr:
         validate_dsn(v.get_secret_value())
+        return v
+
+    @field_validator("wait_for_standbys")
+    @classmethod
+    def _standbys(cls, v: str) -> str:
+        from cdc_outbox.cdc.standby_wait import parse_standby_names
+
+        v = v.strip()
+        if v:
+            parse_standby_names(v)
         return v
 
     @field_validator("slot_name")

@@ -37,6 +37,9 @@ class RelayStats:
     confirmed_lsn: int = 0
     last_confirm_unix: float = 0.0
     in_flight: int = 0
+    #: wait_for_standbys: committed transactions held for a standby, and the oldest one's wait.
+    standby_held_transactions: int = 0
+    standby_wait_s: float = 0.0
     #: Leader election: "leader" or "standby"; durable phase (POLLING, CATCHING_UP, STREAMING).
     role: str = "standby"
     phase: str = ""

@@ -44,6 +44,7 @@ from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
+from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.cdc.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
@@ -93,6 +94,7 @@ class Relay:
             settings.publication_name,
             failover=settings.slot_failover,
         )
+        self._stream = gated(settings, self._stream, self.stats)  # wait_for_standbys
         self._kept = ports.kept or (lambda: kept_position(settings))
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
         self._parked = ports.parked or self._parked_in_table

@@ -131,6 +131,16 @@ class RelayCollector(Collector):
             value=stats.in_flight,
         )
         yield GaugeMetricFamily(
+            p + "standby_held_transactions",
+            "Transactions held until a standby listed in wait_for_standbys has flushed them.",
+            value=stats.standby_held_transactions,
+        )
+        yield GaugeMetricFamily(
+            p + "standby_wait_seconds",
+            "How long the oldest transaction held for a listed standby has waited.",
+            value=stats.standby_wait_s,
+        )
+        yield GaugeMetricFamily(
             p + "confirmed_lsn_bytes",
             "WAL position the relay last confirmed to the slot (as a byte position).",
             value=float(stats.confirmed_lsn),
@@ -400,6 +410,7 @@ METRIC_NAMES = frozenset(
         "polling_retry_attempts", "heartbeats_total", "heartbeat_errors_total",
         "heartbeat_last_success_timestamp_seconds", "role", "phase", "delivery_retries_total",
         "delivery_alert", "order_broken_total", "delivery_guarantee", "kafka_transactions_total",
-        "untrusted_checkpoints_total", "slot_invalidations_total",
+        "untrusted_checkpoints_total", "slot_invalidations_total", "standby_held_transactions",
+        "standby_wait_seconds",
     )
 )  # fmt: skip
