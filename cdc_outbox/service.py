@@ -236,6 +236,8 @@ class Service:
         (exit 8), auto mode logs it and recreates the slot with a catch-up."""
         if slot is None or (found := slot_invalidation.of_slot_status(slot)) is None:
             return
+        if slot.invalidation_reason is None:  # 15/16: only decoding's error names a conflict
+            found = _invalidated(_decoding_error(self.settings, slot.name)) or found
         self.stats.slot_invalidations[found.reason] = (
             self.stats.slot_invalidations.get(found.reason, 0) + 1
         )
@@ -334,6 +336,17 @@ def cdc_problem(settings: Settings) -> str | None:
             raise SchemaMissing(f"schema: {check.detail} (fix: {check.fix})")
     bad = [c for c in checks if not c.ok and not (c.name == "slot" and "lost" in c.detail)]
     return "; ".join(f"{c.name}: {c.detail}" for c in bad) or None
+
+
+def _decoding_error(settings: Settings, slot: str) -> str:
+    """The error (with DETAIL) PostgreSQL gives for decoding the invalidated ``slot``; before
+    17 it is the one place that tells a recovery conflict from removed WAL ("" if none)."""
+    try:
+        with db_pool.pooled(settings) as conn:
+            conn.execute("SELECT pg_logical_slot_peek_binary_changes(%s, NULL, 1)", (slot,))
+    except psycopg.Error as exc:
+        return f"{exc} {exc.diag.message_detail or ''}"
+    return ""
 
 
 def _ensure_state_table(settings: Settings) -> None:

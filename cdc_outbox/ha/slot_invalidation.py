@@ -7,7 +7,9 @@ past ``idle_replication_slot_timeout``. What each version shows:
 
 - 17+: ``pg_replication_slots.invalidation_reason`` (``wal_removed``, ``rows_removed``,
   ``wal_level_insufficient``, 18: ``idle_timeout``);
-- 15/16: ``wal_status = 'lost'`` only (on a primary removed WAL is then the only cause);
+- 15/16: ``wal_status = 'lost'`` only: on 15, and on a 16 that was always a primary, removed
+  WAL is then the only cause; a 16 promoted from a standby may have lost a copy of the slot to
+  a recovery conflict, which only the decoding error tells (the service reads it then);
 - every version: the error of ``START_REPLICATION`` (SQLSTATE 55000), e.g. 15 "cannot read
   from logical replication slot ... This slot has been invalidated because it exceeded the
   maximum reserved size.", 16/17 "can no longer get changes from replication slot ...",
@@ -44,9 +46,16 @@ _CAUSES = {
     " lowered on the primary)",
     "unknown": "PostgreSQL invalidated it",
 }
+_STANDBY_FEEDBACK = (
+    "; keep hot_standby_feedback on, with a physical slot (primary_slot_name), on the standbys"
+    " that keep a copy of the slot to keep it from happening again"
+)
 _PREVENT = {
     "wal_removed": "; raise max_slot_wal_keep_size to keep it from happening again",
     "idle_timeout": "; raise idle_replication_slot_timeout to keep it from happening again",
+    "rows_removed": _STANDBY_FEEDBACK,
+    "recovery_conflict": _STANDBY_FEEDBACK,
+    "wal_level_insufficient": "; keep wal_level = logical on the primary",
 }
 _LOOKS_INVALIDATED = re.compile(
     r"can no longer (?:get changes from|access) replication slot"
@@ -83,9 +92,9 @@ class Invalidation:
 
 def of_slot(wal_status: str | None, invalidation_reason: str | None = None) -> Invalidation | None:
     """The invalidation a ``pg_replication_slots`` row shows, or ``None`` if it is usable.
-    Before 17 only ``wal_status = 'lost'`` shows it: on the primary the relay runs on, that
-    is removed WAL (a recovery conflict invalidates a standby's slots; 16's ``conflicting``
-    is true for every invalidated slot, measured on 16.9, so it tells nothing)."""
+    Before 17 only ``wal_status = 'lost'`` shows it, read as removed WAL (16's ``conflicting``
+    is true for every invalidated slot, measured on 16.9, so it tells nothing; a recovery
+    conflict of a promoted standby's slot shows only in :func:`of_error`'s text)."""
     if invalidation_reason:
         return Invalidation(_label(invalidation_reason))
     return Invalidation("wal_removed") if wal_status == "lost" else None

@@ -82,9 +82,13 @@ def test_the_line_is_one_line_naming_slot_reason_cause_and_fix(reason: str, slot
     assert "auto mode" in line and "cdc-outbox drop --yes" in line
 
 
-def test_the_line_says_how_to_prevent_removed_wal_and_idle_timeouts() -> None:
+def test_the_line_says_how_to_prevent_each_known_cause() -> None:
     assert "raise max_slot_wal_keep_size" in Invalidation("wal_removed").line("s")
     assert "raise idle_replication_slot_timeout" in Invalidation("idle_timeout").line("s")
+    for conflict in ("rows_removed", "recovery_conflict"):
+        assert "keep hot_standby_feedback on" in Invalidation(conflict).line("s")
+    assert "keep wal_level = logical" in Invalidation("wal_level_insufficient").line("s")
+    assert "from happening" not in Invalidation("unknown").line("s")
 
 
 def test_cdc_modes_error_cannot_heal_and_exits_8() -> None:
