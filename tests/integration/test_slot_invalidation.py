@@ -110,7 +110,7 @@ def _remove_wal(conn: psycopg.Connection) -> None:
 def _invalidate(dsn: str, slot: str, cause: str) -> None:
     """Make the server invalidate the inactive ``slot`` for ``cause``: ``wal_removed`` shrinks
     max_slot_wal_keep_size to 1 MB and switches WAL segments; ``idle_timeout`` sets
-    idle_replication_slot_timeout to 1 s (the minimum; its unit is seconds on 18.1) and
+    idle_replication_slot_timeout to 1 s (the least non-zero value: seconds on 18.1, 0 is off) and
     waits for a checkpoint past it."""
     if cause == "wal_removed":
         _invalidate_by(dsn, slot, cause, "max_slot_wal_keep_size", "1MB", _remove_wal)
