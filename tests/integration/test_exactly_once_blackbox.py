@@ -36,6 +36,7 @@ from tests.relay_support import (
     outbox_statuses,
     relay_settings,
     slot_holder,
+    writers_thread,
 )
 
 RATE = 800  # committed events/s offered by the writers
@@ -128,13 +129,7 @@ def test_walsender_drops_relay_kills_and_a_broker_kill_in_one_run(
         events=10_000_000, writers=4, aggregates=200, txn_sizes=(1, 5, 20), rate=RATE
     )
     stop = threading.Event()
-    reports: list[workload.WriteReport] = []
-    writers = threading.Thread(
-        target=lambda: reports.append(
-            workload.write_orders(pg_dsn, spec, columns=settings.column_names(), stop=stop)
-        ),
-        name="writers",
-    )
+    writers, reports = writers_thread(pg_dsn, spec, settings, stop)
     run = _Run(pg_dsn, settings, kafka_broker)
     try:
         writers.start()
@@ -166,12 +161,11 @@ def test_walsender_drops_relay_kills_and_a_broker_kill_in_one_run(
     )
     pending = outbox_statuses(pg_dsn).get("PENDING", 0)
     catch_ups = sum(r.log_tail(10_000_000).count("catch-up needed") for r in run.logs)
+    in_txn = f" {run.drops_in_open_txn} of 4 drops during an open Kafka transaction;" if eos else ""
     print(
         f"{delivery}: {verdict.expected} events, lost {len(verdict.missing)}, duplicates"
         f" {verdict.duplicates}, order violations {len(verdict.order_violations)}, PENDING"
-        f" {pending}; {run.drops_in_open_txn} of 4 drops during an open Kafka transaction;"
-        f" {catch_ups} catch-ups;"
-        f" {time.monotonic() - began:.1f} s"
+        f" {pending};{in_txn} {catch_ups} catch-ups; {time.monotonic() - began:.1f} s"
     )
     assert verdict.expected == reports[0].committed >= 6 * STEP
     assert verdict.ok, verdict.summary()  # nothing lost, per-aggregate order kept
