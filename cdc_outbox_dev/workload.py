@@ -256,6 +256,7 @@ class Tally:
     mismatched: list[str]
     order_violations: list[str]
     unexpected: list[str]
+    duplicated: list[str] = field(default_factory=list)  # ids received more than once
 
     @property
     def ok(self) -> bool:
@@ -321,4 +322,7 @@ def tally(
         last_seq[ev.aggregate_id] = max(prev, ev.seq)
     missing = [e.id for e in expected if e.id not in seen]
     duplicates = sum(n - 1 for n in seen.values())
-    return Tally(len(expected), received, missing, duplicates, mismatched, violations, unexpected)
+    duplicated = [i for i, n in seen.items() if n > 1]
+    return Tally(
+        len(expected), received, missing, duplicates, mismatched, violations, unexpected, duplicated
+    )

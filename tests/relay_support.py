@@ -23,6 +23,7 @@ from cdc_outbox.cdc.snapshot_catchup import UNMARKED_WINDOW
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service import Service
+from cdc_outbox_dev import workload
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -194,6 +195,21 @@ def running(runner: R, timeout: float = 90) -> Iterator[R]:
     assert not thread.is_alive(), f"{type(runner).__name__} did not stop within {timeout} s"
     if errors:
         raise errors[0]
+
+
+def writers_thread(
+    dsn: str, spec: workload.WorkloadSpec, settings: Settings, stop: threading.Event
+) -> tuple[threading.Thread, list[workload.WriteReport]]:
+    """``workload.write_orders`` until ``stop`` (or all of ``spec`` is written) on a thread
+    (not started yet), and the list its report is appended to when it ends."""
+    reports: list[workload.WriteReport] = []
+    thread = threading.Thread(
+        target=lambda: reports.append(
+            workload.write_orders(dsn, spec, columns=settings.column_names(), stop=stop)
+        ),
+        name="writers",
+    )
+    return thread, reports
 
 
 def relay_thread(settings: Settings) -> AbstractContextManager[Relay]:

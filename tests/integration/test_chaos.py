@@ -40,6 +40,7 @@ from tests.relay_support import (
     relay_settings,
     slot_holder,
     wait_streamed_past_now,
+    writers_thread,
 )
 
 RATE = 600  # committed events/s offered by the writers
@@ -207,13 +208,7 @@ def test_random_faults_against_two_instances_lose_nothing_and_keep_order(
         rollback_every=9,
     )
     stop = threading.Event()
-    reports: list[workload.WriteReport] = []
-    writers = threading.Thread(
-        target=lambda: reports.append(
-            workload.write_orders(pg_dsn, spec, columns=settings.column_names(), stop=stop)
-        ),
-        name="writers",
-    )
+    writers, reports = writers_thread(pg_dsn, spec, settings, stop)
     window = UnconfirmedWindow(pg_dsn, settings.slot_name)
     faults = [chaos.kill_9, chaos.crash_postgres, chaos.kill_broker, chaos.freeze_leader]
     only = os.environ.get("CDC_OUTBOX_CHAOS_ONLY")
