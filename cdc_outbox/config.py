@@ -335,6 +335,7 @@ class Settings(BaseSettings):
             payload=c.payload,
             headers=c.headers,
             tracing_span_context=c.tracing_span_context,
+            header_columns=tuple(c.header_columns.items()),
         )
 
     def redacted(self) -> dict[str, Any]:
