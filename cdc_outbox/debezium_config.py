@@ -369,8 +369,10 @@ def convert(config: Mapping[str, str]) -> Conversion:
     if header_columns:
         overrides["header_columns"] = header_columns
         if opts.get("table.fields.additional.error.on.missing", "true").lower() == "false":
-            conv.notes.append("table.fields.additional.error.on.missing=false: cdc-outbox"
-                              " needs the header columns (`run` stops if one is missing)")
+            conv.notes.append(
+                "table.fields.additional.error.on.missing=false: cdc-outbox"
+                " needs the header columns (`run` stops if one is missing)"
+            )
     conv.settings["columns"] = {"preset": "debezium", **overrides}
     conv.settings["topic_template"] = _topic_template(opts, placeholder)
     if opts.get("route.tombstone.on.empty.payload", "false").lower() == "true":
