@@ -15,12 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from cdc_outbox.names import IDENT_RE
-from cdc_outbox.outbox_mapping import (
-    DEBEZIUM_COLUMNS,
-    DEFAULT_COLUMNS,
-    is_free_header_name,
-    is_legal_topic,
-)
+from cdc_outbox.outbox_headers import is_free_header_name
+from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, is_legal_topic
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
 __all__ = [

@@ -23,7 +23,8 @@ from typing import Any
 
 from cdc_outbox.config_models import COLUMN_PRESETS, IDENT_RE
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import is_free_header_name, is_legal_topic
+from cdc_outbox.outbox_headers import is_free_header_name
+from cdc_outbox.outbox_mapping import is_legal_topic
 
 __all__ = [
     "EVENT_ROUTER",

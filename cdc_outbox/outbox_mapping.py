@@ -26,8 +26,6 @@ Contract of :meth:`OutboxMapper.map_insert`:
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 import string
 from collections.abc import Sequence
@@ -41,6 +39,7 @@ from cdc_outbox.cdc.pgoutput import (
     TupleData,
 )
 from cdc_outbox.errors import ConfigError, DecodeError
+from cdc_outbox.outbox_headers import parse_headers_json
 from cdc_outbox.tracing import span_context_headers
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "DeadLetter",
     "OutboxMapper",
     "OutboxRecord",
-    "is_free_header_name",
     "is_legal_topic",
 ]
 
@@ -115,17 +113,6 @@ class DeadLetter:
 _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _TOPIC_CACHE_MAX = 4096
-#: Header names the relay sets itself (dead letters add ``cdc_outbox.*`` ones): a row may not.
-_RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
-_RESERVED_PREFIX = "cdc_outbox."
-_from_json = json.JSONDecoder().decode
-_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def is_free_header_name(name: str) -> bool:
-    """Whether a row may set header ``name``: not empty, not the relay's own (``id``,
-    ``event_type``, ``aggregate_type``, ``cdc_outbox.*``)."""
-    return bool(name) and name not in _RESERVED_HEADERS and not name.startswith(_RESERVED_PREFIX)
 
 
 def is_legal_topic(name: str) -> bool:
@@ -397,34 +384,4 @@ def _parse_headers(
     ``header_columns`` names, reserved like the relay's own)."""
     if not isinstance(hv, bytes):
         return _problem(name, hv)
-    return _parse_headers_text(name, hv, taken)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_headers_text(
-    name: str, hv: bytes, taken: frozenset[str]
-) -> tuple[tuple[str, bytes], ...] | str:
-    """Cached: the events of one transaction (one request) usually share their headers."""
-    try:
-        obj = _from_json(hv.decode())
-    except (ValueError, RecursionError) as e:  # ValueError covers JSON and UTF-8 errors
-        return f"column {name!r} is not valid JSON: {e}"
-    if not isinstance(obj, dict):
-        return f"column {name!r} is not a JSON object (got {type(obj).__name__})"
-    out: list[tuple[str, bytes]] = []
-    try:
-        for k, v in obj.items():
-            if k in _RESERVED_HEADERS or k.startswith(_RESERVED_PREFIX) or k in taken:
-                return f"column {name!r}: header {k!r} is reserved"
-            t = type(v)
-            if t is str:
-                text = v
-            elif t is int:
-                text = str(v)
-            else:  # bool, None, float, list, dict
-                text = _to_json(v)
-            k.encode()  # the key must be encodable too (the publisher encodes it)
-            out.append((k, text.encode()))
-    except (UnicodeEncodeError, RecursionError) as e:  # e.g. a lone surrogate escape
-        return f"column {name!r} has a header that cannot be encoded: {e}"
-    return tuple(out)
+    return parse_headers_json(name, hv, taken)

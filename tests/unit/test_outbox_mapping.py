@@ -495,9 +495,10 @@ def test_header_columns_put_columns_in_headers_under_their_names() -> None:
         "id", "event_type", "aggregate_type", "eventType", "t", "trace_id", "traceparent",
     ]  # fmt: skip
     assert out.headers[3:5] == [("eventType", b"Placed"), ("t", b"acme")]
-    plain = OutboxMapper("public", "outbox", ColumnNames(*SIX, header_columns=(("t", "tenant"),)))
-    fast = plain.map_insert(rel(*SIX, "tenant", oid=102), (*row(), b"acme"))
-    assert isinstance(fast, OutboxRecord) and fast.headers[3:] == [("t", b"acme")]
+    cols = ColumnNames(*SIX, header_columns=(("t", "tenant"),))
+    untraced = OutboxMapper("public", "outbox", cols)
+    out = untraced.map_insert(rel(*SIX, "tenant", oid=102), (*row(), b"acme"))
+    assert isinstance(out, OutboxRecord) and out.headers[3:] == [("t", b"acme")]
 
 
 def test_a_null_header_column_sends_no_header_and_a_toast_one_dead_letters() -> None:
