@@ -173,6 +173,8 @@ class Settings(BaseSettings):
     schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+    #: A PRODUCER span per traced record for the relay hop (cdc_outbox.tracing.RelaySpans).
+    tracing_relay_span: bool = False
 
     @classmethod
     def settings_customise_sources(
@@ -261,6 +263,12 @@ class Settings(BaseSettings):
                 " come from the registry)"
             )
         _check_cloudevents(self)
+        if self.tracing_relay_span and self.columns.tracing_span_context is None:
+            raise ValueError("tracing_relay_span needs columns.tracing_span_context (the trace"
+                             " context the relay span continues)")  # fmt: skip
+        if self.tracing_relay_span and importlib.util.find_spec("opentelemetry") is None:
+            raise ValueError("tracing_relay_span needs opentelemetry-api: pip install"
+                             " 'cdc-outbox[otel]'")  # fmt: skip
         if self.delivery == "exactly_once" and self.columns.preset != "default":
             raise ValueError(
                 'delivery = "exactly_once" needs the status columns of the default column preset'
@@ -335,6 +343,7 @@ class Settings(BaseSettings):
             payload=c.payload,
             headers=c.headers,
             tracing_span_context=c.tracing_span_context,
+            header_columns=tuple(c.header_columns.items()),
         )
 
     def redacted(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from cdc_outbox.names import IDENT_RE
+from cdc_outbox.outbox_headers import is_free_header_name
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, is_legal_topic
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
@@ -34,8 +35,8 @@ __all__ = [
 _IDENT_RULE = "letters, digits, _ or $, not starting with a digit; max 63"
 
 COLUMN_PRESETS: dict[str, dict[str, str | None]] = {
-    "default": asdict(DEFAULT_COLUMNS),
-    "debezium": asdict(DEBEZIUM_COLUMNS),
+    name: {k: v for k, v in asdict(cols).items() if k != "header_columns"}
+    for name, cols in (("default", DEFAULT_COLUMNS), ("debezium", DEBEZIUM_COLUMNS))
 }
 
 
@@ -77,6 +78,9 @@ class ColumnSettings(_Strict):
     #: insert timestamp): the catch-up's order (cdc_outbox.cdc.catch_up_order). None: the
     #: layout's own (created_at in the default preset).
     sequence: str | None = None
+    #: ``{header name = column}``: each row's column value is also sent in that header
+    #: (Debezium's ``column:header:alias``); empty (default): none.
+    header_columns: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -105,6 +109,18 @@ class ColumnSettings(_Strict):
     @classmethod
     def _ident(cls, v: str | None, info: Any) -> str | None:
         return None if v is None else check_ident(f"columns.{info.field_name}", v)
+
+    @field_validator("header_columns")
+    @classmethod
+    def _header_columns(cls, v: dict[str, str]) -> dict[str, str]:
+        for header, column in v.items():
+            if not is_free_header_name(header):
+                raise ValueError(
+                    f"columns.header_columns: header {header!r} is empty or the relay's own"
+                    " (id, event_type, aggregate_type, cdc_outbox.*)"
+                )
+            check_ident(f"columns.header_columns.{header}", column)
+        return v
 
 
 def _dotted(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

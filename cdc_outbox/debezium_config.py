@@ -23,6 +23,7 @@ from typing import Any
 
 from cdc_outbox.config_models import COLUMN_PRESETS, IDENT_RE
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.outbox_headers import is_free_header_name
 from cdc_outbox.outbox_mapping import is_legal_topic
 
 __all__ = [
@@ -263,26 +264,37 @@ def _topic_template(opts: Mapping[str, str], placeholder: str) -> str:
     return template
 
 
-def _placements(opts: Mapping[str, str], columns: Mapping[str, str]) -> None:
-    """Accept additional header placements cdc-outbox already sends; refuse the rest."""
-    spec = opts.get("table.fields.additional.placement", "")
+def _placements(opts: Mapping[str, str], columns: Mapping[str, str]) -> dict[str, str]:
+    """``columns.header_columns`` for the ``column:header[:alias]`` placements (those of
+    headers cdc-outbox sends anyway are dropped); any other placement is refused."""
+    key = "table.fields.additional.placement"
     sent = {
         (columns["id"], "id"),
         (columns["event_type"], "event_type"),
         (columns["aggregate_type"], "aggregate_type"),
     }
-    for entry in (e.strip() for e in spec.split(",") if e.strip()):
-        parts = entry.split(":")
-        if len(parts) not in (2, 3):
-            raise _refuse("table.fields.additional.placement", entry, "not column:placement"
-                          "[:alias]")  # fmt: skip
-        column, placement = parts[0], parts[1].lower()
+    headers: dict[str, str] = {}
+    for entry in (e.strip() for e in opts.get(key, "").split(",") if e.strip()):
+        parts = [p.strip() for p in entry.split(":")]
+        if len(parts) not in (2, 3) or not all(parts):
+            raise _refuse(key, entry, "not column:placement[:alias]")
+        column, placement = _column(key, parts[0]), parts[1].lower()
         alias = parts[2] if len(parts) == 3 else column
-        if placement != "header" or (column, alias) not in sent:
-            raise _refuse("table.fields.additional.placement", entry, "cdc-outbox sends the"
-                          " headers id, event_type and aggregate_type (and the headers column's"
-                          " entries); other header names, envelope and partition placements"
-                          " are not supported")  # fmt: skip
+        if placement == "envelope":
+            raise _refuse(key, entry, "cdc-outbox has no envelope: the value is the payload"
+                          " column as stored (place the column in a header instead)")  # fmt: skip
+        if placement != "header":
+            raise _refuse(key, entry, "cdc-outbox places columns in headers only (the partition"
+                          " follows the key, the aggregate id)")  # fmt: skip
+        if (column, alias) in sent:
+            continue
+        if not is_free_header_name(alias):
+            raise _refuse(key, entry, f"cdc-outbox sets header {alias!r} itself (id, event_type"
+                          " and aggregate_type come from their columns)")  # fmt: skip
+        if alias in headers:
+            raise _refuse(key, entry, f"header {alias!r} is placed twice")
+        headers[alias] = column
+    return headers
 
 
 def _connection(config: Mapping[str, str], conv: Conversion) -> None:
@@ -352,9 +364,16 @@ def convert(config: Mapping[str, str]) -> Conversion:
     placeholder = "{event_type}" if route_by == columns["event_type"] else "{aggregate_type}"
     if placeholder == "{aggregate_type}":
         columns["aggregate_type"] = route_by
-    _placements(opts, columns)
+    header_columns = _placements(opts, columns)
     preset = COLUMN_PRESETS["debezium"]
-    overrides = {k: v for k, v in columns.items() if preset[k] != v}
+    overrides: dict[str, Any] = {k: v for k, v in columns.items() if preset[k] != v}
+    if header_columns:
+        overrides["header_columns"] = header_columns
+        if opts.get("table.fields.additional.error.on.missing", "true").lower() == "false":
+            conv.notes.append(
+                "table.fields.additional.error.on.missing=false: cdc-outbox"
+                " needs the header columns (`run` stops if one is missing)"
+            )
     conv.settings["columns"] = {"preset": "debezium", **overrides}
     conv.settings["topic_template"] = _topic_template(opts, placeholder)
     if opts.get("route.tombstone.on.empty.payload", "false").lower() == "true":
@@ -383,15 +402,23 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML escapes
 
 
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_table(lines: list[str], name: str, table: Mapping[str, Any]) -> None:
+    """``table`` as ``[name]`` (then its sub-tables as ``[name.key]``) appended to ``lines``."""
+    if name:
+        lines += ["", f"[{name}]"]
+    subs = {k: v for k, v in table.items() if isinstance(v, Mapping)}
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items() if k not in subs]
+    for key, sub in subs.items():
+        _toml_table(lines, f"{name}.{_toml_key(key)}" if name else _toml_key(key), sub)
+
+
 def to_toml(conv: Conversion, source: str) -> str:
     """``conv`` as a TOML settings file, its notes as comments at the top."""
     lines = [f"# cdc-outbox settings converted from the Debezium connector {source}"]
     lines += [f"# {note}" for note in conv.notes]
-    tables = {k: v for k, v in conv.settings.items() if isinstance(v, dict)}
-    for key, value in conv.settings.items():
-        if key not in tables:
-            lines.append(f"{key} = {_toml_value(value)}")
-    for name, table in tables.items():
-        lines += ["", f"[{name}]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    _toml_table(lines, "", conv.settings)
     return "\n".join(lines) + "\n"

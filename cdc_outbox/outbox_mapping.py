@@ -7,12 +7,15 @@ Contract of :meth:`OutboxMapper.map_insert`:
 * key = the aggregate id bytes as stored; value = the payload bytes exactly as PostgreSQL sent
   them (for jsonb: its normalised text form), or ``None`` for a NULL payload when the mapper
   was built with ``tombstones=True`` (a Kafka tombstone: the key must still be present);
-* headers = ``id``, ``event_type``, ``aggregate_type``, then every entry of the row's headers
-  JSON object in order (string values as UTF-8, other values as compact JSON text);
+* headers = ``id``, ``event_type``, ``aggregate_type``, then one per configured
+  ``header_columns`` entry (the column's text as PostgreSQL sends it, under its header name;
+  omitted when the column is NULL), then every entry of the row's headers JSON object in
+  order (string values as UTF-8, other values as compact JSON text);
 * a NULL or unchanged-TOAST placeholder in id, aggregate_type, aggregate_id, event_type or
   payload (except a NULL payload with ``tombstones``), an illegal topic, invalid UTF-8 where
   text is needed, a headers value that is not a JSON object, or one using a reserved header
-  name (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``) gives a
+  name (``id``, ``event_type``, ``aggregate_type``, ``cdc_outbox.*``, a ``header_columns``
+  name), or an unchanged-TOAST placeholder in a ``header_columns`` column gives a
   :class:`DeadLetter` (never a record with a null key, nor one with a null value without
   ``tombstones``) that keeps whatever key/value/headers are known. A NULL headers column
   means "no extra headers";
@@ -23,8 +26,6 @@ Contract of :meth:`OutboxMapper.map_insert`:
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 import string
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from cdc_outbox.cdc.pgoutput import (
     TupleData,
 )
 from cdc_outbox.errors import ConfigError, DecodeError
+from cdc_outbox.outbox_headers import parse_headers_json
 from cdc_outbox.tracing import span_context_headers
 
 __all__ = [
@@ -61,6 +63,26 @@ class ColumnNames:
     headers: str | None
     #: W3C trace context text written by the writer helper (cdc_outbox.tracing); None: none.
     tracing_span_context: str | None = None
+    #: (header name, column) pairs: the column's value is sent in a header of that name
+    #: (Debezium's ``column:header:alias`` placement); never part of a preset.
+    header_columns: tuple[tuple[str, str], ...] = ()
+
+    def row_columns(self) -> list[str]:
+        """The columns a row is read with, in order: the event columns, the headers and
+        tracing columns if configured, then :meth:`header_sources`."""
+        return self._event_columns() + self.header_sources()
+
+    def header_sources(self) -> list[str]:
+        """The ``header_columns`` sources that are none of the other columns, each once."""
+        if not self.header_columns:
+            return []
+        taken = self._event_columns()
+        return [c for c in dict.fromkeys(c for _, c in self.header_columns) if c not in taken]
+
+    def _event_columns(self) -> list[str]:
+        names = [self.id, self.aggregate_type, self.aggregate_id, self.event_type, self.payload]
+        names += [self.headers] if self.headers is not None else []
+        return names + ([self.tracing_span_context] if self.tracing_span_context else [])
 
 
 DEFAULT_COLUMNS = ColumnNames(
@@ -91,11 +113,6 @@ class DeadLetter:
 _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _TOPIC_CACHE_MAX = 4096
-#: Header names the relay sets itself (dead letters add ``cdc_outbox.*`` ones): a row may not.
-_RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
-_RESERVED_PREFIX = "cdc_outbox."
-_from_json = json.JSONDecoder().decode
-_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def is_legal_topic(name: str) -> bool:
@@ -115,7 +132,8 @@ class _Positions:
     """Indexes of the configured columns in one Relation (resolved once per Relation object)."""
 
     __slots__ = (
-        "agg_id", "agg_type", "event_type", "headers", "id", "ncols", "payload", "rel", "tracing"
+        "agg_id", "agg_type", "event_type", "extra", "headers", "id", "ncols", "payload", "plain",
+        "rel", "tracing",
     )  # fmt: skip
 
     def __init__(self, rel: Relation, columns: ColumnNames) -> None:
@@ -140,6 +158,10 @@ class _Positions:
         self.headers = None if columns.headers is None else pos(columns.headers)
         tsc = columns.tracing_span_context
         self.tracing = None if tsc is None else pos(tsc)
+        #: (header name, position, column) of each ``header_columns`` entry
+        self.extra = tuple((h, pos(c), c) for h, c in columns.header_columns)
+        #: no tracing and no header columns: the fast path of ``map_insert`` applies
+        self.plain = self.tracing is None and not self.extra
 
 
 class OutboxMapper:
@@ -160,6 +182,7 @@ class OutboxMapper:
         "_positions",
         "_reserved",
         "_row_relation",
+        "_taken",
         "_template",
         "_tombstones",
         "_topics",
@@ -205,6 +228,7 @@ class OutboxMapper:
             0, schema, table, "d", tuple(RelationColumn(0, n, 0, -1) for n in self.row_columns)
         )
         self._headers_name = columns.headers or "headers"
+        self._taken = frozenset(h for h, _ in columns.header_columns)  # checked by the settings
         self._template = topic_template
         self._tombstones = tombstones
         self._use_at = "aggregate_type" in used
@@ -214,11 +238,8 @@ class OutboxMapper:
 
     @property
     def row_columns(self) -> list[str]:
-        """The columns :meth:`map_row` takes, in order (headers only if configured)."""
-        c = self._cols
-        names = [c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload]
-        names += [c.headers] if c.headers is not None else []
-        return names + ([c.tracing_span_context] if c.tracing_span_context is not None else [])
+        """The columns :meth:`map_row` takes, in order (:meth:`ColumnNames.row_columns`)."""
+        return self._cols.row_columns()
 
     def map_row(self, values: Sequence[str | None]) -> OutboxRecord | DeadLetter:
         """Map a row read by SQL as text (``row_columns`` order, ``::text`` casts), with the
@@ -279,18 +300,18 @@ class OutboxMapper:
             and type(key) is bytes
             and type(value) is bytes
             and id_v.isascii()
-            and pos.tracing is None  # rows with a tracing column take the general path
+            and pos.plain  # rows with tracing or header columns take the general path
         ):
             topic, ok = self._topic(at_v, et_v)
             if ok:
                 headers = [("id", id_v), ("event_type", et_v), ("aggregate_type", at_v)]
                 if hv is None or hv == b"{}":  # the common case: no JSON parsing
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
-                extra = _parse_headers(self._headers_name, hv)
+                extra = _parse_headers(self._headers_name, hv, self._taken)
                 if type(extra) is tuple:
                     headers.extend(extra)
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
-        record = self._slow(pos, id_v, at_v, key, et_v, value, hv)
+        record = self._slow(pos, row, id_v, at_v, key, et_v, value, hv)
         if pos.tracing is not None and type(trace := row[pos.tracing]) is bytes:
             record.headers.extend(span_context_headers(trace))
         return record
@@ -298,6 +319,7 @@ class OutboxMapper:
     def _slow(
         self,
         pos: _Positions,
+        row: TupleData,
         id_v: ColumnValue,
         at_v: ColumnValue,
         key: ColumnValue,
@@ -325,6 +347,12 @@ class OutboxMapper:
                 headers.append((hname, v))
             else:
                 problems.append(_problem(name, v))
+        for hname, i, name in pos.extra:
+            v = row[i]
+            if type(v) is bytes:
+                headers.append((hname, v))
+            elif v is not None:  # NULL: no such header
+                problems.append(_problem(name, v))
         key_b = key if type(key) is bytes else None
         if key_b is None:
             problems.append(_problem(cols.aggregate_id, key))
@@ -339,7 +367,7 @@ class OutboxMapper:
             else:
                 problems.append(text)
         if hv is not None and not (type(hv) is bytes and hv == b"{}"):
-            extra = _parse_headers(self._headers_name, hv)
+            extra = _parse_headers(self._headers_name, hv, self._taken)
             if isinstance(extra, str):
                 problems.append(extra)
             else:
@@ -349,36 +377,11 @@ class OutboxMapper:
         return OutboxRecord(topic, key_b, value_b, headers, event_id)
 
 
-def _parse_headers(name: str, hv: ColumnValue) -> tuple[tuple[str, bytes], ...] | str:
-    """Extra headers from the headers column, or the dead-letter reason."""
+def _parse_headers(
+    name: str, hv: ColumnValue, taken: frozenset[str]
+) -> tuple[tuple[str, bytes], ...] | str:
+    """Extra headers from the headers column, or the dead-letter reason (``taken``: the
+    ``header_columns`` names, reserved like the relay's own)."""
     if not isinstance(hv, bytes):
         return _problem(name, hv)
-    return _parse_headers_text(name, hv)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_headers_text(name: str, hv: bytes) -> tuple[tuple[str, bytes], ...] | str:
-    """Cached: the events of one transaction (one request) usually share their headers."""
-    try:
-        obj = _from_json(hv.decode())
-    except (ValueError, RecursionError) as e:  # ValueError covers JSON and UTF-8 errors
-        return f"column {name!r} is not valid JSON: {e}"
-    if not isinstance(obj, dict):
-        return f"column {name!r} is not a JSON object (got {type(obj).__name__})"
-    out: list[tuple[str, bytes]] = []
-    try:
-        for k, v in obj.items():
-            if k in _RESERVED_HEADERS or k.startswith(_RESERVED_PREFIX):
-                return f"column {name!r}: header {k!r} is reserved"
-            t = type(v)
-            if t is str:
-                text = v
-            elif t is int:
-                text = str(v)
-            else:  # bool, None, float, list, dict
-                text = _to_json(v)
-            k.encode()  # the key must be encodable too (the publisher encodes it)
-            out.append((k, text.encode()))
-    except (UnicodeEncodeError, RecursionError) as e:  # e.g. a lone surrogate escape
-        return f"column {name!r} has a header that cannot be encoded: {e}"
-    return tuple(out)
+    return parse_headers_json(name, hv, taken)

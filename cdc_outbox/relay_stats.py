@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cdc_outbox.progress import Progress
+
 
 @dataclass
 class RelayStats:
@@ -32,6 +34,8 @@ class RelayStats:
     #: The last catch-up's rows to publish (one COUNT at its start) and rows submitted so far.
     catch_up_rows_total: int = 0
     catch_up_rows_done: int = 0
+    #: The running catch-up's progress (its total, rows done, start); None while none runs.
+    catch_up_progress: Progress | None = None
     #: Invalidated slots found, by reason (cdc_outbox.ha.slot_invalidation.REASONS).
     slot_invalidations: dict[str, int] = field(default_factory=dict)
     confirmed_lsn: int = 0

@@ -8,12 +8,15 @@ The trace context travels as W3C Trace Context (``traceparent``, ``tracestate``)
   empty, ``tracestate=...`` with ``\\`` escaped as ``\\\\`` (Java ``Properties`` text, as
   Debezium writes it; :func:`current_span_context`, :func:`format_span_context`);
 * the relay turns that text into Kafka headers ``traceparent`` / ``tracestate``
-  (:func:`span_context_headers`, pure);
+  (:func:`span_context_headers`, pure); with ``tracing_relay_span = true`` it also opens a
+  PRODUCER span ``"<topic> publish"`` per such record, a child of the writer's span ended
+  when Kafka reports the record, and the headers then carry that span (:class:`RelaySpans`);
 * the consumer runs the handler inside a CONSUMER span whose parent is the context of those
   headers (:func:`handler_span`).
 
 Without ``opentelemetry-api`` installed the writer stores nothing and the consumer opens no
-span; the relay needs no OpenTelemetry at all. Only stdlib is imported at module level.
+span; the relay needs no OpenTelemetry unless ``tracing_relay_span`` is on. Only stdlib is
+imported at module level.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
+    "RelaySpans",
     "current_span_context",
     "format_span_context",
     "handler_span",
@@ -117,3 +121,87 @@ def handler_span(
         f"{topic} process", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
     ):
         yield
+
+
+class _Listener(Protocol):
+    """A delivery listener (cdc_outbox.kafka.publisher.DeliveryListener)."""
+
+    def delivered(self, topic: str, headers: Any) -> None: ...
+
+    def failed(self, failure: Any) -> None: ...
+
+
+class _SpanListener:
+    """Ends the relay span when Kafka reports the record, then passes the report on."""
+
+    __slots__ = ("inner", "span", "spans")
+
+    def __init__(self, inner: _Listener, span: Any, spans: RelaySpans) -> None:
+        self.inner = inner
+        self.span = span
+        self.spans = spans
+
+    def delivered(self, topic: str, headers: Any) -> None:
+        self.span.end()
+        self.inner.delivered(topic, headers)
+
+    def failed(self, failure: Any) -> None:
+        self.spans.end_failed(self.span, str(getattr(failure, "reason", failure)))
+        self.inner.failed(failure)
+
+
+class RelaySpans:
+    """The relay hop's PRODUCER spans (setting ``tracing_relay_span``; needs
+    ``opentelemetry-api``, whose tracer provider decides whether they are recorded).
+
+    :meth:`start` takes a record's headers and delivery listener: a record without a valid
+    ``traceparent`` is returned unchanged (no span); otherwise a span ``"<topic> publish"``
+    starts as a child of that context, the ``traceparent``/``tracestate`` headers are replaced
+    (in place) by the span's own context, so the consumer's span is its child, and the
+    listener ends the span on Kafka's report (an error status on a failed delivery).
+    """
+
+    def __init__(self, tracer_provider: Any = None) -> None:
+        """``tracer_provider``: the global one by default (set by the application)."""
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._trace = trace
+        self._tracer = trace.get_tracer("cdc_outbox.relay", tracer_provider=tracer_provider)
+        self._propagator = TraceContextTextMapPropagator()
+
+    def start(
+        self, topic: str, event_id: str, headers: list[tuple[str, bytes]], listener: _Listener
+    ) -> tuple[list[tuple[str, bytes]], _Listener]:
+        """(headers, listener) to produce the record with (see the class contract)."""
+        carrier: dict[str, str] = {}
+        first = -1
+        for i, (name, value) in enumerate(headers):
+            if name in _FIELDS and name not in carrier:
+                first = i if first < 0 else first
+                carrier[name] = value.decode(errors="replace")
+        if not _TRACEPARENT.fullmatch(carrier.get("traceparent", "")):
+            return headers, listener
+        trace = self._trace
+        span = self._tracer.start_span(
+            f"{topic} publish",
+            context=self._propagator.extract(carrier),
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+                "messaging.destination.name": topic,
+                "messaging.message.id": event_id,
+            },
+        )
+        injected: dict[str, str] = {}
+        self._propagator.inject(injected, context=trace.set_span_in_context(span))
+        out = [h for h in headers if h[0] not in _FIELDS]
+        out[first:first] = [(k, v.encode()) for k, v in injected.items() if k in _FIELDS]
+        return out, _SpanListener(listener, span, self)
+
+    def end_failed(self, span: Any, reason: str) -> None:
+        """End ``span`` with an error status (Kafka did not take the record)."""
+        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, reason))
+        span.end()

@@ -47,10 +47,7 @@ class PreflightFailed(PreflightError):
 
 
 def _required_columns(settings: Settings) -> list[str]:
-    cols = settings.column_names()
-    names = [cols.id, cols.aggregate_type, cols.aggregate_id, cols.event_type, cols.payload]
-    names += [cols.headers] if cols.headers else []
-    return names + ([cols.tracing_span_context] if cols.tracing_span_context else [])
+    return settings.column_names().row_columns()
 
 
 def preflight(conn: Conn, settings: Settings, *, create_table: bool = False) -> list[Check]:

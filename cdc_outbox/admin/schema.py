@@ -62,6 +62,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
         )
     if cols.tracing_span_context is not None:
         lines.append(sql.SQL("{} text").format(sql.Identifier(cols.tracing_span_context)))
+    lines += [sql.SQL("{} text").format(sql.Identifier(c)) for c in cols.header_sources()]
     polling = settings.columns.preset == "default"
     if polling:
         statuses = sql.SQL(", ").join(sql.Literal(s) for s in STATUSES)

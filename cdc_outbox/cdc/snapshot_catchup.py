@@ -123,7 +123,8 @@ def _start_progress(
     delivery.stats.catch_up_rows_total = total
     delivery.stats.catch_up_rows_done = 0
     logger.info("catch-up: %d rows to publish", total)
-    return Progress(total=total, started=time.monotonic())
+    progress = delivery.stats.catch_up_progress = Progress(total=total, started=time.monotonic())
+    return progress
 
 
 def _report(progress: Progress, delivery: Delivery, done: int, last: bool = False) -> None:
@@ -204,6 +205,8 @@ def publish_backlog(
         raise CatchUpFailed(f"catch-up interrupted: {exc.args[0]}") from None
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
+    finally:
+        delivery.stats.catch_up_progress = None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import sys
 from types import FrameType
 from typing import Annotated
 
 import typer
 
 from cdc_outbox.cli.common import global_options, settings_from
+from cdc_outbox.cli.progress_bar import catch_up_bar
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +51,7 @@ def run(
     The leader follows the durable phase (POLLING, CATCHING_UP, STREAMING); a standby takes
     over when the leader dies or stops renewing its lease. On a signal it stops reading at a
     transaction boundary, waits (up to the grace period) for Kafka to acknowledge what was
-    sent, confirms it to the slot and exits 0.
+    sent, confirms it to the slot and exits 0. On a terminal a catch-up shows a progress bar.
     """
     from cdc_outbox.service import Service
 
@@ -68,4 +70,5 @@ def run(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    service.run()
+    with catch_up_bar(lambda: service.stats, sys.stderr, settings.log_format):
+        service.run()

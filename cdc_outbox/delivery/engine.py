@@ -19,6 +19,8 @@ their loop. Contract:
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
   :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
+- With ``tracing_relay_span``, a record carrying a ``traceparent`` is produced inside a relay
+  span (:class:`cdc_outbox.tracing.RelaySpans`) whose context its headers then carry.
 - The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
   the queue is full and calls ``idle`` (e.g. replication status updates) meanwhile.
 
@@ -59,12 +61,14 @@ from cdc_outbox.errors import topic_missing
 from cdc_outbox.kafka.producer_config import eos_config
 from cdc_outbox.kafka.publisher import (
     DeliveryFailure,
+    DeliveryListener,
     Headers,
     KafkaPublisher,
     ProducerFactory,
 )
 from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.tracing import RelaySpans
 
 if TYPE_CHECKING:
     from cdc_outbox.avro.serializer import AvroSerializer
@@ -130,6 +134,7 @@ class Delivery:
 
             self.avro = AvroSerializer(settings)
             self.avro.register_all()
+        self._spans: RelaySpans | None = RelaySpans() if settings.tracing_relay_span else None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -252,12 +257,18 @@ class Delivery:
                     problem = precheck(wire_key, value, result.headers, self._max_bytes)
                 if problem is None:
                     self.keys.add(key)
+                    headers = result.headers
+                    report: DeliveryListener = RecordReport(self, handle, key, result.event_id)
+                    if self._spans is not None:
+                        headers, report = self._spans.start(
+                            result.topic, result.event_id, headers, report
+                        )
                     self.publisher.produce(
                         result.topic,
                         wire_key,
                         value,
-                        result.headers,
-                        RecordReport(self, handle, key, result.event_id),
+                        headers,
+                        report,
                         interrupted=self.interrupted,
                         idle=self.idle,
                     )

@@ -73,6 +73,7 @@ class _Row:
     """One claimed row, and the :class:`~cdc_outbox.delivery.engine.EventHandle` of its event."""
 
     def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
+        self.extra = values[11:]  # the header_sources() columns, as text
         (
             self.rank,
             self.id,
@@ -85,7 +86,7 @@ class _Row:
             self.tracing,
             self.attempts,
             self.created_unix,
-        ) = values
+        ) = values[:11]
         self.relay = relay
         self.outcome: str | None = None
         self.error: str | None = None
@@ -273,6 +274,7 @@ class PollingRelay:
                     values.append(row.headers)
                 if self._with_tracing:
                     values.append(row.tracing)
+                values.extend(row.extra)
                 delivery.submit(self._mapper.map_row(values), row)
             self._await(rows, delivery)
         except ProduceInterrupted as exc:

@@ -123,8 +123,11 @@ def build(settings: Settings) -> PollingSql:
         "UPDATE {t} AS o SET status = 'PROCESSING', locked_by = %(me)s, locked_at = now() "
         "FROM locked AS l WHERE o.ctid = l.pos AND o.tableoid = l.rel "
         "RETURNING l.rank, {oid}, {oid}::text, o.{at}, o.{agg}, o.{et}, o.{payload}::text,"
-        " {headers}, {tracing}, o.attempts, extract(epoch FROM o.created_at)::float8"
+        " {headers}, {tracing}, o.attempts, extract(epoch FROM o.created_at)::float8{extra}"
     ).format(
+        extra=sql.SQL("").join(
+            sql.SQL(", o.{}::text").format(sql.Identifier(c)) for c in cols.header_sources()
+        ),
         tracing=sql.SQL("o.{}::text").format(sql.Identifier(cols.tracing_span_context))
         if cols.tracing_span_context is not None
         else sql.SQL("NULL::text"),

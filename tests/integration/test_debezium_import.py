@@ -27,7 +27,8 @@ CREATE TABLE app.outboxevent (
     aggregate_type varchar(255) NOT NULL,
     aggregate_id   varchar(255) NOT NULL,
     type           varchar(255) NOT NULL,
-    payload        jsonb
+    payload        jsonb,
+    tenant_id      varchar(64)
 )"""
 
 
@@ -70,8 +71,8 @@ def test_converted_debezium_connector_publishes_what_debezium_documents(
     paid, deleted = uuid.uuid4(), uuid.uuid4()
     with psycopg.connect(pg_dsn) as conn:
         conn.execute(
-            "INSERT INTO app.outboxevent VALUES (%s, 'order', '42', 'OrderPaid', %s),"
-            " (%s, 'order', '42', 'OrderDeleted', NULL)",
+            "INSERT INTO app.outboxevent VALUES (%s, 'order', '42', 'OrderPaid', %s, 'acme'),"
+            " (%s, 'order', '42', 'OrderDeleted', NULL, 'acme')",
             (paid, '{"id": 42, "lineItems": [{"item": "Debezium in Action", "quantity": 2}],'
              ' "totalPrice": 39.98}', deleted),
         )  # fmt: skip
@@ -100,7 +101,9 @@ def test_converted_debezium_connector_publishes_what_debezium_documents(
             )  # fmt: skip
     # Debezium, StringConverter key and value: topic = route.topic.replacement with the
     # aggregate_type value, key = the aggregate_id text, value = the payload column's text,
-    # header id = the event id; route.tombstone.on.empty.payload: a NULL payload -> tombstone.
+    # header id = the event id; route.tombstone.on.empty.payload: a NULL payload -> tombstone;
+    # table.fields.additional.placement=type:header:eventType,tenant_id:header:tenant: the
+    # type column's value in header eventType, tenant_id's in header tenant.
     first, second = records
     assert (first.topic, first.key, first.value) == (topic, b"42", stored.encode())
     assert (second.topic, second.key, second.value) == (topic, b"42", None)
@@ -108,6 +111,9 @@ def test_converted_debezium_connector_publishes_what_debezium_documents(
                                          (second, deleted, b"OrderDeleted")):  # fmt: skip
         headers = dict(record.headers)
         assert headers["id"] == str(event_id).encode()
+        assert (headers["eventType"], headers["tenant"]) == (event_type, b"acme")
         # cdc-outbox adds two headers a Debezium consumer does not read (docs/debezium.md)
-        assert headers == {"id": str(event_id).encode(), "event_type": event_type,
-                           "aggregate_type": b"order"}  # fmt: skip
+        assert record.headers == [
+            ("id", str(event_id).encode()), ("event_type", event_type),
+            ("aggregate_type", b"order"), ("eventType", event_type), ("tenant", b"acme"),
+        ]  # fmt: skip

@@ -4,6 +4,7 @@ A span started around :func:`write_event` is continued by the consumer's handler
 writer stores the span's W3C context in the ``tracing_span_context`` column, the relay (CDC
 and polling) publishes it as a ``traceparent`` header, the consumer extracts it. An event
 written outside any span gets no header and starts a trace of its own in the consumer.
+With ``tracing_relay_span`` the chain is writer -> relay (a PRODUCER span) -> consumer.
 """
 
 from __future__ import annotations
@@ -55,24 +56,32 @@ class _Collect:
             self.headers[event.event_id] = event.headers
 
 
-def _consumer_span(spans: InMemorySpanExporter, event_id: uuid.UUID) -> ReadableSpan:
-    found = [
+def _spans_of(
+    spans: InMemorySpanExporter, kind: trace.SpanKind, event_id: uuid.UUID
+) -> list[ReadableSpan]:
+    return [
         s
         for s in spans.get_finished_spans()
-        if s.kind is trace.SpanKind.CONSUMER
-        and (s.attributes or {}).get("messaging.message.id") == str(event_id)
+        if s.kind is kind and (s.attributes or {}).get("messaging.message.id") == str(event_id)
     ]
+
+
+def _consumer_span(spans: InMemorySpanExporter, event_id: uuid.UUID) -> ReadableSpan:
+    found = _spans_of(spans, trace.SpanKind.CONSUMER, event_id)
     assert len(found) == 1, found
     return found[0]
 
 
-@pytest.mark.parametrize("mode", ["cdc", "polling"])
+@pytest.mark.parametrize(
+    ("mode", "relay_span"), [("cdc", False), ("polling", False), ("cdc", True), ("polling", True)]
+)
 def test_a_trace_started_by_the_writer_is_continued_by_the_consumer(
     pg_dsn: str,
     kafka_broker: Any,
     kafka_topic_prefix: str,
     spans: InMemorySpanExporter,
     mode: str,
+    relay_span: bool,
 ) -> None:
     settings = relay_settings(
         pg_dsn,
@@ -80,6 +89,7 @@ def test_a_trace_started_by_the_writer_is_continued_by_the_consumer(
         kafka_topic_prefix,
         mode=mode,
         columns={"tracing_span_context": COLUMN},
+        tracing_relay_span=relay_span,
     )
     init_outbox(settings)  # creates the tracingspancontext column too
     table = OutboxTable(columns={"tracing_span_context": COLUMN})
@@ -115,13 +125,26 @@ def test_a_trace_started_by_the_writer_is_continued_by_the_consumer(
                 timeout=90,
                 message=lambda: f"{consumer.metrics.counts}",
             )
-    assert handler.headers[traced]["traceparent"] == stored[traced].partition("=")[2].encode()
     assert "traceparent" not in handler.headers[untraced]
+    assert not _spans_of(spans, trace.SpanKind.PRODUCER, untraced)  # no context: no relay span
+
+    # The consumer's parent: the writer's span, or the relay's when the relay opens one.
+    parent = writer
+    if relay_span:
+        [relay] = _spans_of(spans, trace.SpanKind.PRODUCER, traced)
+        assert relay.name == f"{kafka_topic_prefix}.event.order publish"
+        assert relay.parent is not None and relay.parent.is_remote
+        assert (relay.parent.trace_id, relay.parent.span_id) == (writer.trace_id, writer.span_id)
+        assert relay.status.is_ok and relay.end_time is not None  # ended on Kafka's ack
+        assert relay.context is not None
+        parent = relay.context
+    expected = f"00-{parent.trace_id:032x}-{parent.span_id:016x}-{parent.trace_flags:02x}"
+    assert handler.headers[traced]["traceparent"] == expected.encode()
 
     continued = _consumer_span(spans, traced)
     assert continued.context is not None and continued.parent is not None
     assert continued.context.trace_id == writer.trace_id
-    assert continued.parent.span_id == writer.span_id
+    assert continued.parent.span_id == parent.span_id
     assert continued.parent.is_remote
     fresh = _consumer_span(spans, untraced)
     assert fresh.parent is None

@@ -131,6 +131,34 @@ def test_empty_headers_disables_headers_column(monkeypatch: pytest.MonkeyPatch) 
     assert cols.payload == "payload"
 
 
+def test_header_columns_from_toml_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toml = write_toml(tmp_path, f'dsn = "{DSN}"\n[columns.header_columns]\neventType = "event_type"'
+                      '\n"x.tenant" = "tenant_id"\n')  # fmt: skip
+    cols = load_settings(toml).column_names()
+    assert cols.header_columns == (("eventType", "event_type"), ("x.tenant", "tenant_id"))
+    debezium = load_settings(overrides={"dsn": DSN, "columns": {"preset": "debezium"}})
+    assert debezium.column_names().header_columns == ()  # no preset sets any
+    monkeypatch.setenv("CDC_OUTBOX_COLUMNS__HEADER_COLUMNS__REGION", "region")
+    assert load_settings(overrides={"dsn": DSN}).column_names().header_columns == (
+        ("region", "region"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        ({"id": "x"}, "header 'id' is empty or the relay's own"),
+        ({"aggregate_type": "x"}, "header 'aggregate_type'"),
+        ({"cdc_outbox.error": "x"}, "header 'cdc_outbox.error'"),
+        ({"": "x"}, "header ''"),
+        ({"h": "bad name"}, "columns.header_columns.h 'bad name' is not a valid identifier"),
+    ],
+)
+def test_bad_header_columns_are_one_line(headers: dict[str, str], fragment: str) -> None:
+    message = config_error(overrides={"dsn": DSN, "columns": {"header_columns": headers}})
+    assert fragment in message
+
+
 # -- validation messages -------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,8 @@ def test_the_example_converts_to_settings_that_run_accepts(
         "slot_name": "shop_outbox",
         "publication_name": "shop_outbox_pub",
         "columns": {"preset": "debezium", "id": "event_id", "aggregate_id": "aggregate_id",
-                    "aggregate_type": "aggregate_type"},
+                    "aggregate_type": "aggregate_type",
+                    "header_columns": {"eventType": "type", "tenant": "tenant_id"}},
         "topic_template": "shop.{aggregate_type}.events",
         "null_payload": "tombstone",
     }  # fmt: skip
@@ -56,6 +58,8 @@ def test_the_example_converts_to_settings_that_run_accepts(
     assert settings.topic_template == "shop.{aggregate_type}.events"
     assert settings.column_names().id == "event_id"
     assert settings.column_names().event_type == "type"
+    headers = settings.column_names().header_columns
+    assert headers == (("eventType", "type"), ("tenant", "tenant_id"))
     assert (settings.mode, settings.null_payload, settings.outbox_table) == (
         "cdc", "tombstone", "outboxevent",
     )  # fmt: skip
@@ -100,7 +104,24 @@ def test_routing_by_the_event_type_column_uses_the_event_type_placeholder() -> N
 
 def test_headers_cdc_outbox_sends_anyway_are_accepted() -> None:
     placement = "type:header:event_type,aggregatetype:header:aggregate_type,id:header"
-    convert(minimal(**{"transforms.outbox.table.fields.additional.placement": placement}))
+    conv = convert(minimal(**{"transforms.outbox.table.fields.additional.placement": placement}))
+    assert conv.settings["columns"] == {"preset": "debezium"}
+
+
+def test_header_placements_become_header_columns() -> None:
+    placement = " type:header:eventType , tenant:HEADER,aggregateid:header:key.copy,id:header:id"
+    conv = convert(minimal(**{
+        "transforms.outbox.table.fields.additional.placement": placement,
+        "transforms.outbox.table.fields.additional.error.on.missing": "false",
+    }))  # fmt: skip
+    headers = {"eventType": "type", "tenant": "tenant", "key.copy": "aggregateid"}
+    assert conv.settings["columns"] == {"preset": "debezium", "header_columns": headers}
+    assert any("error.on.missing=false" in n for n in conv.notes)
+    text = to_toml(conv, "x")
+    assert '[columns.header_columns]\neventType = "type"\ntenant = "tenant"\n"key.copy" =' in text
+    settings = load_settings(None, {"dsn": "dbname=x", **tomllib.loads(text)})
+    assert settings.column_names().header_columns == tuple(headers.items())
+    assert settings.column_names().row_columns()[-1] == "tenant"  # read by polling, catch-up
 
 
 def test_expanded_json_with_schemaless_json_converter_is_accepted_with_a_note() -> None:
@@ -139,10 +160,20 @@ REFUSED = [
     ({"transforms.outbox.route.topic.regex": "(?<routedByValue>[a-z]+)"}, "route.topic.regex="),
     ({"transforms.outbox.route.topic.replacement": "x.${other}"}, "route.topic.replacement="),
     ({"transforms.outbox.route.topic.replacement": "bad topic"}, "route.topic.replacement="),
-    ({"transforms.outbox.table.fields.additional.placement": "type:header:eventType"},
-     "table.fields.additional.placement=type:header:eventType"),
+    ({"transforms.outbox.table.fields.additional.placement": "type:header:id"},
+     "table.fields.additional.placement=type:header:id: cdc-outbox sets header 'id' itself"),
+    ({"transforms.outbox.table.fields.additional.placement": "a:header:x,b:header:x"},
+     "table.fields.additional.placement=b:header:x: header 'x' is placed twice"),
+    ({"transforms.outbox.table.fields.additional.placement": "a:header:cdc_outbox.x"},
+     "placement=a:header:cdc_outbox.x"),
+    ({"transforms.outbox.table.fields.additional.placement": "bad-col:header:x"},
+     "placement=bad-col"),
+    ({"transforms.outbox.table.fields.additional.placement": "a:header:x:y"},
+     "placement=a:header:x:y: not column:placement[:alias]"),
     ({"transforms.outbox.table.fields.additional.placement": "region:envelope"},
-     "table.fields.additional.placement=region:envelope"),
+     "table.fields.additional.placement=region:envelope: cdc-outbox has no envelope"),
+    ({"transforms.outbox.table.fields.additional.placement": "region:envelope:r"},
+     "table.fields.additional.placement=region:envelope:r: cdc-outbox has no envelope"),
     ({"transforms.outbox.table.fields.additional.placement": "p:partition"},
      "table.fields.additional.placement=p:partition"),
     ({"transforms.outbox.table.field.event.key": "bad-name"}, "table.field.event.key=bad-name"),

@@ -471,3 +471,72 @@ def test_map_row_maps_text_values_like_an_insert() -> None:
     assert record.headers[0] == ("id", b"e-1") and ("trace", b"t") in record.headers
     dead = mapper.map_row(["e-2", "order", "order-7", "OrderPlaced", None, "{}"])
     assert isinstance(dead, DeadLetter) and "null" in dead.reason
+
+
+# -- header_columns (Debezium's column:header:alias) -----------------------------------------
+
+HEADER_COLUMNS = ColumnNames(
+    *SIX, tracing_span_context="tsc", header_columns=(("eventType", "event_type"), ("t", "tenant"))
+)
+R8 = rel(*SIX, "tsc", "tenant", oid=101)
+TRACE = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def header_mapper() -> OutboxMapper:
+    return OutboxMapper("public", "outbox", HEADER_COLUMNS)
+
+
+def test_header_columns_put_columns_in_headers_under_their_names() -> None:
+    hv = b'{"trace_id": "x"}'
+    out = header_mapper().map_insert(R8, (*row(headers=hv), TRACE, b"acme"))
+    assert isinstance(out, OutboxRecord)
+    # the relay's own, then header_columns in order, then the headers column, then tracing
+    assert [h for h, _ in out.headers] == [
+        "id", "event_type", "aggregate_type", "eventType", "t", "trace_id", "traceparent",
+    ]  # fmt: skip
+    assert out.headers[3:5] == [("eventType", b"Placed"), ("t", b"acme")]
+    cols = ColumnNames(*SIX, header_columns=(("t", "tenant"),))
+    untraced = OutboxMapper("public", "outbox", cols)
+    out = untraced.map_insert(rel(*SIX, "tenant", oid=102), (*row(), b"acme"))
+    assert isinstance(out, OutboxRecord) and out.headers[3:] == [("t", b"acme")]
+
+
+def test_a_null_header_column_sends_no_header_and_a_toast_one_dead_letters() -> None:
+    out = header_mapper().map_insert(R8, (*row(), None, None))
+    assert isinstance(out, OutboxRecord)
+    assert [h for h, _ in out.headers] == ["id", "event_type", "aggregate_type", "eventType"]
+    dead = header_mapper().map_insert(R8, (*row(), None, UNCHANGED_TOAST))
+    assert isinstance(dead, DeadLetter)
+    assert dead.reason == "column 'tenant' is an unchanged TOAST placeholder"
+
+
+@pytest.mark.parametrize("name", ["eventType", "t"])
+def test_the_headers_column_may_not_forge_a_header_column(name: str) -> None:
+    hv = json.dumps({name: "forged"}).encode()
+    out = header_mapper().map_insert(R8, (*row(headers=hv), None, b"acme"))
+    assert isinstance(out, DeadLetter)
+    assert out.reason == f"column 'headers': header {name!r} is reserved"
+    assert b"forged" not in [v for _, v in out.headers]
+
+
+def test_header_columns_are_read_by_map_row_once_each() -> None:
+    cols = ColumnNames(*SIX, header_columns=(("a", "tenant"), ("b", "tenant"), ("c", "id")))
+    mapper = OutboxMapper("public", "outbox", cols)
+    assert mapper.row_columns == [*SIX, "tenant"]
+    assert cols.header_sources() == ["tenant"]
+    out = mapper.map_row(["e-1", "order", "o-1", "Placed", "{}", None, "acme"])
+    assert isinstance(out, OutboxRecord)
+    assert out.headers[3:] == [("a", b"acme"), ("b", b"acme"), ("c", b"e-1")]
+
+
+values = st.none() | st.just(UNCHANGED_TOAST) | st.binary(max_size=6)
+
+
+@given(values, values)
+def test_any_header_column_values(event_type: ColumnValue, tenant: ColumnValue) -> None:
+    out = header_mapper().map_insert(R8, (*row(et=event_type), None, tenant))
+    ok = type(event_type) is bytes and tenant is not UNCHANGED_TOAST
+    assert isinstance(out, OutboxRecord) is ok
+    expected = [("eventType", event_type)] if type(event_type) is bytes else []
+    expected += [("t", tenant)] if type(tenant) is bytes else []
+    assert [h for h in out.headers if h[0] in ("eventType", "t")] == expected

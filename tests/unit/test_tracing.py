@@ -10,11 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, prepare
 from cdc_outbox.outbox_mapping import OutboxMapper, OutboxRecord
 from cdc_outbox.tracing import (
+    RelaySpans,
     current_span_context,
     format_span_context,
     handler_span,
@@ -151,3 +154,108 @@ def test_without_opentelemetry_nothing_is_stored_and_no_span_is_opened(
         with handler_span([("traceparent", TP.encode())], "t", {}):
             ran.append(True)
         assert ran == [True]
+
+
+# -- the relay hop's span (tracing_relay_span) -------------------------------------------------
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def delivered(self, topic: str, headers: Any) -> None:
+        self.calls.append(("delivered", topic))
+
+    def failed(self, failure: Any) -> None:
+        self.calls.append(("failed", failure))
+
+
+class _Failure:
+    reason = "Broker: Message size too large"
+
+
+def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def test_a_traced_record_is_produced_in_a_relay_span_its_headers_carry() -> None:
+    provider, exporter = _provider()
+    spans = RelaySpans(provider)
+    headers = [("id", b"e-1"), ("traceparent", TP.encode()), ("tracestate", b"congo=t61"),
+               ("ce_id", b"e-1")]  # fmt: skip
+    inner = _Listener()
+    out, listener = spans.start("orders", "e-1", headers, inner)
+    assert exporter.get_finished_spans() == ()  # open until Kafka reports the record
+    listener.delivered("orders", out)
+    assert inner.calls == [("delivered", "orders")]
+    [span] = exporter.get_finished_spans()
+    assert (span.name, span.kind) == ("orders publish", trace.SpanKind.PRODUCER)
+    assert span.attributes is not None and span.attributes["messaging.message.id"] == "e-1"
+    assert span.parent is not None and span.parent.is_remote
+    assert (f"{span.parent.trace_id:032x}", f"{span.parent.span_id:016x}") == (
+        TP.split("-")[1], TP.split("-")[2],
+    )  # fmt: skip
+    assert span.context is not None and span.status.is_ok
+    ctx = span.context
+    assert out == [
+        ("id", b"e-1"),
+        ("traceparent", f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01".encode()),
+        ("tracestate", b"congo=t61"),
+        ("ce_id", b"e-1"),
+    ]
+    assert headers[1] == ("traceparent", TP.encode())  # the record's own list is unchanged
+
+
+def test_a_failed_delivery_ends_the_relay_span_with_an_error() -> None:
+    provider, exporter = _provider()
+    inner = _Listener()
+    _, listener = RelaySpans(provider).start("t", "e-1", [("traceparent", TP.encode())], inner)
+    failure = _Failure()
+    listener.failed(failure)
+    assert inner.calls == [("failed", failure)]
+    [span] = exporter.get_finished_spans()
+    assert span.status.status_code is trace.StatusCode.ERROR
+    assert span.status.description == "Broker: Message size too large"
+
+
+@pytest.mark.parametrize("headers", [[("id", b"e-1")], [("traceparent", b"not-a-traceparent")], []])
+def test_an_untraced_record_gets_no_relay_span(headers: list[tuple[str, bytes]]) -> None:
+    provider, exporter = _provider()
+    inner = _Listener()
+    out, listener = RelaySpans(provider).start("t", "e-1", headers, inner)
+    assert out is headers and listener is inner
+    assert exporter.get_finished_spans() == ()
+
+
+def test_without_a_tracer_provider_the_writer_context_is_kept() -> None:
+    headers = [("id", b"e-1"), ("traceparent", TP.encode())]
+    inner = _Listener()
+    out, listener = RelaySpans(trace.NoOpTracerProvider()).start("t", "e-1", headers, inner)
+    assert out == headers  # a non-recording span carries its parent's context
+    listener.delivered("t", out)
+    assert inner.calls == [("delivered", "t")]
+
+
+def test_the_relay_span_setting_needs_the_tracing_column() -> None:
+    assert Settings(dsn=DSN).tracing_relay_span is False
+    assert Settings(dsn=DSN, columns=COLUMNS, tracing_relay_span=True).tracing_relay_span
+    with pytest.raises(ValueError, match=r"tracing_relay_span needs columns\.tracing_span_context"):
+        Settings(dsn=DSN, tracing_relay_span=True)
+
+
+def test_the_relay_span_setting_needs_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "opentelemetry" else real(name, *a),
+    )
+    with pytest.raises(
+        ValueError, match=r"needs opentelemetry-api: pip install 'cdc-outbox\[otel\]'"
+    ):
+        Settings(dsn=DSN, columns=COLUMNS, tracing_relay_span=True)
