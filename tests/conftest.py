@@ -38,6 +38,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check rules, not speed: no per-example deadline and no "too slow" health check,
+# which would make a result depend on the machine's load (CI shares its cores with PostgreSQL
+# and Kafka). Examples stay random; a failure prints its seed and the shrunk example.
+settings.register_profile(
+    "cdc-outbox", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("cdc-outbox")
 
 from cdc_outbox_dev.sandbox import pg_versions
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env

@@ -32,7 +32,10 @@ def test_pid_alive_and_exited_follow_a_child_to_its_end() -> None:
     try:
         assert _proc.pid_alive(child.pid)
         assert not _proc.exited(child.pid, child)
-        assert str(Path(sys.executable).name) in _proc.cmdline(child.pid)
+        # Popen returns once exec has begun; the kernel sets the new image's arguments a moment
+        # later (until then /proc/<pid>/cmdline reads empty), so wait for them.
+        name = Path(sys.executable).name
+        _proc.wait_for(lambda: name in _proc.cmdline(child.pid), 10, "the child's command line")
     finally:
         _proc.terminate(child.pid, signal.SIGTERM, timeout=10, proc=child)
     assert child.returncode is not None
