@@ -40,14 +40,6 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Property tests check rules, not speed: no per-example deadline and no "too slow" health check,
-# which would make a result depend on the machine's load (CI shares its cores with PostgreSQL
-# and Kafka). Examples stay random; a failure prints its seed and the shrunk example.
-settings.register_profile(
-    "cdc-outbox", deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile("cdc-outbox")
-
 from cdc_outbox_dev.sandbox import pg_versions
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
@@ -56,6 +48,12 @@ from cdc_outbox_dev.sandbox.redis import LocalRedis
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from cdc_outbox_dev.sandbox.standby import make_standby
 from tests.helpers import delete_all_acls
+
+# Property tests check rules, not speed: no per-example deadline and no "too slow" health check,
+# which would make a result depend on the machine's load (CI shares its cores with PostgreSQL
+# and Kafka). Examples stay random; a failure prints its seed and the shrunk example.
+settings.register_profile("cdc-outbox", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("cdc-outbox")
 
 logger = logging.getLogger("tests.conftest")
 
