@@ -23,9 +23,10 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from cdc_outbox.cdc.pgoutput import Relation, TupleData
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.pgwire.pgoutput import Relation, TupleData
+from cdc_outbox.records import DeadLetter, OutboxRecord
 
 __all__ = ["TIME_COLUMN", "CloudEventsMapper", "default_source", "load_sdk"]
 

@@ -45,6 +45,7 @@ from cdc_outbox.config_input import (
     check_env,
     check_toml,
     describe,
+    parse_standby_names,
 )
 from cdc_outbox.config_models import (
     COLUMN_PRESETS,
@@ -198,8 +199,6 @@ class Settings(BaseSettings):
     @field_validator("wait_for_standbys")
     @classmethod
     def _standbys(cls, v: str) -> str:
-        from cdc_outbox.cdc.standby_wait import parse_standby_names
-
         v = v.strip()
         if v:
             parse_standby_names(v)

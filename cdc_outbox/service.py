@@ -6,7 +6,7 @@ Any number of instances may run against one table and slot: exactly one is the l
 take over when the leader dies, loses its connection or stops renewing its lease. Only the
 leader relays, writes the phase and creates or drops the slot.
 
-The leader follows the durable phase (:mod:`cdc_outbox.ha.relay_state`), writing each
+The leader follows the durable phase (:mod:`cdc_outbox.store.relay_state`), writing each
 transition before it takes effect:
 
 - ``polling`` mode: ``POLLING``, the polling relay.
@@ -40,8 +40,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox import db_pool
-from cdc_outbox.admin import bootstrap, schema
-from cdc_outbox.admin.inspection import SlotStatus
+from cdc_outbox.admin import bootstrap
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
@@ -55,14 +54,16 @@ from cdc_outbox.errors import (
     classify,
     raise_if_cannot_heal,
 )
-from cdc_outbox.ha import relay_state, slot_invalidation
+from cdc_outbox.ha import slot_invalidation
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.leadership import Leadership
-from cdc_outbox.ha.relay_state import NotLeader, Phase
 from cdc_outbox.ha.slot_invalidation import of_error as _invalidated
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.startup import check_before_run, check_kafka_config
+from cdc_outbox.store import relay_state, schema
+from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.relay_state import NotLeader, Phase
 
 logger = logging.getLogger(__name__)
 

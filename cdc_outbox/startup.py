@@ -25,12 +25,13 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.admin import bootstrap
-from cdc_outbox.admin.inspection import DatabaseState, inspect_database
-from cdc_outbox.admin.preflight import Check, evaluate_checks
-from cdc_outbox.admin.schema import POLLING_COLUMNS
+from cdc_outbox.admin.checks import Check
+from cdc_outbox.admin.preflight import evaluate_checks
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
+from cdc_outbox.store.inspection import DatabaseState, inspect_database
+from cdc_outbox.store.schema import POLLING_COLUMNS
 
 __all__ = ["LOG_EVERY_S", "check_before_run", "check_kafka_config"]
 

@@ -37,7 +37,6 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.history import History, trusted_below
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
@@ -52,6 +51,7 @@ from cdc_outbox.kafka.publisher import (
     TransactionFailed,
 )
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)

@@ -33,9 +33,9 @@ from collections import deque
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin.inspection import ColumnType, id_column_type
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.store.inspection import ColumnType, id_column_type
 
 logger = logging.getLogger(__name__)
 

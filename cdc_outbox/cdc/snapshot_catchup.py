@@ -32,12 +32,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
 
 from cdc_outbox.cdc import catch_up_order
+from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import parked_aggregates
@@ -46,10 +47,21 @@ from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
 
-if TYPE_CHECKING:
-    from cdc_outbox.cdc.eos import EosCommitter
-
 logger = logging.getLogger(__name__)
+
+
+class CatchUpCommitter(Protocol):
+    """What a catch-up needs of :class:`cdc_outbox.cdc.eos.EosCommitter` (which imports this
+    module, so it is named by shape, not imported)."""
+
+    def commit(self, catch_up_ids: list[str] | None = None) -> None: ...
+
+
+def _marker(delivery: Delivery) -> PublishedMarker | None:
+    """The published-marker the relay gave ``delivery`` (the only listener a catch-up sees)."""
+    marker = delivery.marker
+    assert marker is None or isinstance(marker, PublishedMarker)
+    return marker
 
 _FETCH = 1_000
 #: At least once: rows of the backlog unacknowledged, and acknowledged but unmarked, at most.
@@ -141,7 +153,7 @@ def publish_backlog(
     snapshot: str,
     delivery: Delivery,
     mapper: OutboxMapper,
-    eos: EosCommitter | None = None,
+    eos: CatchUpCommitter | None = None,
 ) -> int:
     """Publish every unpublished row visible in ``snapshot``; see the module contract."""
     backlog = _Backlog()
@@ -196,8 +208,9 @@ def publish_backlog(
             if eos is not None and ids:
                 _commit(delivery, backlog, eos, ids, marks, marking)
             marking.wait()
-            if eos is None and delivery.marker is not None:
-                while not delivery.marker.settle(0.1):  # all marked before streaming
+            marker = _marker(delivery)
+            if eos is None and marker is not None:
+                while not marker.settle(0.1):  # all marked before streaming
                     _check(delivery, backlog)
     except ProduceInterrupted as exc:
         _check(delivery, backlog)
@@ -226,7 +239,7 @@ def _settle(delivery: Delivery, backlog: _Backlog) -> None:
 def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
     """At least once: wait while more than ``UNMARKED_WINDOW`` rows are unacknowledged or
     acknowledged but unmarked (see the module contract)."""
-    marker = delivery.marker
+    marker = _marker(delivery)
     if marker is None:
         return
     if marker.unmarked >= UNMARKED_WINDOW // 2:
@@ -240,7 +253,7 @@ def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
 def _commit(
     delivery: Delivery,
     backlog: _Backlog,
-    eos: EosCommitter,
+    eos: CatchUpCommitter,
     ids: list[str],
     marks: psycopg.Connection[tuple[object, ...]],
     marking: _Marking,
@@ -300,7 +313,7 @@ def mark_published(
 ) -> int:
     """Mark (or delete, with ``cdc_mark_published = "delete"``) the still unpublished rows of
     ``ids``; idempotent. Returns the rows changed."""
-    from cdc_outbox.admin.inspection import id_column_type
+    from cdc_outbox.store.inspection import id_column_type
 
     if not ids:
         return 0

@@ -46,10 +46,10 @@ from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
-from cdc_outbox.ha.relay_state import NotLeader
 from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.polling import sql as polling_sql
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store.relay_state import NotLeader
 
 logger = logging.getLogger(__name__)
 

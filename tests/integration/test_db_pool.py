@@ -7,8 +7,8 @@ import threading
 import psycopg
 
 from cdc_outbox import db_pool, service
-from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.config import Settings
+from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 _SESSIONS = (

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, prepare
-from cdc_outbox.outbox_mapping import OutboxMapper, OutboxRecord
+from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.records import OutboxRecord
 from cdc_outbox.tracing import (
     current_span_context,
     format_span_context,
