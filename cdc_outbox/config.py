@@ -14,7 +14,6 @@ both are re-exported here.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -38,6 +37,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from cdc_outbox.cloudevents_mapping import CloudEventsMapper, check_settings, default_source
 from cdc_outbox.config_input import (
     ENV_ALLOWED,
     ENV_ALLOWED_PREFIXES,
@@ -259,7 +259,7 @@ class Settings(BaseSettings):
                 'value_format/key_format = "avro" needs schema_registry.url (schema ids'
                 " come from the registry)"
             )
-        _check_cloudevents(self)
+        check_settings(self.cloudevents, self.value_format, self.null_payload)
         if self.delivery == "exactly_once" and self.columns.preset != "default":
             raise ValueError(
                 'delivery = "exactly_once" needs the status columns of the default column preset'
@@ -310,8 +310,6 @@ class Settings(BaseSettings):
         }
         if self.cloudevents == "off":
             return OutboxMapper(*args, **kwargs)
-        from cdc_outbox.cloudevents_mapping import CloudEventsMapper, default_source
-
         dbname = conninfo_to_dict(self.postgres_dsn()).get("dbname") if self.dsn else None
         avro = self.value_format == "avro"
         return CloudEventsMapper(
@@ -359,27 +357,6 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
             yield name, (redact_dsn(self.postgres_dsn()) if name == "dsn" else value)
-
-
-def _check_cloudevents(s: Settings) -> None:
-    """CloudEvents combinations that make no sense, and a missing SDK (ValueError, one line)."""
-    if s.cloudevents == "off":
-        return
-    if importlib.util.find_spec("cloudevents") is None:
-        raise ValueError(
-            f"cloudevents = {s.cloudevents!r} needs the cloudevents SDK:"
-            " pip install 'cdc-outbox[cloudevents]'"
-        )
-    if s.cloudevents == "structured" and s.value_format == "avro":
-        raise ValueError(
-            'cloudevents = "structured" puts a JSON envelope in the value: it cannot be'
-            ' value_format = "avro" (use cloudevents = "binary")'
-        )
-    if s.cloudevents == "structured" and s.null_payload == "tombstone":
-        raise ValueError(
-            'cloudevents = "structured" never publishes a null value: null_payload ='
-            ' "tombstone" needs cloudevents = "binary" or "off"'
-        )
 
 
 # -- loading -------------------------------------------------------------------------------

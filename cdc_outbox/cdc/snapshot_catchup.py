@@ -63,6 +63,7 @@ def _marker(delivery: Delivery) -> PublishedMarker | None:
     assert marker is None or isinstance(marker, PublishedMarker)
     return marker
 
+
 _FETCH = 1_000
 #: At least once: rows of the backlog unacknowledged, and acknowledged but unmarked, at most.
 UNMARKED_WINDOW = 2_000

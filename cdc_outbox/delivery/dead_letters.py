@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 from cdc_outbox.records import DeadLetter
 
 _VALUE_IS_THE_PROBLEM = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE"})

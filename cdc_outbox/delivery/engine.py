@@ -56,13 +56,9 @@ from cdc_outbox.delivery.policy import (
 )
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
 from cdc_outbox.errors import topic_missing
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 from cdc_outbox.kafka.producer_config import eos_config
-from cdc_outbox.kafka.publisher import (
-    DeliveryFailure,
-    Headers,
-    KafkaPublisher,
-    ProducerFactory,
-)
+from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import KeysInFlight
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 from cdc_outbox.relay_stats import RelayStats
 
 __all__ = ["DeadLetterReport", "RecordReport", "ReportSink"]

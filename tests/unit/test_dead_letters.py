@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdc_outbox.delivery.dead_letters import dead_letter_record
-from cdc_outbox.kafka.publisher import DeliveryFailure
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure
 from cdc_outbox.records import DeadLetter
 
 
