@@ -46,6 +46,7 @@ from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
+from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class CatchUpFailed(CdcOutboxError):
 
 class _Backlog:
     """Outcome counter of the backlog's events (an
-    :class:`~cdc_outbox.delivery.engine.EventHandle`)."""
+    :class:`~cdc_outbox.delivery.outcomes.EventHandle`)."""
 
     __slots__ = ("error", "pending")
 
@@ -105,7 +106,7 @@ def backlog_query(
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     order = catch_up_order.order_by(settings, commit_timestamps)
     if settings.columns.preset != "default":
         # No status column: the table holds only unpublished rows (cdc_mark_published =
@@ -120,7 +121,7 @@ def backlog_query(
 
 def backlog_count_query(settings: Settings) -> sql.Composed:
     """One COUNT of the rows :func:`backlog_query` returns (the catch-up's progress total)."""
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     if settings.columns.preset != "default":
         return sql.SQL("SELECT count(*) FROM {}").format(table)
     return sql.SQL("SELECT count(*) FROM {} WHERE status IN ('PENDING', 'PROCESSING')").format(
@@ -318,7 +319,7 @@ def mark_published(
 
     if not ids:
         return 0
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     match = sql.SQL("{} = ANY(%s::text[]::{}) AND status IN ('PENDING', 'PROCESSING')").format(
         sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
     )

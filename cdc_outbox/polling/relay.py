@@ -61,7 +61,7 @@ def default_worker_id() -> str:
 
 
 class _Row:
-    """One claimed row, and the :class:`~cdc_outbox.delivery.engine.EventHandle` of its event."""
+    """One claimed row, and the :class:`~cdc_outbox.delivery.outcomes.EventHandle` of its event."""
 
     def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
         (
