@@ -82,6 +82,8 @@ class Delivery:
         failed_rows: FailedRows | None = None,
         transactional_id: str | None = None,
         producer_client: ProducerFactory | None = None,
+        interrupted: Callable[[], str | None] = lambda: None,
+        idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self._producer_client = producer_client
@@ -99,8 +101,8 @@ class Delivery:
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
         self.to_mark: list[DeadLetterReport] = []
-        self.interrupted: Callable[[], str | None] = lambda: None
-        self.idle: Callable[[], None] = lambda: None
+        self.interrupted = interrupted  # the produce loop's stop question (see the contract)
+        self.idle = idle  # called while the producer queue is full
         self._halt_policy = settings.on_permanent_error == "halt"
         self._max_bytes = settings.max_record_bytes
         self._fast_bytes = settings.max_record_bytes // 2

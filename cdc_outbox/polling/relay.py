@@ -365,9 +365,11 @@ class PollingRelay:
     def _require_delivery(self) -> Delivery:
         if self._delivery is None:
             self._delivery = Delivery(
-                self.settings, self.stats, failed_rows=FailedRows(self.settings)
+                self.settings,
+                self.stats,
+                failed_rows=FailedRows(self.settings),
+                interrupted=self._interrupted,
             )
-            self._delivery.interrupted = self._interrupted
         return self._delivery
 
     def _sleep(self, seconds: float) -> None:
