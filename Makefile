@@ -4,6 +4,7 @@
 #   make test-versions - the relay, fault and failover tests (VERSION_TESTS) on each of
 #                 PG_VERSIONS (CDC_OUTBOX_PG_VERSION; all run, non-zero exit if any failed)
 #   make lint   - ruff + mypy --strict + lint-imports (the layer contracts in pyproject.toml)
+#                 + scripts/import_cycles.py (no import cycle, function-level imports counted)
 #   make bench  - both benchmarks (relay vs raw slot drain; CDC vs polling), JSON in benchmarks/out
 VENV := .venv
 PYTEST_ARGS ?=
@@ -42,6 +43,7 @@ lint: bootstrap
 	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks examples
 	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev examples
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/python scripts/import_cycles.py
 
 bench: bootstrap
 	$(VENV)/bin/python -m benchmarks relay --events 100000 --txn-size 100 --json benchmarks/out/relay.json

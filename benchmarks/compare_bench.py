@@ -37,7 +37,8 @@ from benchmarks import compare_report
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import current_wal, services, setup
 from cdc_outbox.config import Settings
-from cdc_outbox.kafka.publisher import Headers, KafkaPublisher
+from cdc_outbox.kafka.delivery_failure import Headers
+from cdc_outbox.kafka.publisher import KafkaPublisher
 from cdc_outbox.outbox_mapping import ColumnNames
 from cdc_outbox.service import Service
 from cdc_outbox_dev import workload

@@ -28,7 +28,7 @@ _WHAT = ("serializer", "encode")
 
 
 def _records(n: int) -> list[Any]:
-    from cdc_outbox.outbox_mapping import OutboxRecord
+    from cdc_outbox.records import OutboxRecord
 
     out = []
     for i in range(n):

@@ -29,17 +29,17 @@ from psycopg import sql
 
 from benchmarks import avro_rounds
 from benchmarks.cpu import CpuMeter, process_cpu, thread_cpu, tree_cpu
-from cdc_outbox.admin.schema import (
+from cdc_outbox.cdc.replication_stream import ReplicationStream
+from cdc_outbox.config import Settings
+from cdc_outbox.kafka.publisher import KafkaPublisher
+from cdc_outbox.pgwire.walproto import Keepalive
+from cdc_outbox.service import Service
+from cdc_outbox.store.schema import (
     outbox_table_ddl,
     publication_ddl,
     relay_state_ddl,
     relay_state_ident,
 )
-from cdc_outbox.cdc.replication_stream import ReplicationStream
-from cdc_outbox.cdc.walproto import Keepalive
-from cdc_outbox.config import Settings
-from cdc_outbox.kafka.publisher import KafkaPublisher
-from cdc_outbox.service import Service
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 from cdc_outbox_dev.sandbox.kafka import LocalKafka

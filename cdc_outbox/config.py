@@ -38,6 +38,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from cdc_outbox.cloudevents_mapping import CloudEventsMapper, check_settings, default_source
 from cdc_outbox.config_input import (
     ENV_ALLOWED,
     ENV_ALLOWED_PREFIXES,
@@ -45,6 +46,7 @@ from cdc_outbox.config_input import (
     check_env,
     check_toml,
     describe,
+    parse_standby_names,
 )
 from cdc_outbox.config_models import (
     COLUMN_PRESETS,
@@ -200,8 +202,6 @@ class Settings(BaseSettings):
     @field_validator("wait_for_standbys")
     @classmethod
     def _standbys(cls, v: str) -> str:
-        from cdc_outbox.cdc.standby_wait import parse_standby_names
-
         v = v.strip()
         if v:
             parse_standby_names(v)
@@ -262,7 +262,7 @@ class Settings(BaseSettings):
                 'value_format/key_format = "avro" needs schema_registry.url (schema ids'
                 " come from the registry)"
             )
-        _check_cloudevents(self)
+        check_settings(self.cloudevents, self.value_format, self.null_payload)
         if self.tracing_relay_span and self.columns.tracing_span_context is None:
             raise ValueError("tracing_relay_span needs columns.tracing_span_context (the trace"
                              " context the relay span continues)")  # fmt: skip
@@ -319,8 +319,6 @@ class Settings(BaseSettings):
         }
         if self.cloudevents == "off":
             return OutboxMapper(*args, **kwargs)
-        from cdc_outbox.cloudevents_mapping import CloudEventsMapper, default_source
-
         dbname = conninfo_to_dict(self.postgres_dsn()).get("dbname") if self.dsn else None
         avro = self.value_format == "avro"
         return CloudEventsMapper(
@@ -369,27 +367,6 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
             yield name, (redact_dsn(self.postgres_dsn()) if name == "dsn" else value)
-
-
-def _check_cloudevents(s: Settings) -> None:
-    """CloudEvents combinations that make no sense, and a missing SDK (ValueError, one line)."""
-    if s.cloudevents == "off":
-        return
-    if importlib.util.find_spec("cloudevents") is None:
-        raise ValueError(
-            f"cloudevents = {s.cloudevents!r} needs the cloudevents SDK:"
-            " pip install 'cdc-outbox[cloudevents]'"
-        )
-    if s.cloudevents == "structured" and s.value_format == "avro":
-        raise ValueError(
-            'cloudevents = "structured" puts a JSON envelope in the value: it cannot be'
-            ' value_format = "avro" (use cloudevents = "binary")'
-        )
-    if s.cloudevents == "structured" and s.null_payload == "tombstone":
-        raise ValueError(
-            'cloudevents = "structured" never publishes a null value: null_payload ='
-            ' "tombstone" needs cloudevents = "binary" or "off"'
-        )
 
 
 # -- loading -------------------------------------------------------------------------------

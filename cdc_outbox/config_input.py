@@ -25,6 +25,7 @@ __all__ = [
     "check_env",
     "check_toml",
     "describe",
+    "parse_standby_names",
 ]
 
 ENV_PREFIX = "CDC_OUTBOX_"
@@ -142,3 +143,15 @@ def _describe_one(err: Any) -> str:
     if kind in _PLAIN_TYPES:
         return f"config: {loc} {_PLAIN_TYPES[kind]}"
     return f"config: {loc}: {err['msg']}"
+
+
+def parse_standby_names(value: str) -> frozenset[str] | None:
+    """``"a, b"`` -> ``{"a", "b"}``; ``"*"`` -> ``None`` (any standby). Empty names refused."""
+    names = [n.strip() for n in value.split(",")]
+    if names == ["*"]:
+        return None
+    if any(not n or n == "*" for n in names):
+        raise ValueError(
+            f"wait_for_standbys {value!r}: give comma-separated application_names, or *"
+        )
+    return frozenset(names)

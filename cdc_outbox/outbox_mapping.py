@@ -31,24 +31,23 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdc_outbox.cdc.pgoutput import (
+from cdc_outbox.errors import ConfigError, DecodeError
+from cdc_outbox.outbox_headers import parse_headers_json
+from cdc_outbox.pgwire.pgoutput import (
     UNCHANGED_TOAST,
     ColumnValue,
     Relation,
     RelationColumn,
     TupleData,
 )
-from cdc_outbox.errors import ConfigError, DecodeError
-from cdc_outbox.outbox_headers import parse_headers_json
+from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.tracing import span_context_headers
 
 __all__ = [
     "DEBEZIUM_COLUMNS",
     "DEFAULT_COLUMNS",
     "ColumnNames",
-    "DeadLetter",
     "OutboxMapper",
-    "OutboxRecord",
     "is_legal_topic",
 ]
 
@@ -89,25 +88,6 @@ DEFAULT_COLUMNS = ColumnNames(
     "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"
 )
 DEBEZIUM_COLUMNS = ColumnNames("id", "aggregatetype", "aggregateid", "type", "payload", None)
-
-
-@dataclass(slots=True)
-class OutboxRecord:
-    topic: str
-    key: bytes
-    value: bytes | None  # None: a tombstone (only from a mapper with tombstones=True)
-    headers: list[tuple[str, bytes]]
-    event_id: str
-
-
-@dataclass(slots=True)
-class DeadLetter:
-    reason: str
-    event_id: str | None
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    intended_topic: str | None
 
 
 _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})

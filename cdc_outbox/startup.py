@@ -25,12 +25,13 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.admin import bootstrap
-from cdc_outbox.admin.inspection import DatabaseState, inspect_database
-from cdc_outbox.admin.preflight import Check, evaluate_checks
-from cdc_outbox.admin.schema import POLLING_COLUMNS
+from cdc_outbox.admin.checks import Check
+from cdc_outbox.admin.preflight import evaluate_checks
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
+from cdc_outbox.store.inspection import DatabaseState, inspect_database
+from cdc_outbox.store.schema import POLLING_COLUMNS, outbox_ident
 
 __all__ = ["LOG_EVERY_S", "check_before_run", "check_kafka_config"]
 
@@ -108,7 +109,7 @@ def _table_name(settings: Settings) -> str:
 
 def _table_privileges(conn: psycopg.Connection[tuple[object, ...]], settings: Settings
                       ) -> dict[str, bool]:  # fmt: skip
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table).as_string(conn)
+    table = outbox_ident(settings).as_string(conn)
     names = _needed_privileges(settings)
     row = conn.execute(
         sql.SQL("SELECT {}").format(

@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from cdc_outbox.kafka.publisher import Headers
+from cdc_outbox.kafka.delivery_failure import Headers
 
 __all__ = ["ConsumedRecord", "count_records", "read_topics"]
 

@@ -1,1 +1,1 @@
-"""Set-up and inspection: preflight, init/status/drop, DDL, operator actions."""
+"""Operator commands: preflight, init/status/drop, outbox operations."""

@@ -3,7 +3,7 @@
 - :func:`preflight` inspects the server and returns :class:`Check` rows (never raises for a
   failed check); ``init`` raises :class:`PreflightFailed` (exit 3) if any check failed.
   Checks live in :mod:`cdc_outbox.admin.preflight`, catalog queries in
-  :mod:`cdc_outbox.admin.inspection`; both are re-exported here.
+  :mod:`cdc_outbox.store.inspection`; both are re-exported here.
 - :func:`init` creates what is missing - the outbox table (only with ``create_table``), a
   publication of the outbox's inserts, a ``pgoutput`` logical slot - and nothing else. An
   existing publication that differs (other tables, other operations) is a failed check, never
@@ -25,18 +25,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox.admin import schema
+from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.failover_checks import standby_failover_checks
-from cdc_outbox.admin.inspection import (
-    Conn,
-    PublicationStatus,
-    SlotStatus,
-    inspect_database,
-    inspect_standby,
-)
 from cdc_outbox.admin.preflight import (
     MIN_SERVER_VERSION,
-    Check,
     PreflightFailed,
     evaluate_checks,
     preflight,
@@ -44,15 +36,21 @@ from cdc_outbox.admin.preflight import (
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, PreflightError
-from cdc_outbox.ha import relay_state
 from cdc_outbox.ha.leadership_rules import application_name
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.redaction import redact_dsn
+from cdc_outbox.store import relay_state, schema
+from cdc_outbox.store.inspection import (
+    Conn,
+    PublicationStatus,
+    SlotStatus,
+    inspect_database,
+    inspect_standby,
+)
 
 __all__ = [
     "MIN_SERVER_VERSION",
     "Action",
-    "Check",
     "Conn",
     "DatabaseUnavailable",
     "DropReport",

@@ -1,6 +1,6 @@
 """Is the cluster set up for failover slots (PostgreSQL 17+)? Pure: no I/O.
 
-Inputs are the setting values read from the servers (:mod:`cdc_outbox.admin.inspection`);
+Inputs are the setting values read from the servers (:mod:`cdc_outbox.store.inspection`);
 outputs are preflight :class:`~cdc_outbox.admin.preflight.Check` rows. A cluster not set
 up for failover slots still runs the relay (after a failover it recreates the slot and catches
 up), so on the primary an unset value is a ``warning``, never a failed check. On a standby
@@ -20,9 +20,9 @@ from __future__ import annotations
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox.admin.inspection import StandbyState
-from cdc_outbox.admin.preflight import Check
-from cdc_outbox.admin.schema import FAILOVER_SLOTS_VERSION
+from cdc_outbox.admin.checks import Check
+from cdc_outbox.store.inspection import StandbyState
+from cdc_outbox.store.schema import FAILOVER_SLOTS_VERSION
 
 __all__ = ["primary_failover_checks", "standby_failover_checks"]
 

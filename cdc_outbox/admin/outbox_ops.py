@@ -24,6 +24,7 @@ from psycopg import sql
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.redrive import redrive_aggregates
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.store.schema import outbox_ident
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -117,7 +118,7 @@ def _matching(settings: Settings, flt: RedriveFilter) -> tuple[sql.Composed, dic
         params["until"] = flt.until
     query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY created_at").format(
         sql.Identifier(cols.id),
-        sql.Identifier(settings.outbox_schema, settings.outbox_table),
+        outbox_ident(settings),
         sql.SQL(" AND ").join(conds),
     )
     if flt.limit is not None:
@@ -138,7 +139,7 @@ def failed_rows(settings: Settings, flt: RedriveFilter, sample: int = 20) -> lis
         id=sql.Identifier(cols.id),
         agg=sql.Identifier(cols.aggregate_id),
         et=sql.Identifier(cols.event_type),
-        t=sql.Identifier(settings.outbox_schema, settings.outbox_table),
+        t=outbox_ident(settings),
         matching=matching,
     )
     with psycopg.connect(settings.postgres_dsn()) as conn:
@@ -155,7 +156,7 @@ def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) ->
     cols = settings.column_names()
     aggregates_of = sql.SQL("SELECT DISTINCT {agg} FROM {t} WHERE {id} IN ({matching})").format(
         agg=sql.Identifier(cols.aggregate_id),
-        t=sql.Identifier(settings.outbox_schema, settings.outbox_table),
+        t=outbox_ident(settings),
         id=sql.Identifier(cols.id),
         matching=matching,
     )
@@ -164,7 +165,7 @@ def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) ->
         if dry_run:
             row = conn.execute(
                 sql.SQL("SELECT count(*) FROM {} WHERE status = 'FAILED' AND {} = ANY(%s)").format(
-                    sql.Identifier(settings.outbox_schema, settings.outbox_table),
+                    outbox_ident(settings),
                     sql.Identifier(cols.aggregate_id),
                 ),
                 (aggregates,),
@@ -185,7 +186,7 @@ def cleanup(
     _require_polling_columns(settings, "cleanup")
     if batch_size <= 0:
         raise ConfigError("cleanup --batch-size must be > 0")
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     id_col = sql.Identifier(settings.columns.id)
     old = sql.SQL("status = 'PUBLISHED' AND published_at < %(cutoff)s")
     with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:

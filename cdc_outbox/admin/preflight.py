@@ -6,30 +6,18 @@ failed check); ``init`` raises :class:`PreflightFailed` (exit 3) if any check fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from cdc_outbox.admin.inspection import Conn, DatabaseState, inspect_database
+from cdc_outbox.admin.checks import Check
+from cdc_outbox.admin.failover_checks import primary_failover_checks
 from cdc_outbox.cdc.catch_up_order import order_key
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import PreflightError
+from cdc_outbox.store.inspection import Conn, DatabaseState, inspect_database
 
-__all__ = ["MIN_SERVER_VERSION", "Check", "PreflightFailed", "evaluate_checks", "preflight"]
+__all__ = ["MIN_SERVER_VERSION", "PreflightFailed", "evaluate_checks", "preflight"]
 
 #: PostgreSQL 15: returning to CDC creates the slot with CREATE_REPLICATION_SLOT ... (SNAPSHOT
 #: 'export'), the option syntax PostgreSQL 15 introduced.
 MIN_SERVER_VERSION = 150000
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One preflight result; ``fix`` says what to do when ``ok`` is false or ``warning`` is
-    set (passed, but worth changing: ``init`` logs it as a WARNING)."""
-
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    warning: bool = False
 
 
 class PreflightFailed(PreflightError):
@@ -106,8 +94,6 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
                              " `cdc-outbox sql outbox` prints"))  # fmt: skip
     checks.append(_publication_check(st, settings, table))
     checks.append(_slot_check(st, settings))
-    from cdc_outbox.admin.failover_checks import primary_failover_checks  # imports Check
-
     checks += primary_failover_checks(
         st.version_num, st.synchronized_standby_slots, st.slot_failover
     )

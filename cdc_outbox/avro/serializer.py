@@ -43,7 +43,7 @@ from cdc_outbox.avro.wire import (
 )
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import OutboxRecord
+from cdc_outbox.records import OutboxRecord
 
 __all__ = ["AvroSerializer", "EncodeProblem", "LocalSchema", "load_schemas_dir"]
 

@@ -1,1 +1,1 @@
-"""CDC streaming: replication stream -> pgoutput decoder -> relay -> ack tracker/checkpoint."""
+"""CDC streaming: replication stream -> pgoutput (pgwire/) -> relay -> ack tracker, checkpoint."""

@@ -6,7 +6,7 @@ gives a bound (exactly-once: nothing past the last Kafka commit); written >= flu
 Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also
 while Kafka is down) and, at most five times a second, when the confirmed position
 advanced (a smaller unconfirmed window means fewer duplicates after a crash). A position is
-handed to ``keep`` (the relay: :func:`cdc_outbox.ha.relay_state.keep_position`) before it is
+handed to ``keep`` (the relay: :func:`cdc_outbox.store.relay_state.keep_position`) before it is
 first sent, so it survives a PostgreSQL crash, which may take the slot's own back; while
 ``keep`` answers False the position is not sent (persisted before it takes effect). With a
 published-marker (``marker``), a position is confirmed only once every event up to it is

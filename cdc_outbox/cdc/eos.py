@@ -37,7 +37,6 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.history import History, trusted_below
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
@@ -45,13 +44,10 @@ from cdc_outbox.crash_points import crash_during, crash_point
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.eos_batch import EosBatch
 from cdc_outbox.kafka import checkpoints
-from cdc_outbox.kafka.publisher import (
-    DeliveryFailure,
-    Headers,
-    ProduceInterrupted,
-    TransactionFailed,
-)
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
+from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)

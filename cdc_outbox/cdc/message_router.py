@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 
-from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter
@@ -27,6 +26,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)

@@ -33,9 +33,10 @@ from collections import deque
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin.inspection import ColumnType, id_column_type
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.store.inspection import ColumnType, id_column_type
+from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
     """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
 
     Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     if id_type.is_uuid:
         ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
     else:

@@ -45,15 +45,15 @@ from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
-from cdc_outbox.cdc.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
-from cdc_outbox.ha.relay_state import NotLeader, keep_position, kept_position
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position
 
 logger = logging.getLogger(__name__)
 

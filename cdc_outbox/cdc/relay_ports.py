@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdc_outbox.cdc.history import History
-from cdc_outbox.cdc.walproto import Keepalive, XLogData
-from cdc_outbox.ha.relay_state import KeepOutcome
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
+from cdc_outbox.pgwire.walproto import Keepalive, XLogData
+from cdc_outbox.store.relay_state import KeepOutcome
 
 __all__ = ["RelayPorts", "ReplicationPort"]
 
@@ -56,8 +56,8 @@ class RelayPorts:
     stream: ReplicationPort | None = None
     producer_client: ProducerFactory | None = None
     checkpoints: CheckpointStore | None = None
-    #: The state table's kept confirmed position (:func:`~cdc_outbox.ha.relay_state.
-    #: kept_position`) and how to raise it (:func:`~cdc_outbox.ha.relay_state.keep_position`,
+    #: The state table's kept confirmed position (:func:`~cdc_outbox.store.relay_state.
+    #: kept_position`) and how to raise it (:func:`~cdc_outbox.store.relay_state.keep_position`,
     #: whose outcome says whether the confirmation may go out).
     kept: Callable[[], int] | None = None
     keep: Callable[[int], KeepOutcome] | None = None

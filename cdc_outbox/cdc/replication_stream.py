@@ -23,11 +23,11 @@ from typing import NoReturn
 
 from psycopg import conninfo, pq, sql
 
-from cdc_outbox.admin.schema import slot_failover
 from cdc_outbox.cdc.history import History, parse_timeline_history
-from cdc_outbox.cdc.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
+from cdc_outbox.store.schema import slot_failover
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class ReplicationStream:
         return None if data is None else parse_copy_data(data)
 
     def read_raw(self, timeout: float) -> memoryview | None:
-        """Next CopyData message unparsed (see :mod:`cdc_outbox.cdc.walproto`), or ``None``."""
+        """Next CopyData message unparsed (see :mod:`cdc_outbox.pgwire.walproto`), or ``None``."""
         conn = self._require()
         nbytes, data = conn.get_copy_data(1)
         if nbytes == 0:

@@ -32,12 +32,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
 
 from cdc_outbox.cdc import catch_up_order
+from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import parked_aggregates
@@ -45,11 +46,24 @@ from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
-
-if TYPE_CHECKING:
-    from cdc_outbox.cdc.eos import EosCommitter
+from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
+
+
+class CatchUpCommitter(Protocol):
+    """What a catch-up needs of :class:`cdc_outbox.cdc.eos.EosCommitter` (which imports this
+    module, so it is named by shape, not imported)."""
+
+    def commit(self, catch_up_ids: list[str] | None = None) -> None: ...
+
+
+def _marker(delivery: Delivery) -> PublishedMarker | None:
+    """The published-marker the relay gave ``delivery`` (the only listener a catch-up sees)."""
+    marker = delivery.marker
+    assert marker is None or isinstance(marker, PublishedMarker)
+    return marker
+
 
 _FETCH = 1_000
 #: At least once: rows of the backlog unacknowledged, and acknowledged but unmarked, at most.
@@ -65,7 +79,7 @@ class CatchUpFailed(CdcOutboxError):
 
 class _Backlog:
     """Outcome counter of the backlog's events (an
-    :class:`~cdc_outbox.delivery.engine.EventHandle`)."""
+    :class:`~cdc_outbox.delivery.outcomes.EventHandle`)."""
 
     __slots__ = ("error", "pending")
 
@@ -92,7 +106,7 @@ def backlog_query(
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     order = catch_up_order.order_by(settings, commit_timestamps)
     if settings.columns.preset != "default":
         # No status column: the table holds only unpublished rows (cdc_mark_published =
@@ -107,7 +121,7 @@ def backlog_query(
 
 def backlog_count_query(settings: Settings) -> sql.Composed:
     """One COUNT of the rows :func:`backlog_query` returns (the catch-up's progress total)."""
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     if settings.columns.preset != "default":
         return sql.SQL("SELECT count(*) FROM {}").format(table)
     return sql.SQL("SELECT count(*) FROM {} WHERE status IN ('PENDING', 'PROCESSING')").format(
@@ -142,7 +156,7 @@ def publish_backlog(
     snapshot: str,
     delivery: Delivery,
     mapper: OutboxMapper,
-    eos: EosCommitter | None = None,
+    eos: CatchUpCommitter | None = None,
 ) -> int:
     """Publish every unpublished row visible in ``snapshot``; see the module contract."""
     backlog = _Backlog()
@@ -197,8 +211,9 @@ def publish_backlog(
             if eos is not None and ids:
                 _commit(delivery, backlog, eos, ids, marks, marking)
             marking.wait()
-            if eos is None and delivery.marker is not None:
-                while not delivery.marker.settle(0.1):  # all marked before streaming
+            marker = _marker(delivery)
+            if eos is None and marker is not None:
+                while not marker.settle(0.1):  # all marked before streaming
                     _check(delivery, backlog)
     except ProduceInterrupted as exc:
         _check(delivery, backlog)
@@ -229,7 +244,7 @@ def _settle(delivery: Delivery, backlog: _Backlog) -> None:
 def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
     """At least once: wait while more than ``UNMARKED_WINDOW`` rows are unacknowledged or
     acknowledged but unmarked (see the module contract)."""
-    marker = delivery.marker
+    marker = _marker(delivery)
     if marker is None:
         return
     if marker.unmarked >= UNMARKED_WINDOW // 2:
@@ -243,7 +258,7 @@ def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
 def _commit(
     delivery: Delivery,
     backlog: _Backlog,
-    eos: EosCommitter,
+    eos: CatchUpCommitter,
     ids: list[str],
     marks: psycopg.Connection[tuple[object, ...]],
     marking: _Marking,
@@ -303,11 +318,11 @@ def mark_published(
 ) -> int:
     """Mark (or delete, with ``cdc_mark_published = "delete"``) the still unpublished rows of
     ``ids``; idempotent. Returns the rows changed."""
-    from cdc_outbox.admin.inspection import id_column_type
+    from cdc_outbox.store.inspection import id_column_type
 
     if not ids:
         return 0
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    table = outbox_ident(settings)
     match = sql.SQL("{} = ANY(%s::text[]::{}) AND status IN ('PENDING', 'PROCESSING')").format(
         sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
     )

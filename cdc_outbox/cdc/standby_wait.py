@@ -25,13 +25,14 @@ from collections import deque
 
 import psycopg
 
-from cdc_outbox.cdc import pgoutput
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.relay_ports import ReplicationPort
 from cdc_outbox.cdc.standby_gate import StandbyGate, release_point
-from cdc_outbox.cdc.walproto import XLOG_HEADER_SIZE, Keepalive, XLogData, parse_copy_data
 from cdc_outbox.config import Settings
+from cdc_outbox.config_input import parse_standby_names
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.pgwire import pgoutput
+from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, XLogData, parse_copy_data
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
@@ -45,18 +46,6 @@ _QUERY = (
     " FROM pg_stat_replication r JOIN pg_stat_activity a ON a.pid = r.pid"
     " WHERE a.datname IS NULL AND r.flush_lsn IS NOT NULL"
 )
-
-
-def parse_standby_names(value: str) -> frozenset[str] | None:
-    """``"a, b"`` -> ``{"a", "b"}``; ``"*"`` -> ``None`` (any standby). Empty names refused."""
-    names = [n.strip() for n in value.split(",")]
-    if names == ["*"]:
-        return None
-    if any(not n or n == "*" for n in names):
-        raise ValueError(
-            f"wait_for_standbys {value!r}: give comma-separated application_names, or *"
-        )
-    return frozenset(names)
 
 
 class StandbyPoller:

@@ -1,5 +1,5 @@
 """The outcome handle of one streamed transaction (a
-:class:`~cdc_outbox.delivery.engine.EventHandle`).
+:class:`~cdc_outbox.delivery.outcomes.EventHandle`).
 
 Every event of the transaction reports to the :class:`~cdc_outbox.cdc.ack_tracker.AckTracker` of
 its streaming session when it is published or durably dead-lettered; the handle also times

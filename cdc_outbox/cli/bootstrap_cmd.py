@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from cdc_outbox.admin import bootstrap
-from cdc_outbox.admin.bootstrap import Check
+from cdc_outbox.admin.checks import Check
 from cdc_outbox.cli.common import print_json, settings_from, stdout
 from cdc_outbox.errors import ConfigError
 

@@ -33,7 +33,7 @@ def print_sql(
 ) -> None:
     """Print the DDL of the outbox table (and the relay's state table), the consumer's
     processed-events tables, or the relay role's grants; needs no database."""
-    from cdc_outbox.admin import schema
+    from cdc_outbox.store import schema
 
     # No connection is made, so no dsn is needed: a placeholder stands in for it.
     global_options(ctx).overrides["dsn"] = "dbname=unused"

@@ -32,11 +32,11 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from cdc_outbox.consumer.events import DecodeUnavailable, Event
+from cdc_outbox.consumer.event_types import DecodeUnavailable, Event
 from cdc_outbox.consumer.metrics import ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
-from cdc_outbox.consumer.store import ConsumerStore
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
+from cdc_outbox.store.processed_events import ConsumerStore
 from cdc_outbox.tracing import handler_span
 
 logger = logging.getLogger("cdc_outbox.consumer.loop")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-from cdc_outbox.consumer.events import BadRecord, Event, ValueDecoder, text_of
+from cdc_outbox.consumer.event_types import BadRecord, Event, ValueDecoder, text_of
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
 

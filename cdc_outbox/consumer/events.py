@@ -1,4 +1,4 @@
-"""What a handler receives (:class:`Event`) and how records become events (pure, no I/O).
+"""How Kafka records become events (:class:`~cdc_outbox.consumer.event_types.Event`); pure.
 
 The value decoder is a seam: :func:`decoder_for` maps the ``value_format`` setting to a
 function ``RawRecord -> payload``: ``"json"`` (:func:`json_value`) or ``"avro"`` (the
@@ -12,50 +12,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from cdc_outbox.config_models import SchemaRegistrySettings
+from cdc_outbox.consumer.event_types import BadRecord, Event, ValueDecoder, text_of
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
 
-__all__ = [
-    "BadRecord",
-    "DecodeUnavailable",
-    "Event",
-    "ValueDecoder",
-    "decoder_for",
-    "event_of",
-    "json_value",
-    "text_of",
-]
-
-ValueDecoder = Callable[[RawRecord], Any]
-
-
-class BadRecord(Exception):
-    """The record cannot be handled, ever (no event id, undecodable value)."""
-
-
-class DecodeUnavailable(Exception):
-    """The decoder cannot work now (e.g. the schema registry is down): try again later."""
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One outbox event as read from Kafka; ``payload`` is the decoded value (None for a
-    tombstone), ``aggregate_id`` the record key."""
-
-    event_id: uuid.UUID
-    aggregate_type: str | None
-    aggregate_id: str | None
-    event_type: str | None
-    payload: Any
-    headers: dict[str, bytes | None]
-    topic: str
-    partition: int
-    offset: int
+__all__ = ["decoder_for", "event_of", "json_value"]
 
 
 def json_value(record: RawRecord) -> Any:
@@ -80,15 +44,6 @@ def decoder_for(value_format: str, registry: SchemaRegistrySettings | None = Non
 
         return AvroValues(registry)
     raise ConfigError(f"consumer: value_format {value_format!r} is not supported")
-
-
-def text_of(data: bytes | None) -> str | None:
-    if data is None:
-        return None
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return None
 
 
 def _event_id(headers: dict[str, bytes | None]) -> uuid.UUID:

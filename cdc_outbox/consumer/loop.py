@@ -48,18 +48,12 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer.apply import INFRA_ERRORS, Applier, CommitFailed, HandlerFailed, Item
-from cdc_outbox.consumer.events import (
-    BadRecord,
-    DecodeUnavailable,
-    Event,
-    ValueDecoder,
-    decoder_for,
-    event_of,
-)
+from cdc_outbox.consumer.event_types import BadRecord, DecodeUnavailable, Event, ValueDecoder
+from cdc_outbox.consumer.events import decoder_for, event_of
 from cdc_outbox.consumer.metrics import ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings
-from cdc_outbox.consumer.store import ConsumerStore
 from cdc_outbox.kafka.consumer import DeadLetterSender, KafkaSource, RawRecord
+from cdc_outbox.store.processed_events import ConsumerStore
 
 logger = logging.getLogger(__name__)
 

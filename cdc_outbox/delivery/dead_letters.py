@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
-from cdc_outbox.outbox_mapping import DeadLetter
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
+from cdc_outbox.records import DeadLetter
 
 _VALUE_IS_THE_PROBLEM = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE"})
 

@@ -2,7 +2,7 @@
 
 CDC streaming, the snapshot catch-up and the polling relay all hand their mapped events to
 :meth:`Delivery.submit` with an :class:`EventHandle`, and call :meth:`Delivery.service` from
-their loop. Contract:
+their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`):
 
 - ``handle.published(topic)`` once Kafka acknowledged the event's record.
 - ``handle.dead_lettered()`` once the event was dead-lettered *durably*: its dead-letter record
@@ -28,9 +28,9 @@ Exactly-once (``delivery = "exactly_once"``): the producer is transactional and 
 dead letters included, goes into the open Kafka transaction; outcomes then mean "written in
 the transaction". The mode waits until nothing is :attr:`busy` (so dead-lettered rows are
 already FAILED in PostgreSQL), then commits (:mod:`cdc_outbox.cdc.eos`) and calls
-:meth:`committed`: only then are ids handed to the published-marker. Any failure aborts
-(:meth:`abandon`): a record the broker rejected is remembered and dead-lettered up front
-when it is re-sent.
+:meth:`committed`: only then are ids handed to the ``marker`` (a ``PublishListener``). Any
+failure aborts (:meth:`abandon`): a record the broker rejected is remembered and
+dead-lettered up front when it is re-sent.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import psycopg
 
-from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.dead_letters import dead_letter_record
 from cdc_outbox.delivery.failed_rows import FailedRows
+from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
     FailureAction,
     KeysInFlight,
@@ -58,15 +58,10 @@ from cdc_outbox.delivery.policy import (
 )
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
 from cdc_outbox.errors import topic_missing
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener, Headers
 from cdc_outbox.kafka.producer_config import eos_config
-from cdc_outbox.kafka.publisher import (
-    DeliveryFailure,
-    DeliveryListener,
-    Headers,
-    KafkaPublisher,
-    ProducerFactory,
-)
-from cdc_outbox.outbox_mapping import DeadLetter, OutboxRecord
+from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
+from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.tracing import RelaySpans
 
@@ -78,16 +73,6 @@ logger = logging.getLogger(__name__)
 _MARK_RETRY_S = 1.0
 
 
-class EventHandle(Protocol):
-    """How a mode learns the outcome of one submitted event."""
-
-    def published(self, topic: str) -> None: ...
-
-    def dead_lettered(self) -> None: ...
-
-    def retry(self, reason: str) -> None: ...
-
-
 class Delivery:
     """The producer plus the delivery policy for one relay (see the module contract)."""
 
@@ -96,10 +81,12 @@ class Delivery:
         settings: Settings,
         stats: RelayStats,
         *,
-        marker: PublishedMarker | None = None,
+        marker: PublishListener | None = None,
         failed_rows: FailedRows | None = None,
         transactional_id: str | None = None,
         producer_client: ProducerFactory | None = None,
+        interrupted: Callable[[], str | None] = lambda: None,
+        idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self._producer_client = producer_client
@@ -117,8 +104,8 @@ class Delivery:
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
         self.to_mark: list[DeadLetterReport] = []
-        self.interrupted: Callable[[], str | None] = lambda: None
-        self.idle: Callable[[], None] = lambda: None
+        self.interrupted = interrupted  # the produce loop's stop question (see the contract)
+        self.idle = idle  # called while the producer queue is full
         self._halt_policy = settings.on_permanent_error == "halt"
         self._max_bytes = settings.max_record_bytes
         self._fast_bytes = settings.max_record_bytes // 2

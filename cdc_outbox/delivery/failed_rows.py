@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin import schema
-from cdc_outbox.admin.inspection import id_column_type
 from cdc_outbox.config import Settings
+from cdc_outbox.store import schema
+from cdc_outbox.store.inspection import id_column_type
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 
 __all__ = [
     "FailureAction",

@@ -27,8 +27,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
+from cdc_outbox.store import schema
 
 __all__ = [
     "REDRIVE_MESSAGE_PREFIX",

@@ -13,14 +13,33 @@ A report from an earlier session (``epoch``) is ignored: those records are re-se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers
+from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
+from cdc_outbox.delivery.policy import KeysInFlight
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
+from cdc_outbox.relay_stats import RelayStats
 
-if TYPE_CHECKING:
-    from cdc_outbox.delivery.engine import Delivery, EventHandle
+__all__ = ["DeadLetterReport", "RecordReport", "ReportSink"]
 
-__all__ = ["DeadLetterReport", "RecordReport"]
+
+class ReportSink(Protocol):
+    """What a report updates: the state of :class:`~cdc_outbox.delivery.engine.Delivery`."""
+
+    epoch: int
+    eos: bool
+    keys: KeysInFlight
+    stats: RelayStats
+    marker: PublishListener | None
+    marks: list[bytes]
+    dead_in_flight: int
+    to_mark: list[DeadLetterReport]
+
+    def record_failed(self, sent: RecordReport, failure: DeliveryFailure) -> None: ...
+
+    def halt(self, reason: str) -> None: ...
+
+    def restart(self, reason: str, failure: DeliveryFailure | None = None) -> None: ...
 
 
 class RecordReport:
@@ -28,7 +47,9 @@ class RecordReport:
 
     __slots__ = ("delivery", "epoch", "event_id", "handle", "key")
 
-    def __init__(self, delivery: Delivery, handle: EventHandle, key: bytes, event_id: str) -> None:
+    def __init__(
+        self, delivery: ReportSink, handle: EventHandle, key: bytes, event_id: str
+    ) -> None:
         self.delivery = delivery
         self.handle = handle
         self.key = key
@@ -60,7 +81,12 @@ class DeadLetterReport:
     __slots__ = ("delivery", "epoch", "event_id", "handle", "intended_topic", "reason")
 
     def __init__(
-        self, delivery: Delivery, handle: EventHandle, event_id: str | None, reason: str, topic: str
+        self,
+        delivery: ReportSink,
+        handle: EventHandle,
+        event_id: str | None,
+        reason: str,
+        topic: str,
     ) -> None:
         self.delivery = delivery
         self.handle = handle

@@ -21,10 +21,10 @@ instead of dropping it for a catch-up.
 
 from __future__ import annotations
 
-from cdc_outbox.admin.inspection import SlotStatus
-from cdc_outbox.ha.relay_state import Phase, RelayState
 from cdc_outbox.ha.slot_invalidation import of_slot_status
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.relay_state import Phase, RelayState
 
 __all__ = ["catch_up_reason"]
 

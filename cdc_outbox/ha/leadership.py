@@ -32,7 +32,6 @@ import psycopg
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, raise_if_cannot_heal
 from cdc_outbox.ha.leadership_rules import (
@@ -41,6 +40,7 @@ from cdc_outbox.ha.leadership_rules import (
     holder_is_stuck,
     lock_namespace,
 )
+from cdc_outbox.store import schema
 
 __all__ = ["Leadership"]
 

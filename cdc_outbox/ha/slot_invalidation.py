@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdc_outbox.admin.inspection import SlotStatus
+from cdc_outbox.store.inspection import SlotStatus
 
 __all__ = ["REASONS", "Invalidation", "of_error", "of_slot", "of_slot_status"]
 

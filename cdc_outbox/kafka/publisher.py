@@ -13,7 +13,8 @@ Contract:
   into a fatal error, so nothing produced after a failed record is written.
 - A record counts as delivered only when its delivery report arrives without error; the
   listener bound to it is then told ``delivered()``. Every failure reaches ``failed()`` with a
-  :class:`DeliveryFailure` whose ``kind`` is the one classification of Kafka errors:
+  :class:`~cdc_outbox.kafka.delivery_failure.DeliveryFailure` whose ``kind`` is the one
+  classification of Kafka errors (:func:`~cdc_outbox.kafka.delivery_failure.classify`):
   ``"record"`` (this record can never be written: too large, invalid; the only kind that may
   be dead-lettered), ``"retry"`` (topic missing, not authorised, broker trouble: retry with
   backoff, never a dead letter; ``alert`` names the problem) or ``"fatal"`` (the producer is
@@ -41,42 +42,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.kafka.delivery_failure import (
+    DeliveryListener,
+    Headers,
+    failure_of,
+)
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
 from cdc_outbox.kafka.producer_config import config_error_line, producer_config, redact_config
 
 logger = logging.getLogger(__name__)
-
-
-Headers = list[tuple[str, bytes]]
-
-#: Record-level rejections: this record can never be written (the only dead-letter cases).
-_RECORD_CODES = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.INVALID_MSG_SIZE,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.TOPIC_EXCEPTION,  # invalid topic name (derived from the row)
-        KafkaError._INVALID_ARG,
-    }
-)
-#: Topic-level problems someone must fix; retried (never dead-lettered) and alerted.
-_ALERTS = {
-    KafkaError.UNKNOWN_TOPIC_OR_PART: "topic_missing",
-    KafkaError._UNKNOWN_TOPIC: "topic_missing",
-    KafkaError._UNKNOWN_PARTITION: "topic_missing",
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: "not_authorized",
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "not_authorized",
-    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "not_authorized",
-    KafkaError.POLICY_VIOLATION: "policy_violation",
-}
-FailureKind = Literal["record", "retry", "fatal"]
 
 
 class TransactionFailed(Exception):
@@ -95,29 +74,6 @@ class ProduceInterrupted(Exception):
     queued. ``args[0]`` is the reason ``interrupted()`` gave (stop, halt, restart)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryFailure:
-    """Why a record was not written, with the record itself (for dead-lettering)."""
-
-    code: int
-    name: str
-    reason: str
-    kind: FailureKind
-    alert: str | None
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-
-
-class DeliveryListener(Protocol):
-    """Receives the outcome of each record produced with it."""
-
-    def delivered(self, topic: str, headers: Headers) -> None: ...
-
-    def failed(self, failure: DeliveryFailure) -> None: ...
-
-
 class _DeliveryReport:
     """Delivery callback of one record. confluent-kafka's reports carry no headers, so the
     record's headers are kept here until the outcome is known (for dead-lettering)."""
@@ -132,7 +88,7 @@ class _DeliveryReport:
         if err is None:
             self.listener.delivered(msg.topic() or "", self.headers)
         else:
-            self.listener.failed(_failure(err, msg.topic(), msg.key(), msg.value(), self.headers))
+            self.listener.failed(failure_of(err, msg.topic(), msg.key(), msg.value(), self.headers))
 
 
 class ProducerClient(Protocol):
@@ -231,7 +187,7 @@ class KafkaPublisher:
                 if reason is not None:
                     raise ProduceInterrupted(reason) from None
             except KafkaException as exc:
-                listener.failed(_failure(exc.args[0], topic, key, value, headers))
+                listener.failed(failure_of(exc.args[0], topic, key, value, headers))
                 return
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -394,30 +350,3 @@ class KafkaPublisher:
         if now - self._last_error_log > 10.0:
             self._last_error_log = now
             logger.warning("kafka: %s", err.str())
-
-
-def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:
-    """(kind, alert) of a Kafka error code: the one classification (see the module contract)."""
-    if code in _RECORD_CODES:  # also when fatal: the gapless guarantee (halt policy) says so
-        return "record", None
-    if fatal or code in (KafkaError._FATAL, KafkaError._FENCED):
-        return "fatal", "producer_fatal"
-    return "retry", _ALERTS.get(code, "kafka_unavailable")
-
-
-def _failure(
-    err: Any, topic: str | None, key: bytes | None, value: bytes | None, headers: Any
-) -> DeliveryFailure:
-    code = err.code()
-    kind, alert = classify(code, bool(err.fatal()))
-    return DeliveryFailure(
-        code=code,
-        name=err.name(),
-        reason=err.str(),
-        kind=kind,
-        alert=alert,
-        topic=topic or "",
-        key=key,
-        value=value,
-        headers=list(headers or []),
-    )

@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store import schema
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 

@@ -25,23 +25,16 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from cdc_outbox import __version__
-from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.latency import LatencyHistogram
+from cdc_outbox.monitoring.metric_families import PREFIX, by_label, gauge, one_of
+from cdc_outbox.monitoring.slot_metrics import heartbeat_families, monitor_families
 from cdc_outbox.relay_stats import RelayStats
 
 if TYPE_CHECKING:
     from cdc_outbox.monitoring.heartbeat import Heartbeat
-    from cdc_outbox.monitoring.lag import LagSample
     from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 
-PREFIX = "cdc_outbox_"
 MODES = ("cdc", "polling")
-WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
-POLLING_STATUSES = ("pending", "processing", "failed")
-
-
-def _lsn_bytes(text: str) -> float:
-    return float(Lsn.parse(text))
 
 
 class RelayCollector(Collector):
@@ -63,35 +56,35 @@ class RelayCollector(Collector):
         yield from self._relay_families(self._stats())
         yield self._latency_family()
         if self._monitor is not None:
-            yield from _monitor_families(self._monitor)
+            yield from monitor_families(self._monitor)
         if self._heartbeat is not None:
-            yield from _heartbeat_families(self._heartbeat)
+            yield from heartbeat_families(self._heartbeat)
 
     def _relay_families(self, stats: RelayStats) -> Iterable[Metric]:
         p = PREFIX
         info = GaugeMetricFamily(p + "build_info", "cdc-outbox version.", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
-        yield _one_of(
+        yield one_of(
             p + "relay_mode",
             "1 for the mode the relay runs in (cdc or polling).",
             "mode",
             sorted({*MODES, stats.mode}),
             stats.mode,
         )
-        yield _by_label(
+        yield by_label(
             p + "events_published_total",
             "Events acknowledged by Kafka, by topic.",
             "topic",
             stats.published_by_topic.copy(),
         )
-        yield _by_label(
+        yield by_label(
             p + "events_dead_lettered_total",
             "Events sent to the dead-letter topic, by the topic they were meant for.",
             "topic",
             stats.dead_lettered_by_topic.copy(),
         )
-        yield _by_label(
+        yield by_label(
             p + "ignored_messages_total",
             "Replication messages ignored, by kind.",
             "kind",
@@ -108,17 +101,17 @@ class RelayCollector(Collector):
         yield CounterMetricFamily(
             p + "relay_restarts_total", "Stream restarts after a failure.", value=stats.restarts
         )
-        yield _gauge(
+        yield gauge(
             "catch_up_backlog_rows",
             "Rows the last catch-up has to publish (counted once at its start).",
             stats.catch_up_rows_total,
         )
-        yield _gauge(
+        yield gauge(
             "catch_up_rows_done",
             "Rows of the last catch-up submitted so far.",
             stats.catch_up_rows_done,
         )
-        yield _by_label(
+        yield by_label(
             p + "slot_invalidations_total",
             "Invalidated replication slots found, by reason (wal_removed, rows_removed,"
             " wal_level_insufficient, idle_timeout, recovery_conflict, unknown).",
@@ -178,21 +171,21 @@ PHASES = ("POLLING", "CATCHING_UP", "STREAMING")
 
 def _ha_families(stats: RelayStats) -> Iterable[Metric]:
     """Leader election, the durable phase, retried-delivery alerts and broken order."""
-    yield _one_of(
+    yield one_of(
         PREFIX + "role",
         "1 for this instance's role (leader or standby).",
         "role",
         ROLES,
         stats.role,
     )
-    yield _one_of(
+    yield one_of(
         PREFIX + "phase",
         "1 for the durable relay phase (POLLING, CATCHING_UP, STREAMING) the leader is in.",
         "phase",
         PHASES,
         stats.phase,
     )
-    yield _by_label(
+    yield by_label(
         PREFIX + "delivery_retries_total",
         "Deliveries retried (never dead-lettered) by cause: topic_missing, not_authorized,"
         " producer_fatal, kafka_unavailable, ...",
@@ -208,7 +201,7 @@ def _ha_families(stats: RelayStats) -> Iterable[Metric]:
     for name, seen in sorted(stats.alert_last_seen.copy().items()):
         alert.add_metric([name], 1.0 if now - seen <= ALERT_HOLD_S else 0.0)
     yield alert
-    yield _one_of(
+    yield one_of(
         PREFIX + "delivery_guarantee",
         "1 for the delivery guarantee in effect (polling is at-least-once in every case).",
         "guarantee",
@@ -234,160 +227,6 @@ def _ha_families(stats: RelayStats) -> Iterable[Metric]:
         "Dead letters whose later events of the same aggregate were already sent (Kafka"
         " rejected a record after later ones of its key were produced).",
         value=stats.order_broken,
-    )
-
-
-def _by_label(name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
-    family = CounterMetricFamily(name, doc, labels=[label])
-    for key, value in sorted(values.items()):
-        family.add_metric([key], value)
-    return family
-
-
-def _one_of(name: str, doc: str, label: str, choices: Iterable[str], current: str | None) -> Metric:
-    """One sample per choice: 1 for ``current``, 0 for the others."""
-    family = GaugeMetricFamily(name, doc, labels=[label])
-    for choice in choices:
-        family.add_metric([choice], 1.0 if choice == current else 0.0)
-    return family
-
-
-def _gauge(name: str, doc: str, value: float | int | bool | None) -> Metric:
-    family = GaugeMetricFamily(PREFIX + name, doc)
-    if value is not None:
-        family.add_metric([], float(value))
-    return family
-
-
-def _counter(name: str, doc: str, value: int | None) -> Metric:
-    family = CounterMetricFamily(PREFIX + name, doc)
-    if value is not None:
-        family.add_metric([], value)
-    return family
-
-
-def _monitor_families(monitor: SlotMonitor) -> Iterable[Metric]:
-    s: LagSample | None = monitor.latest
-    yield _gauge("monitor_up", "1 if the last slot-monitor sample succeeded.", monitor.up)
-    yield _counter("monitor_errors_total", "Failed slot-monitor samples.", monitor.errors)
-    yield _gauge(
-        "monitor_last_sample_timestamp_seconds",
-        "Unix time of the last slot-monitor sample.",
-        None if s is None else s.sampled_at,
-    )
-    if s is None:
-        return
-    yield _gauge(
-        "server_wal_lsn_bytes",
-        "Current WAL position of the server.",
-        None if s.wal_lsn is None else _lsn_bytes(s.wal_lsn),
-    )
-    yield _gauge("slot_present", "1 if the replication slot exists.", s.slot_present)
-    yield _gauge("slot_active", "1 if a connection is streaming from the slot.", s.slot_active)
-    yield _gauge(
-        "slot_confirmed_flush_lsn_bytes",
-        "Slot confirmed_flush_lsn.",
-        None if s.confirmed_flush_lsn is None else _lsn_bytes(s.confirmed_flush_lsn),
-    )
-    yield _gauge(
-        "slot_restart_lsn_bytes",
-        "Slot restart_lsn.",
-        None if s.restart_lsn is None else _lsn_bytes(s.restart_lsn),
-    )
-    yield _gauge(
-        "slot_lag_bytes", "Current WAL minus the slot's confirmed_flush_lsn.", s.slot_lag_bytes
-    )
-    yield _gauge(
-        "slot_retained_wal_bytes",
-        "Current WAL minus the slot's restart_lsn (WAL the server keeps for this slot).",
-        s.slot_retained_wal_bytes,
-    )
-    yield _one_of(
-        PREFIX + "slot_wal_status",
-        "1 for the slot's wal_status (reserved, extended, unreserved, lost).",
-        "status",
-        () if s.slot_wal_status is None else sorted({*WAL_STATUSES, s.slot_wal_status}),
-        s.slot_wal_status,
-    )
-    yield _gauge(
-        "slot_safe_wal_size_bytes",
-        "WAL that can still be written before the slot "
-        "is in danger of being lost (absent: no max_slot_wal_keep_size).",
-        s.slot_safe_wal_size_bytes,
-    )
-    pg_stats = (
-        (
-            "slot_spill_transactions_total",
-            "Transactions spilled to disk (pg_stat_replication_slots.spill_txns).",
-            s.slot_spill_txns,
-        ),
-        (
-            "slot_spills_total",
-            "Times transactions were spilled to disk (spill_count).",
-            s.slot_spill_count,
-        ),
-        (
-            "slot_spill_bytes_total",
-            "Decoded bytes spilled to disk (spill_bytes).",
-            s.slot_spill_bytes,
-        ),
-        (
-            "slot_stream_transactions_total",
-            "In-progress transactions streamed (stream_txns).",
-            s.slot_stream_txns,
-        ),
-        (
-            "slot_streams_total",
-            "Times in-progress transactions were streamed (stream_count).",
-            s.slot_stream_count,
-        ),
-        ("slot_stream_bytes_total", "Decoded bytes streamed (stream_bytes).", s.slot_stream_bytes),
-        (
-            "slot_decoded_transactions_total",
-            "Transactions decoded for the slot (total_txns).",
-            s.slot_total_txns,
-        ),
-        (
-            "slot_decoded_bytes_total",
-            "Bytes decoded for the slot (total_bytes).",
-            s.slot_total_bytes,
-        ),
-    )
-    for name, doc, value in pg_stats:
-        yield _counter(name, doc, value)
-    yield _gauge(
-        "oldest_unpublished_age_seconds",
-        "Age of the oldest unpublished outbox event (polling: oldest PENDING/PROCESSING row; "
-        "cdc: age of the oldest WAL the slot has not confirmed, an upper bound).",
-        s.oldest_unpublished_age_seconds,
-    )
-    rows = GaugeMetricFamily(
-        PREFIX + "polling_rows",
-        "Outbox rows by polling status (sampled in polling mode).",
-        labels=["status"],
-    )
-    polling = (s.polling_pending, s.polling_processing, s.polling_failed)
-    for name, count in zip(POLLING_STATUSES, polling, strict=True):
-        if count is not None:
-            rows.add_metric([name], count)
-    yield rows
-    yield _gauge(
-        "polling_retrying_rows", "PENDING rows that failed at least once.", s.polling_retrying_rows
-    )
-    yield _gauge(
-        "polling_retry_attempts",
-        "Attempts made so far by the retrying PENDING rows.",
-        s.polling_retry_attempts,
-    )
-
-
-def _heartbeat_families(heartbeat: Heartbeat) -> Iterable[Metric]:
-    yield _counter("heartbeats_total", "Heartbeat messages committed.", heartbeat.sent)
-    yield _counter("heartbeat_errors_total", "Failed heartbeats.", heartbeat.errors)
-    yield _gauge(
-        "heartbeat_last_success_timestamp_seconds",
-        "Unix time of the last committed heartbeat.",
-        heartbeat.last_success_unix or None,
     )
 
 

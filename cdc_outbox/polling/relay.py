@@ -16,8 +16,8 @@ Contract (at-least-once, per-aggregate order):
   ``cdc-outbox redrive``. Aggregates with a FAILED row are parked from the table at each
   claim. With ``on_permanent_error = "halt"`` the relay stops instead. A retried failure
   (topic missing, not authorised, broker trouble) re-queues the row after a backoff
-  (:func:`backoff_delay`) without using an attempt. While the broker is down rows stay
-  PROCESSING (lease renewed).
+  (:func:`~cdc_outbox.polling.outcomes.backoff_delay`) without using an attempt. While the
+  broker is down rows stay PROCESSING (lease renewed).
 - Crash: a dead worker's rows stay PROCESSING until the lease (``lease_s`` after the last
   renewal) expires; every worker sweeps such rows back to PENDING about every ``lease_s / 2``
   (one attempt counted, so a row that keeps killing workers ends FAILED at ``max_attempts``).
@@ -46,22 +46,13 @@ from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
-from cdc_outbox.ha.relay_state import NotLeader
 from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.polling import sql as polling_sql
+from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, outcome_params
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store.relay_state import NotLeader
 
 logger = logging.getLogger(__name__)
-
-# Row outcomes.
-_OK, _DEAD, _RETRY, _BACK = "ok", "dead", "retry", "back"
-
-
-def backoff_delay(failures: int, base: float, cap: float, rand: float) -> float:
-    """Seconds before attempt ``failures + 1``: ``min(cap, base * 2**(failures-1))`` scaled by
-    a jitter factor in [0.5, 1.0] (``rand`` in [0, 1))."""
-    exponent = min(max(failures - 1, 0), 60)
-    return min(cap, base * 2.0**exponent) * (0.5 + 0.5 * rand)
 
 
 def default_worker_id() -> str:
@@ -70,7 +61,7 @@ def default_worker_id() -> str:
 
 
 class _Row:
-    """One claimed row, and the :class:`~cdc_outbox.delivery.engine.EventHandle` of its event."""
+    """One claimed row, and the :class:`~cdc_outbox.delivery.outcomes.EventHandle` of its event."""
 
     def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
         self.extra = values[11:]  # the header_sources() columns, as text
@@ -92,16 +83,16 @@ class _Row:
         self.error: str | None = None
 
     def published(self, topic: str) -> None:
-        self._settle(_OK)
+        self._settle(OK)
         if self.relay.stats.latency_observers:
             self.relay.stats.observe_latency(time.time() - self.created_unix, 1)
 
     def dead_lettered(self) -> None:
-        self._settle(_DEAD)
+        self._settle(DEAD)
 
     def retry(self, reason: str) -> None:
         self.error = reason
-        self._settle(_RETRY)
+        self._settle(RETRY)
 
     def _settle(self, outcome: str) -> None:
         if self.outcome is None:
@@ -283,7 +274,7 @@ class PollingRelay:
         self.stats.in_flight = 0
         for row in rows:
             if row.outcome is None:
-                row.outcome = _BACK
+                row.outcome = BACK
 
     def _interrupted(self) -> str | None:
         delivery = self._delivery
@@ -338,8 +329,8 @@ class PollingRelay:
         Dead-lettered rows were already marked FAILED by the delivery (before they counted
         as settled), so they no longer match and are left alone."""
         self._unmarked = rows
-        published = [r.id for r in rows if r.outcome == _OK]
-        others = [r for r in rows if r.outcome not in (_OK, _DEAD)]
+        published = [r.id for r in rows if r.outcome == OK]
+        others = [r for r in rows if r.outcome not in (OK, DEAD)]
         marked = 0
         with conn.transaction():
             if published:
@@ -348,31 +339,13 @@ class PollingRelay:
                 )
                 marked = cur.rowcount
             if others:
-                conn.execute(self._sql.mark_outcomes, self._outcome_params(others))
+                conn.execute(
+                    self._sql.mark_outcomes,
+                    outcome_params(others, self.settings.polling, self.worker_id, self._rng),
+                )
         self._unmarked = []
         if marked < len(published):
             logger.warning("lease lost for %d published rows", len(published) - marked)
-
-    def _outcome_params(self, rows: list[_Row]) -> dict[str, Any]:
-        """Parameters of ``mark_outcomes``: backoff and error per row given back."""
-        polling = self.settings.polling
-        delays: list[float | None] = []
-        for r in rows:
-            delay = None
-            if r.outcome == _RETRY:
-                delay = backoff_delay(
-                    1, polling.backoff_base_s, polling.backoff_max_s, self._rng.random()
-                )
-            delays.append(delay)
-        return {
-            "ids": [r.id for r in rows],
-            "bumps": [0] * len(rows),
-            "delays": delays,
-            "errors": [r.error for r in rows],
-            "finals": [False] * len(rows),
-            "max": polling.max_attempts,
-            "me": self.worker_id,
-        }
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -394,9 +367,11 @@ class PollingRelay:
     def _require_delivery(self) -> Delivery:
         if self._delivery is None:
             self._delivery = Delivery(
-                self.settings, self.stats, failed_rows=FailedRows(self.settings)
+                self.settings,
+                self.stats,
+                failed_rows=FailedRows(self.settings),
+                interrupted=self._interrupted,
             )
-            self._delivery.interrupted = self._interrupted
         return self._delivery
 
     def _sleep(self, seconds: float) -> None:

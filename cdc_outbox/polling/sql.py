@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.store.schema import outbox_ident
 
 #: Upper bound of advisory locks one claim holds (they live in PostgreSQL's shared lock table,
 #: sized max_locks_per_transaction x max_connections, 6,400 by default).
@@ -64,7 +65,7 @@ class PollingSql:
 def build(settings: Settings) -> PollingSql:
     """The statements for ``settings`` (default column preset; polling columns by fixed name)."""
     cols = settings.column_names()
-    t = sql.Identifier(settings.outbox_schema, settings.outbox_table)
+    t = outbox_ident(settings)
     oid = sql.Identifier("o", cols.id)
     agg = sql.Identifier(cols.aggregate_id)
     headers = (

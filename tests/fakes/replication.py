@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.replication_stream import ReplicationError
-from cdc_outbox.cdc.walproto import Keepalive, XLogData, parse_copy_data
+from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data
 
 OUTBOX_OID = 16384
 COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaException
 
-from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.cdc.snapshot_catchup import UNMARKED_WINDOW
 from cdc_outbox.config import Settings
+from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 from tests.helpers import wait_until

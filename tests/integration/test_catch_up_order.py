@@ -24,9 +24,9 @@ from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import PreflightError
-from cdc_outbox.ha import relay_state
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service import Service
+from cdc_outbox.store import relay_state
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.relay_support import (

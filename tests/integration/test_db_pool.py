@@ -6,9 +6,9 @@ import threading
 
 import psycopg
 
-from cdc_outbox import db_pool, service
-from cdc_outbox.admin.schema import outbox_table_ddl
+from cdc_outbox import db_pool, housekeeping
 from cdc_outbox.config import Settings
+from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 _SESSIONS = (
@@ -41,7 +41,7 @@ def test_probes_reuse_at_most_max_size_sessions(pg_dsn: str) -> None:
     def probe() -> None:
         try:
             for _ in range(10):
-                service.cdc_problem(settings)  # a real probe: the preflight queries
+                housekeeping.cdc_problem(settings)  # a real probe: the preflight queries
                 with db_pool.pooled(settings) as conn:
                     seen.append(int(conn.execute(_SESSIONS).fetchone()[0]))  # type: ignore[index]
         except BaseException as exc:
@@ -71,7 +71,7 @@ def test_next_borrow_works_after_a_server_restart(pg_server: LocalPostgres, pg_d
             assert conn.execute("SELECT 1").fetchone() == (1,)
             assert conn.info.backend_pid != before
         # A probe works too: the table is there, the slot and publication can be created.
-        problem = service.cdc_problem(settings)
+        problem = housekeeping.cdc_problem(settings)
         assert problem is None, problem
         with db_pool.pooled(settings, statement_timeout_s=2.0) as conn:
             row = conn.execute("SHOW statement_timeout").fetchone()

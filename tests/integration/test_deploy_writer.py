@@ -12,7 +12,7 @@ import time
 import psycopg
 
 from cdc_outbox.config import Settings
-from cdc_outbox.outbox_mapping import OutboxRecord
+from cdc_outbox.records import OutboxRecord
 from tests.deploy_support import DOCKER
 from tests.helpers import wait_until
 from tests.relay_support import init_outbox

@@ -7,7 +7,7 @@ from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.history import History
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.outbox_mapping import OutboxRecord
+from cdc_outbox.records import OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import RecordingHandle, wait_until

@@ -70,7 +70,7 @@ def test_a_synchronized_failover_slot_is_resumed_after_promotion_without_a_catch
             sb.wait_replayed(standby, sb.current_lsn(primary))
             dsn = sb.multi_host_dsn([primary, standby], "fslots", connect_timeout="3")
             settings = relay_settings(dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-            with caplog.at_level(logging.INFO, logger="cdc_outbox.admin.schema"):
+            with caplog.at_level(logging.INFO, logger="cdc_outbox.store.schema"):
                 init_outbox(settings)
             slot = settings.slot_name
             checks = {c.name: c for c in bootstrap.standby_checks(settings, standby.dsn)}

@@ -11,7 +11,7 @@ import pytest
 from psycopg import sql
 
 from cdc_outbox.admin import bootstrap
-from cdc_outbox.admin.inspection import id_column_type
+from cdc_outbox.store.inspection import id_column_type
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import outbox_statuses, relay_settings, relay_thread

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cdc_outbox.kafka import checkpoints
-from cdc_outbox.kafka.publisher import DeliveryFailure, Headers, KafkaPublisher, TransactionFailed
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
+from cdc_outbox.kafka.publisher import KafkaPublisher, TransactionFailed
 from cdc_outbox_dev.readback import read_topics
 
 

@@ -1,4 +1,4 @@
-"""The confirmed position kept in the state table (``cdc_outbox.ha.relay_state``).
+"""The confirmed position kept in the state table (``cdc_outbox.store.relay_state``).
 
 PostgreSQL 15 saves a logical slot's confirmed position to disk only now and then, and never
 while a transaction older than the slot's restart point is open; after a crash the slot is
@@ -119,7 +119,7 @@ def test_a_state_table_made_by_an_older_init_gets_the_column_or_a_warning(
     _drop_column(pg_dsn)
     columns = settings.column_names()
     spec = workload.WorkloadSpec(events=200, writers=1, aggregates=10, txn_sizes=(1, 10))
-    caplog.set_level(logging.WARNING, logger="cdc_outbox.ha.relay_state")
+    caplog.set_level(logging.WARNING, logger="cdc_outbox.store.relay_state")
     with relay_thread(settings):  # without it: relays as before, says so once
         workload.write_orders(pg_dsn, spec, columns=columns)
         wait_streamed_past_now(pg_dsn, settings.slot_name, 60, phase=False)

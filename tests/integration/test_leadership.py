@@ -25,9 +25,9 @@ import pytest
 from cdc_outbox.admin import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
-from cdc_outbox.ha import relay_state
 from cdc_outbox.ha.leadership import Leadership
-from cdc_outbox.ha.relay_state import NotLeader, Phase
+from cdc_outbox.store import relay_state
+from cdc_outbox.store.relay_state import NotLeader, Phase
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until
 from tests.relay_support import relay_settings

@@ -11,7 +11,6 @@ import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 
-from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import (
     OutboxTable,
@@ -20,6 +19,7 @@ from cdc_outbox.outbox import (
     write_event_async,
     write_event_sqlalchemy,
 )
+from cdc_outbox.store.schema import outbox_table_ddl
 
 
 def _create_outbox(dsn: str) -> None:

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox.admin import bootstrap, schema
+from cdc_outbox.admin import bootstrap
 from cdc_outbox.config import Settings
+from cdc_outbox.store import schema
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until

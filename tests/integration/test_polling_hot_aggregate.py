@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import relay_settings, running

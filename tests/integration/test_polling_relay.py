@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
-from cdc_outbox.admin.schema import outbox_table_ddl
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import consume_all, create_topic, wait_until

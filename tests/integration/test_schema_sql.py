@@ -1,4 +1,4 @@
-"""sql/*.sql (hand-readable) and cdc_outbox.admin.schema (generated) create the same objects."""
+"""sql/*.sql (hand-readable) and cdc_outbox.store.schema (generated) create the same objects."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
-from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
+from cdc_outbox.store import schema
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from examples.cache_invalidation.orders import ORDERS_DDL, create_order, update_order
 

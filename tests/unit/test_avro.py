@@ -221,7 +221,7 @@ def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
     the event is retried (restart), not dead-lettered; later events are not produced."""
     from cdc_outbox.config import Settings
     from cdc_outbox.delivery.engine import Delivery
-    from cdc_outbox.outbox_mapping import OutboxRecord
+    from cdc_outbox.records import OutboxRecord
     from cdc_outbox.relay_stats import RelayStats
     from cdc_outbox_dev.sandbox._proc import free_port
 

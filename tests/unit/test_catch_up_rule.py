@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
-from cdc_outbox.admin.inspection import SlotStatus
 from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.config import Settings
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
-from cdc_outbox.ha.relay_state import Phase, RelayState
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.relay_state import Phase, RelayState
 
 
 def settings(**values: Any) -> Settings:

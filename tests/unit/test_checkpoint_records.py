@@ -10,7 +10,8 @@ import pytest
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.checkpoints import Checkpoint, _decoded, read_last
-from cdc_outbox.outbox_mapping import DEFAULT_COLUMNS, DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.outbox_mapping import DEFAULT_COLUMNS, OutboxMapper
+from cdc_outbox.records import DeadLetter, OutboxRecord
 
 OURS = Checkpoint("slot", "7", "db", 1234, ["a"], timeline=2, producer="cdc-outbox.7.db.slot")
 

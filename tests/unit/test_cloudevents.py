@@ -16,13 +16,15 @@ from cloudevents.core.formats.json import JSONFormat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.cdc.pgoutput import Relation, RelationColumn
 from cdc_outbox.cloudevents_mapping import CloudEventsMapper, default_source
 from cdc_outbox.config import load_settings
-from cdc_outbox.consumer.events import BadRecord, event_of, json_value
+from cdc_outbox.consumer.event_types import BadRecord
+from cdc_outbox.consumer.events import event_of, json_value
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
-from cdc_outbox.outbox_mapping import DEFAULT_COLUMNS, DeadLetter, OutboxMapper, OutboxRecord
+from cdc_outbox.outbox_mapping import DEFAULT_COLUMNS, OutboxMapper
+from cdc_outbox.pgwire.pgoutput import Relation, RelationColumn
+from cdc_outbox.records import DeadLetter, OutboxRecord
 
 EID = "00000000-0000-4000-8000-000000000007"
 COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at")

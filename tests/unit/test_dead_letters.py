@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from cdc_outbox.delivery.dead_letters import dead_letter_record
-from cdc_outbox.kafka.publisher import DeliveryFailure
-from cdc_outbox.outbox_mapping import DeadLetter
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure
+from cdc_outbox.records import DeadLetter
 
 
 def test_mapping_problem_keeps_key_value_headers_and_names_the_reason() -> None:

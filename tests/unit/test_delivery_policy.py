@@ -16,7 +16,7 @@ from cdc_outbox.delivery.policy import (
     on_failure,
     precheck,
 )
-from cdc_outbox.kafka.publisher import DeliveryFailure, classify
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, classify
 
 
 def _failure(code: int, fatal: bool = False) -> DeliveryFailure:

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from cdc_outbox.admin import schema
 from cdc_outbox.admin.failover_checks import primary_failover_checks, standby_failover_checks
-from cdc_outbox.admin.inspection import StandbyState
 from cdc_outbox.config import Settings
+from cdc_outbox.store import schema
+from cdc_outbox.store.inspection import StandbyState
 
 READY = StandbyState(
     version_num=170005,
@@ -103,7 +103,7 @@ def test_primary_checks_are_never_failures(
 def test_slot_failover_only_on_17_and_later(caplog: pytest.LogCaptureFixture) -> None:
     assert schema.slot_failover(True, 170005) and schema.slot_failover(True, 180001)
     assert not schema.slot_failover(False, 170005)
-    with caplog.at_level(logging.INFO, logger="cdc_outbox.admin.schema"):
+    with caplog.at_level(logging.INFO, logger="cdc_outbox.store.schema"):
         assert not schema.slot_failover(True, 160009)
     assert "slot_failover ignored: PostgreSQL 16 has no failover slots" in caplog.text
 

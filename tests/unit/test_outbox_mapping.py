@@ -11,15 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.cdc.pgoutput import (
-    UNCHANGED_TOAST,
-    ColumnValue,
-    Insert,
-    Relation,
-    RelationCache,
-    RelationColumn,
-    decode,
-)
 from cdc_outbox.errors import ConfigError, DecodeError
 from cdc_outbox.outbox_mapping import (
     DEBEZIUM_COLUMNS,
@@ -29,6 +20,15 @@ from cdc_outbox.outbox_mapping import (
     OutboxMapper,
     OutboxRecord,
     is_legal_topic,
+)
+from cdc_outbox.pgwire.pgoutput import (
+    UNCHANGED_TOAST,
+    ColumnValue,
+    Insert,
+    Relation,
+    RelationCache,
+    RelationColumn,
+    decode,
 )
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "frames.json").read_text())

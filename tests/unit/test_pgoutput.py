@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from cdc_outbox.cdc.pgoutput import (
+from cdc_outbox.errors import DecodeError
+from cdc_outbox.pgwire.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     ColumnValue,
@@ -39,7 +40,6 @@ from cdc_outbox.cdc.pgoutput import (
     Update,
     decode,
 )
-from cdc_outbox.errors import DecodeError
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "frames.json").read_text())
 META = GOLDEN["meta"]

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.polling.relay import PollingRelay, backoff_delay
+from cdc_outbox.polling.outcomes import backoff_delay
+from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.polling.sql import advisory_namespace, build, gap_free
 
 

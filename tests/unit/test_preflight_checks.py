@@ -7,9 +7,10 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from cdc_outbox.admin.inspection import DatabaseState, PublicationStatus
-from cdc_outbox.admin.preflight import Check, evaluate_checks
+from cdc_outbox.admin.checks import Check
+from cdc_outbox.admin.preflight import evaluate_checks
 from cdc_outbox.config import Settings
+from cdc_outbox.store.inspection import DatabaseState, PublicationStatus
 
 SETTINGS = Settings(dsn=SecretStr("host=db.example dbname=shop"))
 COLUMNS = {"id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"}

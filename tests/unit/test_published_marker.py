@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from cdc_outbox.admin.inspection import ColumnType
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker, _statement
 from cdc_outbox.config import Settings
+from cdc_outbox.store.inspection import ColumnType
 from tests.helpers import recording_checkpointer
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config import Settings
-from cdc_outbox.ha.relay_state import KeepOutcome
+from cdc_outbox.store.relay_state import KeepOutcome
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, Record
 from tests.fakes.replication import FakePostgres, FakeStream
 from tests.helpers import wait_until

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.admin.inspection import SlotStatus
 from cdc_outbox.errors import SlotInvalidated, classify
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
-from cdc_outbox.ha.relay_state import Phase, RelayState
 from cdc_outbox.ha.slot_invalidation import REASONS, Invalidation, of_error, of_slot
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.relay_state import Phase, RelayState
 
 #: What START_REPLICATION answered on an invalidated slot (libpq's text, on one line).
 MEASURED_ERRORS = {

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.standby_gate import StandbyGate, release_point
-from cdc_outbox.cdc.standby_wait import GatedStream, StandbyPoller, parse_standby_names
-from cdc_outbox.cdc.walproto import Keepalive, parse_copy_data
+from cdc_outbox.cdc.standby_wait import GatedStream, StandbyPoller
 from cdc_outbox.config import Settings
+from cdc_outbox.config_input import parse_standby_names
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.pgwire.walproto import Keepalive, parse_copy_data
 from cdc_outbox.relay_stats import RelayStats
 
 

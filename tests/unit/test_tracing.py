@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, prepare
-from cdc_outbox.outbox_mapping import OutboxMapper, OutboxRecord
+from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.records import OutboxRecord
 from cdc_outbox.tracing import (
     RelaySpans,
     current_span_context,

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.cdc.walproto import (
+from cdc_outbox.errors import DecodeError
+from cdc_outbox.pgwire.walproto import (
     Keepalive,
     XLogData,
     parse_copy_data,
@@ -21,7 +22,6 @@ from cdc_outbox.cdc.walproto import (
     pg_clock_to_datetime,
     standby_status_update,
 )
-from cdc_outbox.errors import DecodeError
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "frames.json").read_text())
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)

@@ -1,9 +1,9 @@
-"""pgoutput message types: the dataclasses :func:`cdc_outbox.cdc.pgoutput.decode` returns.
+"""pgoutput message types: the dataclasses :func:`cdc_outbox.pgwire.pgoutput.decode` returns.
 
 LSNs, xids and timestamps are plain ``int`` (timestamps: µs since 2000-01-01 UTC). Column
 values stay raw ``bytes``, ``None`` for SQL NULL, :data:`UNCHANGED_TOAST` for an unchanged
 TOASTed value that the server did not send. Message objects are slots dataclasses: treat as
-immutable. Import them from :mod:`cdc_outbox.cdc.pgoutput`, which re-exports every name here.
+immutable. Import them from :mod:`cdc_outbox.pgwire.pgoutput`, which re-exports every name here.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin.schema import FAILOVER_SLOTS_VERSION
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store.schema import FAILOVER_SLOTS_VERSION
 
 __all__ = [
     "ColumnType",

@@ -2,10 +2,10 @@
 
 Covers protocol v1 plus ``M`` (logical decoding messages) and the v2 streaming messages.
 LSNs, xids and timestamps are plain ``int`` (timestamps: µs since 2000-01-01 UTC, see
-:func:`cdc_outbox.cdc.walproto.pg_clock_to_datetime`). Column values stay raw ``bytes`` (text or
+:func:`cdc_outbox.pgwire.walproto.pg_clock_to_datetime`). Column values stay raw ``bytes`` (text or
 binary form as sent), ``None`` for SQL NULL, :data:`UNCHANGED_TOAST` for an unchanged TOASTed
 value that the server did not send. Message objects (defined in
-:mod:`cdc_outbox.cdc.pgoutput_messages`, re-exported here) are slots dataclasses: treat as
+:mod:`cdc_outbox.pgwire.pgoutput_messages`, re-exported here) are slots dataclasses: treat as
 immutable.
 
 Every malformed input raises :class:`~cdc_outbox.errors.DecodeError` naming the message type
@@ -18,7 +18,8 @@ import struct
 from collections.abc import Callable
 from typing import TypeAlias, cast
 
-from cdc_outbox.cdc.pgoutput_messages import (
+from cdc_outbox.errors import DecodeError
+from cdc_outbox.pgwire.pgoutput_messages import (
     UNCHANGED_TOAST,
     Begin,
     ColumnValue,
@@ -42,7 +43,6 @@ from cdc_outbox.cdc.pgoutput_messages import (
     UnchangedToast,
     Update,
 )
-from cdc_outbox.errors import DecodeError
 
 __all__ = [
     "UNCHANGED_TOAST",

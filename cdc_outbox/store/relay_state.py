@@ -37,10 +37,10 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox import db_pool
-from cdc_outbox.admin import schema
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store import schema
 
 __all__ = [
     "KeepOutcome",

@@ -12,8 +12,8 @@ import logging
 from psycopg import sql
 
 from cdc_outbox.config import Settings
-from cdc_outbox.consumer.store import PROCESSED_EVENTS_TABLE as PROCESSED_EVENTS_TABLE
-from cdc_outbox.consumer.store import consumer_tables_ddl
+from cdc_outbox.store.processed_events import PROCESSED_EVENTS_TABLE as PROCESSED_EVENTS_TABLE
+from cdc_outbox.store.processed_events import consumer_tables_ddl
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
 
 
 def relay_state_ident(settings: Settings) -> sql.Identifier:
-    """``schema.cdc_outbox_relay_state``: one row per slot (:mod:`cdc_outbox.ha.relay_state`)."""
+    """``schema.cdc_outbox_relay_state``: one row per slot (:mod:`cdc_outbox.store.relay_state`)."""
     return sql.Identifier(settings.outbox_schema, RELAY_STATE_TABLE)
 
 
@@ -149,7 +149,7 @@ def relay_state_confirmed_ddl(settings: Settings) -> sql.Composed:
 
 def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:
     """Consumer-side tables: ``processed_events`` (de-duplication) and ``consumer_parked_keys``
-    (keys held after a dead letter), from :mod:`cdc_outbox.consumer.store`."""
+    (keys held after a dead letter), from :mod:`cdc_outbox.store.processed_events`."""
     return consumer_tables_ddl(schema)
 
 

@@ -1,0 +1,99 @@
+"""What Kafka says about one record: the outcome interface and the one error classification.
+
+A delivery report is either ``delivered`` or ``failed`` with a :class:`DeliveryFailure` whose
+``kind`` (:func:`classify`) is ``"record"`` (never writable: the only dead-letter case),
+``"retry"`` (retry with backoff, ``alert`` names the problem) or ``"fatal"`` (the producer is
+unusable). Pure: only librdkafka's error codes are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from confluent_kafka import KafkaError
+
+__all__ = [
+    "DeliveryFailure",
+    "DeliveryListener",
+    "FailureKind",
+    "Headers",
+    "classify",
+    "failure_of",
+]
+
+Headers = list[tuple[str, bytes]]
+
+#: Record-level rejections: this record can never be written (the only dead-letter cases).
+_RECORD_CODES = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_EXCEPTION,  # invalid topic name (derived from the row)
+        KafkaError._INVALID_ARG,
+    }
+)
+#: Topic-level problems someone must fix; retried (never dead-lettered) and alerted.
+_ALERTS = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART: "topic_missing",
+    KafkaError._UNKNOWN_TOPIC: "topic_missing",
+    KafkaError._UNKNOWN_PARTITION: "topic_missing",
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "not_authorized",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "not_authorized",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "not_authorized",
+    KafkaError.POLICY_VIOLATION: "policy_violation",
+}
+FailureKind = Literal["record", "retry", "fatal"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFailure:
+    """Why a record was not written, with the record itself (for dead-lettering)."""
+
+    code: int
+    name: str
+    reason: str
+    kind: FailureKind
+    alert: str | None
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+class DeliveryListener(Protocol):
+    """Receives the outcome of each record produced with it."""
+
+    def delivered(self, topic: str, headers: Headers) -> None: ...
+
+    def failed(self, failure: DeliveryFailure) -> None: ...
+
+
+def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:
+    """(kind, alert) of a Kafka error code: the one classification (see the module contract)."""
+    if code in _RECORD_CODES:  # also when fatal: the gapless guarantee (halt policy) says so
+        return "record", None
+    if fatal or code in (KafkaError._FATAL, KafkaError._FENCED):
+        return "fatal", "producer_fatal"
+    return "retry", _ALERTS.get(code, "kafka_unavailable")
+
+
+def failure_of(
+    err: Any, topic: str | None, key: bytes | None, value: bytes | None, headers: Any
+) -> DeliveryFailure:
+    """The :class:`DeliveryFailure` of librdkafka error ``err`` for this record."""
+    code = err.code()
+    kind, alert = classify(code, bool(err.fatal()))
+    return DeliveryFailure(
+        code=code,
+        name=err.name(),
+        reason=err.str(),
+        kind=kind,
+        alert=alert,
+        topic=topic or "",
+        key=key,
+        value=value,
+        headers=list(headers or []),
+    )

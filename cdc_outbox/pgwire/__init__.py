@@ -1,0 +1,1 @@
+"""PostgreSQL logical replication wire format: walsender framing and pgoutput decoding (pure)."""
