@@ -39,7 +39,8 @@ def import_debezium(
 ) -> None:
     """Print the cdc-outbox TOML equivalent to a Debezium outbox connector configuration;
     refuse (exit 2) with one line naming a setting cdc-outbox does not support."""
-    from cdc_outbox.debezium_config import convert, parse_connect_json, parse_properties, to_toml
+    from cdc_outbox.debezium_config import convert, to_toml
+    from cdc_outbox.debezium_files import parse_connect_json, parse_properties
 
     try:
         text = file.read_text(encoding="utf-8")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
-from cdc_outbox.records import DeadLetter
+from cdc_outbox.records import DeadLetter, OutboxRecord
 
 _VALUE_IS_THE_PROBLEM = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE"})
 
@@ -45,3 +45,18 @@ def _error_headers(reason: str, topic: str) -> Headers:
         ("cdc_outbox.error", reason.encode()),
         ("cdc_outbox.original_topic", topic.encode()),
     ]
+
+
+def dead_letter_of(record: OutboxRecord, reason: str) -> DeadLetter:
+    """The dead letter of ``record`` as mapped (JSON value, plain key)."""
+    return DeadLetter(
+        reason, record.event_id, record.key, record.value, record.headers, record.topic
+    )
+
+
+def event_id_of(headers: Headers) -> str | None:
+    """The event id a record carries in its ``id`` header (None if it has none)."""
+    for name, value in headers:
+        if name == "id":
+            return value.decode(errors="replace")
+    return None

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from cdc_outbox.config import Settings
-from cdc_outbox.delivery.dead_letters import dead_letter_record
+from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
 from cdc_outbox.delivery.failed_rows import FailedRows
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
@@ -58,7 +58,7 @@ from cdc_outbox.delivery.policy import (
 )
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
 from cdc_outbox.errors import topic_missing
-from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener, Headers
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener
 from cdc_outbox.kafka.producer_config import eos_config
 from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
 from cdc_outbox.records import DeadLetter, OutboxRecord
@@ -237,7 +237,7 @@ class Delivery:
                             self.restart(encoded.reason)
                             handle.retry(encoded.reason)
                             return
-                        self.reject(handle, _dead(result, encoded.reason))
+                        self.reject(handle, dead_letter_of(result, encoded.reason))
                         return
                 problem = None
                 if value is None or len(value) >= self._fast_bytes:
@@ -264,7 +264,7 @@ class Delivery:
                 value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
                 result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
             else:
-                result = _dead(result, blocked_reason(blocker, result.event_id))
+                result = dead_letter_of(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
 
@@ -330,7 +330,7 @@ class Delivery:
         while self._dead and self.halt_reason is None:
             handle, problem, reason = self._dead.popleft()
             record = dead_letter_record(problem)
-            event_id = _event_id(record.headers)
+            event_id = event_id_of(record.headers)
             self.dead_in_flight += 1
             self.publisher.produce(
                 self.settings.dead_letter_topic,
@@ -388,17 +388,3 @@ class Delivery:
         aggregate_id = (key or b"").decode(errors="replace")
         context = {"event_id": event_id, "aggregate_id": aggregate_id, "topic": topic}
         logger.warning("event %s dead-lettered: %s", event_id, reason, extra=context)
-
-
-def _dead(record: OutboxRecord, reason: str) -> DeadLetter:
-    """The dead letter of ``record`` as mapped (JSON value, plain key)."""
-    return DeadLetter(
-        reason, record.event_id, record.key, record.value, record.headers, record.topic
-    )
-
-
-def _event_id(headers: Headers) -> str | None:
-    for name, value in headers:
-        if name == "id":
-            return value.decode(errors="replace")
-    return None

@@ -9,17 +9,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from cdc_outbox.config import load_settings
-from cdc_outbox.debezium_config import (
-    ROUTER_OPTIONS,
-    convert,
-    parse_connect_json,
-    parse_properties,
-    to_toml,
-)
+from cdc_outbox.debezium_config import ROUTER_OPTIONS, convert, to_toml
+from cdc_outbox.debezium_files import parse_connect_json, parse_properties
 from cdc_outbox.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,40 +195,6 @@ def test_every_router_option_is_mapped_refused_or_accepted_in_the_docs() -> None
     doc = (REPO / "docs" / "debezium.md").read_text()
     for option in ROUTER_OPTIONS:
         assert f"| `{option}`" in doc, option
-
-
-def test_properties_syntax() -> None:
-    text = (
-        "# comment\n! also a comment\n\n"
-        "a=1\n  b : two words \nc three\nd\\=e=f\n"
-        "long=first \\\n    second\n"
-        "esc=tab\\there\\u00e9\\\\\n"
-        "empty=\n"
-    )
-    assert parse_properties(text) == {
-        "a": "1", "b": "two words ", "c": "three", "d=e": "f", "long": "first second",
-        "esc": "tab\there\u00e9\\", "empty": "",
-    }  # fmt: skip
-
-
-_KEYS = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), min_size=1)
-_VALUES = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]))
-
-
-def _escape(text: str, key: bool) -> str:
-    out = text.replace("\\", "\\\\")
-    if key:
-        for ch in " =:#!":
-            out = out.replace(ch, "\\" + ch)
-    elif out.startswith((" ", "\t")):
-        out = "\\" + out
-    return out
-
-
-@given(st.dictionaries(_KEYS, _VALUES, max_size=8))
-def test_properties_round_trip(config: dict[str, str]) -> None:
-    text = "".join(f"{_escape(k, True)}={_escape(v, False)}\n" for k, v in config.items())
-    assert parse_properties(text) == config
 
 
 def test_cli_prints_toml_or_refuses_with_exit_2(tmp_path: Path) -> None:
