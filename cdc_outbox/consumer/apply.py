@@ -4,9 +4,10 @@
   the whole batch are inserted by one statement pipelined with ``BEGIN`` (``INSERT ... SELECT
   unnest(ids) ON CONFLICT DO NOTHING RETURNING event_id``: one round trip), the handler runs
   for the new ids only, in record order, then ``COMMIT``: two round trips per batch when no
-  handler raises and nothing is dead-lettered. Between two handlers the connection's socket
-  is checked (no round trip): a connection the server closed stops the batch at once
-  instead of running the rest of its handlers in a transaction that cannot commit.
+  handler raises and nothing is dead-lettered. Between two handlers, once at least 1 ms
+  has passed since the last check, the connection's socket is checked (no round trip): a
+  connection the server closed stops the batch instead of running the rest of its
+  handlers in a transaction that cannot commit.
 * :meth:`Applier.one`: one record in a transaction of its own, retried with doubling backoff
   up to ``max_attempts`` when its handler or its COMMIT fails, then dead-lettered and its key
   parked. Used only for records the fast path could not finish (see
@@ -24,6 +25,7 @@ import contextlib
 import logging
 import select
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +39,7 @@ from cdc_outbox.consumer.metrics import ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
 from cdc_outbox.consumer.store import ConsumerStore
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
-from cdc_outbox.tracing import handler_span
+from cdc_outbox.tracing import handler_span, handler_span_wanted, tracer_provider_set
 
 logger = logging.getLogger("cdc_outbox.consumer.loop")
 
@@ -50,6 +52,8 @@ Item = tuple[RawRecord, Event | str]
 #: (outcome, reason): "processed", "duplicate" or "dead_lettered" (metrics.OUTCOMES).
 Outcome = tuple[str, str]
 Parked = dict[tuple[str, str], str]
+#: Handler time after which the fast path checks its connection before the next handler.
+_LOST_CHECK_S = 0.001
 
 
 class HandlerFailed(Exception):
@@ -95,6 +99,7 @@ class Applier:
         self.parked = parked
         self.stop = stop
         self.metrics = metrics
+        self._tracing = False  # tracer_provider_set(), asked once per transaction
 
     # -- the fast path ---------------------------------------------------------------------
     def fast(self, items: Sequence[Item]) -> tuple[list[Outcome], Exception | None]:
@@ -105,18 +110,22 @@ class Applier:
         outcomes: list[Outcome] = []
         parked: Parked = {}
         trouble: Exception | None = None
+        self._tracing = tracer_provider_set()
         with self.pool.connection() as conn:
             try:
                 new: set[uuid.UUID] = set()
                 done: set[uuid.UUID] = set()
                 if self.settings.dedupe:
                     new = self.store.mark_batch(conn, list(dict.fromkeys(_ids(items))))
+                checked = time.monotonic()
                 try:
                     for index, (record, event) in enumerate(items):
                         if self.stop.is_set():
                             break
-                        if index and _lost(conn):
-                            raise ConnectionLost("the server closed the connection mid-batch")
+                        if index and (now := time.monotonic()) - checked >= _LOST_CHECK_S:
+                            if _lost(conn):
+                                raise ConnectionLost("the server closed the connection mid-batch")
+                            checked = now
                         outcomes.append(
                             self._fast_one(conn, index, record, event, new, done, parked)
                         )
@@ -160,7 +169,12 @@ class Applier:
         return "processed", ""
 
     def _handle(self, conn: psycopg.Connection[Any], event: Event) -> None:
-        """The handler, in a span continuing the record's trace (cdc_outbox.tracing)."""
+        """The handler, in a span continuing the record's trace (cdc_outbox.tracing), when
+        a span would change anything (:func:`~cdc_outbox.tracing.handler_span_wanted`;
+        whether a tracer provider is set is asked once per transaction)."""
+        if not handler_span_wanted(event.headers, self._tracing):
+            self.handler(conn, event)
+            return
         attributes = {
             "messaging.system": "kafka",
             "messaging.operation.type": "process",
@@ -203,6 +217,7 @@ class Applier:
                     return None
 
     def _attempt(self, conn: psycopg.Connection[Any], record: RawRecord, event: Event) -> Outcome:
+        self._tracing = tracer_provider_set()
         try:
             if self.settings.dedupe and not self.store.mark_processed(conn, event.event_id):
                 outcome: Outcome = "duplicate", ""
