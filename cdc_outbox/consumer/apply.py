@@ -113,10 +113,10 @@ class Applier:
         self._tracing = tracer_provider_set()
         with self.pool.connection() as conn:
             try:
-                new: set[uuid.UUID] = set()
+                new: set[uuid.UUID] | None = None  # None: every id is new (and distinct)
                 done: set[uuid.UUID] = set()
                 if self.settings.dedupe:
-                    new = self.store.mark_batch(conn, list(dict.fromkeys(_ids(items))))
+                    new = self.store.mark_batch(conn, _ids(items))
                 checked = time.monotonic()
                 try:
                     for index, (record, event) in enumerate(items):
@@ -133,7 +133,9 @@ class Applier:
                     trouble = exc
                 if self.settings.dedupe and len(outcomes) < len(items):
                     rest = items[len(outcomes) :]
-                    self.store.unmark(conn, [i for i in _ids(rest) if i in new and i not in done])
+                    unfinished = [i for i in _ids(rest)
+                                  if new is None or (i in new and i not in done)]  # fmt: skip
+                    self.store.unmark(conn, unfinished)
             except BaseException:
                 _rollback(conn)
                 raise
@@ -147,13 +149,13 @@ class Applier:
         index: int,
         record: RawRecord,
         event: Event | str,
-        new: set[uuid.UUID],
+        new: set[uuid.UUID] | None,
         done: set[uuid.UUID],
         parked: Parked,
     ) -> Outcome:
         if isinstance(event, str):
             return self._give_up(conn, record, None, event, parked)
-        if self.settings.dedupe:
+        if new is not None:  # de-duplicating, and the batch had a duplicate
             if event.event_id not in new or event.event_id in done:
                 return "duplicate", ""
             done.add(event.event_id)  # a repeat later in this batch is a duplicate
