@@ -1,13 +1,14 @@
 """How the records of one poll reach PostgreSQL: the fast path and the slow path.
 
 * :meth:`Applier.fast`: the records in ONE transaction. The ``processed_events`` rows of
-  the whole batch are inserted by one statement pipelined with ``BEGIN`` (``INSERT ... SELECT
-  unnest(ids) ON CONFLICT DO NOTHING RETURNING event_id``: one round trip), the handler runs
-  for the new ids only, in record order, then ``COMMIT``: two round trips per batch when no
-  handler raises and nothing is dead-lettered. Between two handlers, once at least 1 ms
-  has passed since the last check, the connection's socket is checked (no round trip): a
-  connection the server closed stops the batch instead of running the rest of its
-  handlers in a transaction that cannot commit.
+  the whole batch are inserted by one statement (:meth:`ConsumerStore.mark_batch
+  <cdc_outbox.consumer.store.ConsumerStore.mark_batch>`: a plain ``INSERT ... SELECT
+  unnest(ids)``; only after a duplicate ``ON CONFLICT DO NOTHING RETURNING event_id``), the
+  handler runs for the new ids only, in record order, then ``COMMIT``: three round trips
+  per batch (BEGIN, INSERT, COMMIT) when no handler raises and nothing is dead-lettered.
+  Between two handlers, once at least 1 ms has passed since the last check, the
+  connection's socket is checked (no round trip): a connection the server closed stops the
+  batch instead of running the rest of its handlers in a transaction that cannot commit.
 * :meth:`Applier.one`: one record in a transaction of its own, retried with doubling backoff
   up to ``max_attempts`` when its handler or its COMMIT fails, then dead-lettered and its key
   parked. Used only for records the fast path could not finish (see
