@@ -111,7 +111,7 @@ def event_of(record: RawRecord, decode: ValueDecoder) -> Event:
     if ce.is_cloudevent(headers):
         return ce.cloud_event_of(record, headers, decode)  # type: ignore[no-any-return]
     get = headers.get
-    return Event(  # positional: about 1 us less per record than by keyword
+    return Event(
         _event_id(headers),
         text_of(get("aggregate_type")),
         text_of(record.key),
