@@ -212,9 +212,9 @@ def write_section(result: dict[str, Any], path: Path, command: str) -> None:
         "",
         f"- Backlog of {result['params']['events']:,} JSON records (~230 bytes) on"
         f" {result['params']['partitions']} partitions, 1,000 keys, read by one consumer in"
-        " this process. Each poll (<= 500 records) is one PostgreSQL transaction: one"
-        " multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING into processed_events,"
-        " pipelined with BEGIN, the handler for each new id, COMMIT; then the offsets are"
+        " this process. Each poll (<= 500 records) is one PostgreSQL transaction: BEGIN,"
+        " one multi-row INSERT into processed_events (ON CONFLICT DO NOTHING RETURNING only"
+        " after a duplicate), the handler for each new id, COMMIT; then the offsets are"
         " stored (one call per poll).",
         "- The bare loop is confluent-kafka's consume() in a loop, each record's JSON value"
         " and id header parsed; it writes nothing anywhere.",

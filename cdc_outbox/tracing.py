@@ -31,7 +31,9 @@ __all__ = [
     "current_span_context",
     "format_span_context",
     "handler_span",
+    "handler_span_wanted",
     "span_context_headers",
+    "tracer_provider_set",
 ]
 
 #: W3C traceparent: version 00 (lowercase hex), trace id, parent span id, flags.
@@ -95,6 +97,27 @@ def current_span_context() -> str | None:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)  # writes nothing for an invalid span
     return format_span_context(carrier)
+
+
+def tracer_provider_set() -> bool:
+    """Whether opentelemetry is installed and a tracer provider is set (a span can be
+    recorded). For :func:`handler_span_wanted`; asking costs about as much as a record's
+    JSON parse, so a consumer asks once per batch, not per record."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return False
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def handler_span_wanted(headers: Mapping[str, bytes | None], provider_set: bool) -> bool:
+    """Whether :func:`handler_span` would change anything for a record with ``headers``
+    (``provider_set``: :func:`tracer_provider_set`): a provider is set, or the record has a
+    ``traceparent`` (a no-op tracer still hands its context to the handler as the current
+    span). Otherwise the span would be the invalid no-op span, as if none were open, and
+    the caller may run the handler without it (about 100,000 CPU instructions less)."""
+    return provider_set or "traceparent" in headers
 
 
 @contextlib.contextmanager

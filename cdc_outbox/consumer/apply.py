@@ -1,12 +1,14 @@
 """How the records of one poll reach PostgreSQL: the fast path and the slow path.
 
 * :meth:`Applier.fast`: the records in ONE transaction. The ``processed_events`` rows of
-  the whole batch are inserted by one statement pipelined with ``BEGIN`` (``INSERT ... SELECT
-  unnest(ids) ON CONFLICT DO NOTHING RETURNING event_id``: one round trip), the handler runs
-  for the new ids only, in record order, then ``COMMIT``: two round trips per batch when no
-  handler raises and nothing is dead-lettered. Between two handlers the connection's socket
-  is checked (no round trip): a connection the server closed stops the batch at once
-  instead of running the rest of its handlers in a transaction that cannot commit.
+  the whole batch are inserted by one statement (:meth:`ConsumerStore.mark_batch
+  <cdc_outbox.store.processed_events.ConsumerStore.mark_batch>`: a plain ``INSERT ... SELECT
+  unnest(ids)``; only after a duplicate ``ON CONFLICT DO NOTHING RETURNING event_id``), the
+  handler runs for the new ids only, in record order, then ``COMMIT``: three round trips
+  per batch (BEGIN, INSERT, COMMIT) when no handler raises and nothing is dead-lettered.
+  Between two handlers, once at least 1 ms has passed since the last check, the
+  connection's socket is checked (no round trip): a connection the server closed stops the
+  batch instead of running the rest of its handlers in a transaction that cannot commit.
 * :meth:`Applier.one`: one record in a transaction of its own, retried with doubling backoff
   up to ``max_attempts`` when its handler or its COMMIT fails, then dead-lettered and its key
   parked. Used only for records the fast path could not finish (see
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import select
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +40,7 @@ from cdc_outbox.consumer.metrics import ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
 from cdc_outbox.store.processed_events import ConsumerStore
-from cdc_outbox.tracing import handler_span
+from cdc_outbox.tracing import handler_span, handler_span_wanted, tracer_provider_set
 
 logger = logging.getLogger("cdc_outbox.consumer.loop")
 
@@ -50,6 +53,8 @@ Item = tuple[RawRecord, Event | str]
 #: (outcome, reason): "processed", "duplicate" or "dead_lettered" (metrics.OUTCOMES).
 Outcome = tuple[str, str]
 Parked = dict[tuple[str, str], str]
+#: Handler time after which the fast path checks its connection before the next handler.
+_LOST_CHECK_S = 0.001
 
 
 class HandlerFailed(Exception):
@@ -95,6 +100,7 @@ class Applier:
         self.parked = parked
         self.stop = stop
         self.metrics = metrics
+        self._tracing = False  # tracer_provider_set(), asked once per transaction
 
     # -- the fast path ---------------------------------------------------------------------
     def fast(self, items: Sequence[Item]) -> tuple[list[Outcome], Exception | None]:
@@ -105,18 +111,22 @@ class Applier:
         outcomes: list[Outcome] = []
         parked: Parked = {}
         trouble: Exception | None = None
+        self._tracing = tracer_provider_set()
         with self.pool.connection() as conn:
             try:
-                new: set[uuid.UUID] = set()
+                new: set[uuid.UUID] | None = None  # None: every id is new (and distinct)
                 done: set[uuid.UUID] = set()
                 if self.settings.dedupe:
-                    new = self.store.mark_batch(conn, list(dict.fromkeys(_ids(items))))
+                    new = self.store.mark_batch(conn, _ids(items))
+                checked = time.monotonic()
                 try:
                     for index, (record, event) in enumerate(items):
                         if self.stop.is_set():
                             break
-                        if index and _lost(conn):
-                            raise ConnectionLost("the server closed the connection mid-batch")
+                        if index and (now := time.monotonic()) - checked >= _LOST_CHECK_S:
+                            if _lost(conn):
+                                raise ConnectionLost("the server closed the connection mid-batch")
+                            checked = now
                         outcomes.append(
                             self._fast_one(conn, index, record, event, new, done, parked)
                         )
@@ -124,7 +134,9 @@ class Applier:
                     trouble = exc
                 if self.settings.dedupe and len(outcomes) < len(items):
                     rest = items[len(outcomes) :]
-                    self.store.unmark(conn, [i for i in _ids(rest) if i in new and i not in done])
+                    unfinished = [i for i in _ids(rest)
+                                  if new is None or (i in new and i not in done)]  # fmt: skip
+                    self.store.unmark(conn, unfinished)
             except BaseException:
                 _rollback(conn)
                 raise
@@ -138,13 +150,13 @@ class Applier:
         index: int,
         record: RawRecord,
         event: Event | str,
-        new: set[uuid.UUID],
+        new: set[uuid.UUID] | None,
         done: set[uuid.UUID],
         parked: Parked,
     ) -> Outcome:
         if isinstance(event, str):
             return self._give_up(conn, record, None, event, parked)
-        if self.settings.dedupe:
+        if new is not None:  # de-duplicating, and the batch had a duplicate
             if event.event_id not in new or event.event_id in done:
                 return "duplicate", ""
             done.add(event.event_id)  # a repeat later in this batch is a duplicate
@@ -160,7 +172,12 @@ class Applier:
         return "processed", ""
 
     def _handle(self, conn: psycopg.Connection[Any], event: Event) -> None:
-        """The handler, in a span continuing the record's trace (cdc_outbox.tracing)."""
+        """The handler, in a span continuing the record's trace (cdc_outbox.tracing), when
+        a span would change anything (:func:`~cdc_outbox.tracing.handler_span_wanted`;
+        whether a tracer provider is set is asked once per transaction)."""
+        if not handler_span_wanted(event.headers, self._tracing):
+            self.handler(conn, event)
+            return
         attributes = {
             "messaging.system": "kafka",
             "messaging.operation.type": "process",
@@ -203,6 +220,7 @@ class Applier:
                     return None
 
     def _attempt(self, conn: psycopg.Connection[Any], record: RawRecord, event: Event) -> Outcome:
+        self._tracing = tracer_provider_set()
         try:
             if self.settings.dedupe and not self.store.mark_processed(conn, event.event_id):
                 outcome: Outcome = "duplicate", ""

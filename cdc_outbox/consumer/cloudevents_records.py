@@ -25,12 +25,17 @@ __all__ = ["STRUCTURED_CONTENT_TYPE", "cloud_event_of", "is_cloudevent"]
 STRUCTURED_CONTENT_TYPE = "application/cloudevents"
 
 
+_STRUCTURED = STRUCTURED_CONTENT_TYPE.encode()
+_BINARY_PREFIXES = ("ce_", "CE_", "Ce_", "cE_")  # "ce_" in any case, without a new string
+
+
 def is_cloudevent(headers: Mapping[str, bytes | None]) -> bool:
     """Whether a record with these headers is in the CloudEvents Kafka binding."""
-    if any(name[:3].lower() == "ce_" for name in headers):
-        return True
+    for name in headers:  # a loop, not any(<generator>): this runs for every record
+        if name.startswith(_BINARY_PREFIXES):
+            return True
     content_type = headers.get("content-type")
-    return content_type is not None and content_type.startswith(STRUCTURED_CONTENT_TYPE.encode())
+    return content_type is not None and content_type.startswith(_STRUCTURED)
 
 
 def cloud_event_of(

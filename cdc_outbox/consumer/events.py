@@ -10,6 +10,7 @@ needs is down (the batch is retried after a backoff, nothing is dead-lettered).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import Any
@@ -61,18 +62,27 @@ def event_of(record: RawRecord, decode: ValueDecoder) -> Event:
     """The :class:`Event` of ``record``; :class:`BadRecord` if it has none. CloudEvents
     records (binary or structured) are read by :mod:`cdc_outbox.consumer.cloudevents_records`."""
     headers = dict(record.headers)
-    from cdc_outbox.consumer import cloudevents_records as ce
-
+    ce = _cloudevents()
     if ce.is_cloudevent(headers):
-        return ce.cloud_event_of(record, headers, decode)
+        return ce.cloud_event_of(record, headers, decode)  # type: ignore[no-any-return]
+    get = headers.get
     return Event(
-        event_id=_event_id(headers),
-        aggregate_type=text_of(headers.get("aggregate_type")),
-        aggregate_id=text_of(record.key),
-        event_type=text_of(headers.get("event_type")),
-        payload=decode(record),
-        headers=headers,
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
+        _event_id(headers),
+        text_of(get("aggregate_type")),
+        text_of(record.key),
+        text_of(get("event_type")),
+        decode(record),
+        headers,
+        record.topic,
+        record.partition,
+        record.offset,
     )
+
+
+@functools.cache
+def _cloudevents() -> Any:
+    """:mod:`cdc_outbox.consumer.cloudevents_records`, imported on first use (it imports this
+    module) and then found in one call instead of an import statement per record."""
+    from cdc_outbox.consumer import cloudevents_records
+
+    return cloudevents_records

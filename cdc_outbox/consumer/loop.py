@@ -8,7 +8,8 @@ committed to Kafka every ``commit_interval_s``, before partitions are revoked an
 
 The records of one poll (at most ``poll_batch``) take the fast path
 (:meth:`cdc_outbox.consumer.apply.Applier.fast`): one transaction, the batch's rows inserted
-by one statement (``ON CONFLICT DO NOTHING``: an id not inserted is a duplicate, skipped),
+by one statement (after a duplicate, ``ON CONFLICT DO NOTHING``: an id not inserted is a
+duplicate, skipped),
 then for each new event, in order: a record whose key is parked (an earlier event of that key
 on that topic was dead-lettered) is dead-lettered with reason ``blocked_by <event id>``;
 otherwise ``handler(conn, event)`` runs. Then COMMIT.

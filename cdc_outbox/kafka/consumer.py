@@ -134,17 +134,20 @@ class KafkaSource:
             logger.warning("offset commit failed (records will be re-read, then skipped): %s", exc)
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """Records between the position and the high watermark, per assigned partition."""
+        """Records between the position and the high watermark, per assigned partition
+        that has both. The high watermark is the one the last fetch response brought (no
+        request to the broker: asking it cost up to 0.5 s per partition on the consuming
+        thread); a partition not fetched from yet is left out."""
         out: dict[tuple[str, int], int] = {}
         parts = self._consumer.assignment()
         if not parts:
             return out
         for tp in self._consumer.position(parts):
             try:
-                _low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0)
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
             except KafkaException:
                 continue
-            if tp.offset >= 0:
+            if tp.offset >= 0 and high >= 0:
                 out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
         return out
 

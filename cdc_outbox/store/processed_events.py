@@ -74,6 +74,9 @@ class ConsumerStore:
         self._mark = sql.SQL(
             "INSERT INTO {} (consumer_name, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
         ).format(processed)
+        self._insert_batch = sql.SQL(
+            "INSERT INTO {} (consumer_name, event_id) SELECT %s, unnest(%s::uuid[])"
+        ).format(processed)
         self._mark_batch = sql.SQL(
             "INSERT INTO {} (consumer_name, event_id) SELECT %s, unnest(%s::uuid[])"
             " ON CONFLICT DO NOTHING RETURNING event_id"
@@ -88,6 +91,8 @@ class ConsumerStore:
         self._parked = sql.SQL(
             "SELECT topic, key, event_id FROM {} WHERE consumer_name = %s"
         ).format(parked)
+        #: A plain batch INSERT met a duplicate: ON CONFLICT until a batch has none again.
+        self._duplicates_seen = False
 
     def create_tables(self, conn: psycopg.Connection[Any]) -> None:
         for stmt in consumer_tables_ddl(self.schema):
@@ -100,13 +105,27 @@ class ConsumerStore:
 
     def mark_batch(
         self, conn: psycopg.Connection[Any], event_ids: list[uuid.UUID]
-    ) -> set[uuid.UUID]:
-        """Record every id of ``event_ids`` in one statement; the ids that were new (the rest
-        are duplicates). Pipelined with the transaction's BEGIN: one round trip; binary
-        parameters (a third less time than text for 500 ids, measured)."""
+    ) -> set[uuid.UUID] | None:
+        """Record every id of ``event_ids`` as the FIRST statement of the transaction: None
+        when they were all new and distinct (the common case: one plain multi-row INSERT,
+        nothing read back), else the set of the ids that were new (the rest, and repeats
+        within ``event_ids``, are duplicates). A plain INSERT that meets a duplicate raises;
+        then the transaction (nothing else in it) is rolled back and the ids are inserted
+        with ``ON CONFLICT DO NOTHING RETURNING event_id``, and so are the next batches' until
+        one has no duplicate. Binary parameters (a third less time than text for 500 ids)."""
+        if not self._duplicates_seen:
+            try:
+                conn.execute(self._insert_batch, (self.consumer_name, event_ids), binary=True)
+                return None
+            except psycopg.errors.UniqueViolation:
+                conn.rollback()
+                self._duplicates_seen = True
+        distinct = list(dict.fromkeys(event_ids))
         with conn.pipeline():  # fetched after the pipeline's one Sync, not inside it
-            cur = conn.execute(self._mark_batch, (self.consumer_name, event_ids), binary=True)
-        return {row[0] for row in cur.fetchall()}
+            cur = conn.execute(self._mark_batch, (self.consumer_name, distinct), binary=True)
+        new = {row[0] for row in cur.fetchall()}
+        self._duplicates_seen = len(new) < len(event_ids)
+        return new
 
     def unmark(self, conn: psycopg.Connection[Any], event_ids: list[uuid.UUID]) -> None:
         """Forget ``event_ids`` again (marked by :meth:`mark_batch`, then not handled)."""
