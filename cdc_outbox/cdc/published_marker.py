@@ -9,8 +9,9 @@ when the buffer is full (the database is down for long), leave their rows PENDIN
 pass or a catch-up would publish them again (duplicates, never losses). So that such rows
 cannot pile up over crashes, nothing is treated as done before it is marked:
 
-- :class:`MarkedWatermark` holds the slot's confirmation back to the positions whose events are
-  all marked (a crash re-streams, and so marks, whatever is unmarked);
+- :class:`~cdc_outbox.cdc.ledger.MarkedWatermark` holds the slot's confirmation back to the
+  positions whose events are all marked (a crash re-streams, and so marks, whatever is
+  unmarked);
 - a catch-up waits for :attr:`PublishedMarker.unmarked` to stay small and for
   :meth:`PublishedMarker.settle` before it streams.
 
@@ -190,36 +191,3 @@ def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
             " locked_at = NULL WHERE {} AND status <> 'PUBLISHED'"
         ).format(table, match)
     return None
-
-
-class MarkedWatermark:
-    """Pure: the newest confirmable position whose events are all marked published.
-
-    :meth:`note` ``(position, handed)``: every event up to ``position`` was acknowledged, so
-    its id had been handed to the marker by the time ``handed`` was read. :meth:`through`
-    ``(settled)``: the newest noted position with ``handed <= settled`` (else the start).
-    :meth:`~cdc_outbox.cdc.checkpoint.Checkpointer.confirmable` caps the confirmation by it.
-    """
-
-    __slots__ = ("_noted", "_pending", "position")
-
-    def __init__(self, start: int) -> None:
-        self.position = start
-        self._noted = start
-        self._pending: deque[list[int]] = deque()  # [position, handed], both increasing
-
-    def note(self, position: int, handed: int) -> None:
-        if position <= self._noted:
-            return
-        self._noted = position
-        pending = self._pending
-        if pending and pending[-1][1] == handed:
-            pending[-1][0] = position  # nothing new to wait for: the later position covers it
-        else:
-            pending.append([position, handed])
-
-    def through(self, settled: int) -> int:
-        pending = self._pending
-        while pending and pending[0][1] <= settled:
-            self.position = pending.popleft()[0]
-        return self.position
