@@ -18,9 +18,13 @@ Positions, all LSNs of the WAL history they were recorded in:
 Transitions and their rules:
 
 * :meth:`Ledger.restart_from`: a session (re)starts from acked (at-least-once) or
-  ``min(acked, committed)`` (exactly-once: never past an aborted Kafka transaction), each only
-  as far as it holds in the server's current history, or from kept, whichever is greater
-  (:func:`~cdc_outbox.cdc.history.stream_start`).
+  ``min(acked, committed)`` (exactly-once: never past an aborted Kafka transaction), or from
+  kept, whichever is greater (:func:`~cdc_outbox.cdc.history.stream_start`). Acked is trusted
+  only in the history (system, timeline) it was recorded in, up to its WAL end: on a new
+  timeline the marks behind it may be gone with the WAL past the switchpoint, so only kept (a
+  value of the database itself, written after the marks it covers) and the slot say where to
+  start; what is re-streamed and already in Kafka is skipped (exactly-once) or published again
+  (at-least-once), and marked either way.
 * :meth:`Ledger.start_session`: the slot streams from ``start``; new acked and marked positions
   begin there, recorded in the server's history.
 * :meth:`Ledger.trust_checkpoint` (exactly-once, every session): committed becomes what Kafka
@@ -100,7 +104,8 @@ class Ledger:
         remembered = self.acked.confirmed
         if self.batch is not None:
             remembered = min(remembered, self.batch.committed_lsn)
-        return stream_start(remembered, self.acked_in, kept, history)
+        same = self.acked_in == (history.system_id, history.timeline)
+        return stream_start(remembered, self.acked_in if same else None, kept, history)
 
     def start_session(self, history: History, start: int) -> AckTracker:
         """The slot streams from ``start`` in ``history``: fresh acked and marked positions."""
