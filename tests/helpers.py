@@ -28,9 +28,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
-from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.relay_stats import RelayStats
 
 T = TypeVar("T")

@@ -37,6 +37,7 @@ from psycopg import sql
 from cdc_outbox.admin.inspection import ColumnType, id_column_type
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.mark_published import marking_statement
 
 logger = logging.getLogger(__name__)
 
@@ -177,17 +178,13 @@ def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
     """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
 
     Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
     if id_type.is_uuid:
         ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
     else:
         ids = sql.SQL("%s::text[]::{}").format(id_type.array())
     match = sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
-    if settings.cdc_mark_published == "delete":
-        return sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
-    if settings.cdc_mark_published == "update" and settings.columns.preset == "default":
-        return sql.SQL(
-            "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-            " locked_at = NULL WHERE {} AND status <> 'PUBLISHED'"
-        ).format(table, match)
+    if settings.cdc_mark_published == "delete" or (
+        settings.cdc_mark_published == "update" and settings.columns.preset == "default"
+    ):
+        return marking_statement(settings, match)
     return None

@@ -43,6 +43,7 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
+from cdc_outbox.mark_published import marking_statement
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
 
@@ -304,18 +305,10 @@ def mark_published(
 
     if not ids:
         return 0
-    table = sql.Identifier(settings.outbox_schema, settings.outbox_table)
-    match = sql.SQL("{} = ANY(%s::text[]::{}) AND status IN ('PENDING', 'PROCESSING')").format(
+    match = sql.SQL("{} = ANY(%s::text[]::{})").format(
         sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
     )
-    if settings.cdc_mark_published == "delete":
-        statement = sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
-    else:
-        statement = sql.SQL(
-            "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-            " locked_at = NULL WHERE {}"
-        ).format(table, match)
-    return conn.execute(statement, (ids,)).rowcount
+    return conn.execute(marking_statement(settings, match), (ids,)).rowcount
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:

@@ -12,9 +12,10 @@ skips are :meth:`Ledger.skip`, every confirmation :meth:`Ledger.confirmable` (th
 
 Checked: at every step, every transaction up to the slot's confirmed position is visible to a
 ``read_committed`` reader; at every session start, every transaction below the start is
-visible and marked (or its id is with the marker); after a quiet end, the events visible of the current history's
-transactions are exactly those transactions' events, exactly once (exactly-once, unless a
-catch-up re-published what had lost its mark) or at least once (at-least-once), and every row
+visible and marked (or its id is with the marker); after a quiet end, the events visible of
+the current history's transactions are exactly those transactions' events, exactly once
+(exactly-once, unless a catch-up re-published what had lost its mark) or at least once
+(at-least-once), and every row
 is PUBLISHED.
 """
 

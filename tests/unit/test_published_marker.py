@@ -13,8 +13,8 @@ from pydantic import SecretStr
 from cdc_outbox.admin.inspection import ColumnType
 from cdc_outbox.cdc.ledger import Ledger, MarkedWatermark
 from cdc_outbox.cdc.published_marker import PublishedMarker, _statement
-from cdc_outbox.delivery.eos_batch import EosBatch
 from cdc_outbox.config import Settings
+from cdc_outbox.delivery.eos_batch import EosBatch
 from tests.helpers import recording_checkpointer
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")
@@ -35,14 +35,18 @@ def test_uuid_ids_keep_one_comma_joined_text_parameter() -> None:
     assert render(UUID) == (
         'UPDATE "public"."outbox" SET status = \'PUBLISHED\', published_at = now(),'
         " locked_by = NULL, locked_at = NULL"
-        " WHERE \"id\" = ANY(string_to_array(%s, ',')::uuid[]) AND status <> 'PUBLISHED'"
+        " WHERE \"id\" = ANY(string_to_array(%s, ',')::uuid[])"
+        " AND status IN ('PENDING', 'PROCESSING')"
     )
 
 
 def test_other_ids_are_one_array_parameter_cast_to_the_column_type() -> None:
     assert render(TEXT, cdc_mark_published="delete") == (
         'DELETE FROM "public"."outbox" WHERE "id" = ANY(%s::text[]::"pg_catalog"."text"[])'
+        " AND status IN ('PENDING', 'PROCESSING')"
     )
+    debezium = render(TEXT, cdc_mark_published="delete", columns={"preset": "debezium"})
+    assert debezium is not None and "status" not in debezium  # no status column to test
     text = render(VARCHAR, columns={"id": "event_id"})
     assert text is not None and "string_to_array" not in text
     assert '"event_id" = ANY(%s::text[]::"pg_catalog"."varchar"[])' in text
