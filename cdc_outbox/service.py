@@ -40,9 +40,11 @@ import psycopg
 
 from cdc_outbox import db_pool
 from cdc_outbox.admin import bootstrap
+from cdc_outbox.backoff import doubling
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
+from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import (
     CdcOutboxError,
     PreflightError,
@@ -179,7 +181,7 @@ class Service:
                 unusable = isinstance(exc, CdcUnavailable) and not _invalidated(str(exc))
                 if mode == "auto" and (unusable or failures >= 2):
                     fall_back_because = str(exc)
-                self._stop.wait(min(30.0, 0.25 * 2 ** min(failures, 7)))
+                self._stop.wait(doubling(failures, 0.5, 30.0))
 
     def _relay(self, lead: Leadership) -> Relay:
         relay = Relay(self.settings, self.stats, is_leader=lead.is_leader)
@@ -277,7 +279,7 @@ class Service:
         polling = PollingRelay(self.settings, self.stats, is_leader=lead.is_leader)
         self._current = polling
         self.stats.mode = "polling"
-        self.stats.delivery_guarantee = "at_least_once"
+        self.stats.delivery_guarantee = guarantee_in_effect(self.settings.delivery, "POLLING")
         if self.settings.delivery == "exactly_once":
             logger.warning(
                 "delivery = exactly_once, but polling is at-least-once (a PostgreSQL status"

@@ -28,8 +28,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.relay_stats import RelayStats
 
 T = TypeVar("T")
@@ -334,13 +335,15 @@ class StatusRecorder:
 
 
 def recording_checkpointer(
-    tracker: AckTracker, start: int, **options: Any
+    ledger: Ledger, start: int, **options: Any
 ) -> tuple[Checkpointer, StatusRecorder]:
-    """A Checkpointer of ``tracker`` (timer 10 s: only explicit sends) and what it sent."""
+    """A Checkpointer of ``ledger`` (a session started at ``start``; timer 10 s: only explicit
+    sends) and what it sent."""
     stream = StatusRecorder()
+    ledger.start_session(History("test", 1, 2**62), start)
     checkpointer = Checkpointer(
         stream,  # type: ignore[arg-type]
-        tracker,
+        ledger,
         RelayStats(),
         start=start,
         interval_s=10.0,

@@ -1,8 +1,8 @@
 """Checkpointing: report positions to the server so the slot's ``confirmed_flush_lsn`` moves.
 
-Contract: the flushed position sent is ``AckTracker.confirmed`` and never decreases (PostgreSQL
-15 would move a slot backwards if told a smaller value), capped by ``ceiling()`` when that
-gives a bound (exactly-once: nothing past the last Kafka commit); written >= flushed.
+Contract: the flushed position sent is the ledger's :meth:`~cdc_outbox.cdc.ledger.Ledger.
+confirmable` and never decreases (PostgreSQL 15 would move a slot backwards if told a smaller
+value); written >= flushed.
 Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also
 while Kafka is down) and, at most five times a second, when the confirmed position
 advanced (a smaller unconfirmed window means fewer duplicates after a crash). A position is
@@ -10,7 +10,7 @@ handed to ``keep`` (the relay: :func:`cdc_outbox.store.relay_state.keep_position
 first sent, so it survives a PostgreSQL crash, which may take the slot's own back; while
 ``keep`` answers False the position is not sent (persisted before it takes effect). With a
 published-marker (``marker``), a position is confirmed only once every event up to it is
-marked published (:class:`~cdc_outbox.cdc.published_marker.MarkedWatermark`): a crash then
+marked published (:class:`~cdc_outbox.cdc.ledger.MarkedWatermark`): a crash then
 re-streams any row still unmarked, so none is left PENDING for a later polling pass or
 catch-up to publish again.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from cdc_outbox.cdc.ack_tracker import AckTracker
-from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker
+from cdc_outbox.cdc.ledger import Ledger
+from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_ports import ReplicationPort
 from cdc_outbox.relay_stats import RelayStats
 
@@ -34,21 +34,18 @@ class Checkpointer:
     def __init__(
         self,
         stream: ReplicationPort,
-        tracker: AckTracker,
+        ledger: Ledger,
         stats: RelayStats,
         *,
         start: int,
         interval_s: float,
-        ceiling: Callable[[], int | None] = lambda: None,
         keep: Callable[[int], bool] = lambda lsn: True,
         marker: PublishedMarker | None = None,
     ) -> None:
         self._marker = marker
-        self._marked = MarkedWatermark(start)
-        self._ceiling = ceiling
         self._keep = keep
         self._stream = stream
-        self._tracker = tracker
+        self._ledger = ledger
         self._stats = stats
         self._interval_s = interval_s
         self.written = start
@@ -56,19 +53,11 @@ class Checkpointer:
         self._last_sent = 0.0
 
     def confirmable(self) -> int:
-        """The tracker's confirmed position, capped by the ceiling and by marking."""
-        ceiling = self._ceiling()
-        confirmed = self._tracker.confirmed
-        if ceiling is not None:
-            confirmed = min(confirmed, ceiling)
+        """The ledger's confirmable position (capped by marking with a marker)."""
         marker = self._marker
-        if marker is not None:
-            # The ids of the events up to ``confirmed`` were handed over before it moved (at
-            # least once: on acknowledgement; exactly-once: at the Kafka commit, which moves
-            # the ceiling, on this thread).
-            self._marked.note(confirmed, marker.handed)
-            confirmed = self._marked.through(marker.settled)
-        return confirmed
+        if marker is None:
+            return self._ledger.confirmable()
+        return self._ledger.confirmable(marker.handed, marker.settled)
 
     def note_written(self, lsn: int) -> None:
         """A position received from the server (keepalive WAL end, commit end)."""

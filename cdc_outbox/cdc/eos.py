@@ -3,8 +3,8 @@
 Learned from Kafka Connect's KIP-618, in one process: one transactional producer per slot
 (``transactional.id`` derived from the server's system identifier, the database and the slot),
 the position (a checkpoint record) committed in the same Kafka transaction as the events, and
-zombie fencing by ``init_transactions``. Contract (with :class:`~cdc_outbox.delivery.eos_batch.
-EosBatch` for the rules):
+zombie fencing by ``init_transactions``. Contract (the positions and their rules are the
+:class:`~cdc_outbox.cdc.ledger.Ledger`'s, with :class:`~cdc_outbox.delivery.eos_batch.EosBatch`):
 
 - Events of whole PostgreSQL transactions go into the open Kafka transaction; at a boundary,
   once it is due, :meth:`EosCommitter.step` closes it: the checkpoint record (end LSN of the
@@ -13,17 +13,17 @@ EosBatch` for the rules):
   acknowledged it commits, then releases the held-back records. With dead letters pending it
   waits instead until they are acknowledged and their rows FAILED in PostgreSQL, then commits
   (:meth:`EosCommitter.settle_and_commit`; catch-up batches: :meth:`EosCommitter.commit`).
-- The slot is confirmed only up to the last committed end LSN (:meth:`EosCommitter.ceiling`).
+- The slot is confirmed only up to the last committed end LSN (:meth:`Ledger.ceiling`).
 - Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
   checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
   the outcome of a commit that failed midway is known only there); PostgreSQL transactions
   that Kafka already holds are skipped (:meth:`EosCommitter.on_begin`), and their events' ids
-  go to the published-marker all the same. Within one history the position never goes back
-  (kept in memory too); a checkpoint of another history (a failover to a standby that was
-  behind, a restore) is trusted only as far as :func:`~cdc_outbox.cdc.history.trusted_below`
-  allows: the rest is published again (counted in ``stats.untrusted_checkpoints``, logged).
-- The relay re-streams from :meth:`EosCommitter.restart_position` at most: nothing past the
-  last Kafka commit, whatever was acknowledged in an aborted transaction.
+  go to the published-marker all the same. A checkpoint of another history (a failover to a
+  standby that was behind, a restore) is trusted only as far as
+  :meth:`~cdc_outbox.cdc.ledger.Ledger.trust_checkpoint` allows: the rest is published again
+  (counted in ``stats.untrusted_checkpoints``, logged).
+- The relay re-streams from :meth:`Ledger.restart_from`: nothing past the last Kafka commit,
+  whatever was acknowledged in an aborted transaction.
 - Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
   fenced producer (a newer instance took over) never commits.
 """
@@ -37,7 +37,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox.cdc.history import History, trusted_below
+from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_during, crash_point
@@ -82,8 +83,7 @@ class EosCommitter:
         self.system_id, self.database = identity
         self.producer = delivery.transactional_id or ""
         self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
-        #: The history of the stream the batch's positions come from (None before a session).
-        self.history: History | None = None
+        self.ledger = Ledger(self.batch)  # the relay's positions (the batch's included)
         self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
         self._closing_txns: list[TxnHandle] = []  # those of the closed batch
 
@@ -100,45 +100,28 @@ class EosCommitter:
         last = self.store.read_last(
             key, lambda cp: cp.written_by(slot, self.system_id, self.database, self.producer)
         )
-        batch, previous = self.batch, self.history
-        memory = 0
-        if previous is not None:  # this process's own commits, as far as they still hold
-            memory = trusted_below(
-                batch.committed_lsn, previous.system_id, previous.timeline, history
+        recorded = None if last is None else (last.end_lsn, last.system_id, last.timeline)
+        kafka = self.ledger.trust_checkpoint(history, recorded)
+        if last is not None and kafka < last.end_lsn:
+            self.stats.untrusted_checkpoints += 1
+            logger.warning(
+                "exactly-once: the last checkpoint (%s on timeline %s) is not all in this"
+                " database's history (timeline %d, WAL end %s): trusting it only up to %s;"
+                " transactions after that are published again (duplicates possible)",
+                Lsn(last.end_lsn),
+                last.timeline if last.timeline is not None else "unknown",
+                history.timeline,
+                Lsn(history.wal_end),
+                Lsn(kafka),
+                extra={"mode": "cdc"},
             )
-        kafka = 0
-        if last is not None:
-            timeline = last.timeline
-            if timeline is None and history.timeline == 1:
-                timeline = 1  # written before timelines were recorded: only 1 existed
-            kafka = trusted_below(last.end_lsn, last.system_id, timeline, history)
-            if kafka < last.end_lsn:
-                self.stats.untrusted_checkpoints += 1
-                logger.warning(
-                    "exactly-once: the last checkpoint (%s on timeline %s) is not all in this"
-                    " database's history (timeline %d, WAL end %s): trusting it only up to %s;"
-                    " transactions after that are published again (duplicates possible)",
-                    Lsn(last.end_lsn),
-                    last.timeline if last.timeline is not None else "unknown",
-                    history.timeline,
-                    Lsn(history.wal_end),
-                    Lsn(kafka),
-                    extra={"mode": "cdc"},
-                )
-        self.history = history
-        batch.rebase(max(memory, kafka))
         logger.info(
             "exactly-once: Kafka holds PostgreSQL transactions up to %s (timeline %d)",
-            Lsn(batch.committed_lsn),
+            Lsn(self.batch.committed_lsn),
             history.timeline,
             extra={"mode": "cdc"},
         )
         return last
-
-    def restart_position(self, acknowledged: int) -> int:
-        """Where a re-stream may start at most: ``acknowledged`` (the tracker's position),
-        but never past the last Kafka commit (what an aborted transaction held is re-read)."""
-        return min(acknowledged, self.batch.committed_lsn)
 
     def start_session(self, history: History) -> None:
         """A streaming session starts (only as the leader): fence older producers with our
@@ -182,7 +165,7 @@ class EosCommitter:
         """A Begin message: True if Kafka already holds this transaction (skip it)."""
         begin = pgoutput.decode(payload)
         assert isinstance(begin, pgoutput.Begin)
-        if self.batch.skip(begin.final_lsn):
+        if self.ledger.skip(begin.final_lsn):
             return True
         self.batch.begin()
         return False
@@ -204,9 +187,6 @@ class EosCommitter:
         if batch.events == 0:
             self._produce_checkpoint(end_lsn=batch.committed_lsn)
         batch.add_event(time.monotonic())
-
-    def ceiling(self) -> int | None:
-        return self.batch.ceiling()
 
     def due(self) -> bool:
         return self.batch.due(time.monotonic())
@@ -297,7 +277,7 @@ class EosCommitter:
             self.database,
             self.batch.end_lsn if end_lsn is None else end_lsn,
             catch_up_ids or [],
-            timeline=None if self.history is None else self.history.timeline,
+            timeline=None if (h := self.ledger.committed_in) is None else h.timeline,
             producer=self.producer,
         )
         topic = self.settings.eos.checkpoint_topic

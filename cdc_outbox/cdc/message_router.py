@@ -17,6 +17,8 @@ A relation must be described before it is used; otherwise decoding raises.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
@@ -27,12 +29,15 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
+from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
 _BEGIN, _COMMIT, _INSERT, _RELATION, _MESSAGE = ord("B"), ord("C"), ord("I"), ord("R"), ord("M")
 _PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
+_XLOGDATA = ord("w")
+_FRAMES_PER_TURN = 2000
 
 
 class MessageRouter:
@@ -66,6 +71,51 @@ class MessageRouter:
         self._tracker = tracker
         self._checkpoint = checkpoint
         self._skipping = False
+
+    def read_turn(
+        self,
+        read: Callable[[float], memoryview | bytes | None],
+        is_leader: Callable[[], bool],
+        stopping: Callable[[], bool],
+    ) -> None:
+        """Handle the CopyData frames ``read`` gives now (waiting briefly if there are none),
+        up to ``max_in_flight`` unacknowledged events, a stop, or (exactly-once) a commit at
+        which the Kafka transaction wants attention; keepalives go to the tracker and the
+        checkpointer."""
+        publisher = self.delivery.publisher
+        eos = self.eos
+        tracker = self._tracker
+        checkpoint = self._checkpoint
+        assert checkpoint is not None, "new_session() comes first"
+        wait = 0.0 if tracker.in_flight or len(publisher) else 0.1
+        if wait and eos is not None:  # wake up when the Kafka transaction is due
+            due_in = eos.batch.seconds_to_due(time.monotonic())
+            wait = wait if due_in is None else min(wait, due_in)
+        limit = self.settings.max_in_flight
+        for n in range(_FRAMES_PER_TURN):
+            # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that
+            # its successor streams too: it stops within 64 frames, not 2,000.
+            if n & 63 == 63 and not is_leader():
+                return
+            data = read(wait)
+            if data is None:
+                if tracker.in_flight:
+                    publisher.poll(0.002)
+                return
+            wait = 0.0
+            if data[0] == _XLOGDATA:
+                self.handle(bytes(data[XLOG_HEADER_SIZE:]))
+                if tracker.in_flight >= limit or stopping():
+                    return
+                if eos is not None and data[XLOG_HEADER_SIZE] == _COMMIT and eos.turn_ends():
+                    return
+                continue
+            frame = parse_copy_data(data)
+            assert isinstance(frame, Keepalive)
+            checkpoint.note_written(frame.wal_end)
+            tracker.keepalive(frame.wal_end)
+            if frame.reply_requested:
+                checkpoint.send()
 
     def handle(self, payload: bytes) -> None:
         """One XLogData payload (a pgoutput message)."""

@@ -9,8 +9,9 @@ when the buffer is full (the database is down for long), leave their rows PENDIN
 pass or a catch-up would publish them again (duplicates, never losses). So that such rows
 cannot pile up over crashes, nothing is treated as done before it is marked:
 
-- :class:`MarkedWatermark` holds the slot's confirmation back to the positions whose events are
-  all marked (a crash re-streams, and so marks, whatever is unmarked);
+- :class:`~cdc_outbox.cdc.ledger.MarkedWatermark` holds the slot's confirmation back to the
+  positions whose events are all marked (a crash re-streams, and so marks, whatever is
+  unmarked);
 - a catch-up waits for :attr:`PublishedMarker.unmarked` to stay small and for
   :meth:`PublishedMarker.settle` before it streams.
 
@@ -36,7 +37,7 @@ from psycopg import sql
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.store.inspection import ColumnType, id_column_type
-from cdc_outbox.store.schema import outbox_ident
+from cdc_outbox.store.mark_published import marking_statement
 
 logger = logging.getLogger(__name__)
 
@@ -177,50 +178,13 @@ def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
     """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
 
     Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    table = outbox_ident(settings)
     if id_type.is_uuid:
         ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
     else:
         ids = sql.SQL("%s::text[]::{}").format(id_type.array())
     match = sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
-    if settings.cdc_mark_published == "delete":
-        return sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
-    if settings.cdc_mark_published == "update" and settings.columns.preset == "default":
-        return sql.SQL(
-            "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-            " locked_at = NULL WHERE {} AND status <> 'PUBLISHED'"
-        ).format(table, match)
+    if settings.cdc_mark_published == "delete" or (
+        settings.cdc_mark_published == "update" and settings.columns.preset == "default"
+    ):
+        return marking_statement(settings, match)
     return None
-
-
-class MarkedWatermark:
-    """Pure: the newest confirmable position whose events are all marked published.
-
-    :meth:`note` ``(position, handed)``: every event up to ``position`` was acknowledged, so
-    its id had been handed to the marker by the time ``handed`` was read. :meth:`through`
-    ``(settled)``: the newest noted position with ``handed <= settled`` (else the start).
-    :meth:`~cdc_outbox.cdc.checkpoint.Checkpointer.confirmable` caps the confirmation by it.
-    """
-
-    __slots__ = ("_noted", "_pending", "position")
-
-    def __init__(self, start: int) -> None:
-        self.position = start
-        self._noted = start
-        self._pending: deque[list[int]] = deque()  # [position, handed], both increasing
-
-    def note(self, position: int, handed: int) -> None:
-        if position <= self._noted:
-            return
-        self._noted = position
-        pending = self._pending
-        if pending and pending[-1][1] == handed:
-            pending[-1][0] = position  # nothing new to wait for: the later position covers it
-        else:
-            pending.append([position, handed])
-
-    def through(self, settled: int) -> int:
-        pending = self._pending
-        while pending and pending[0][1] <= settled:
-            self.position = pending.popleft()[0]
-        return self.position

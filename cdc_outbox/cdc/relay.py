@@ -13,7 +13,7 @@ Delivery contract (at-least-once, per-aggregate order):
 - The slot is confirmed only up to the end LSN of the newest commit whose events, and those
   of every earlier transaction, Kafka has acknowledged or were durably dead-lettered (record
   on the dead-letter topic *and* row marked FAILED). A crash anywhere re-sends the unconfirmed
-  window; nothing is skipped.
+  window; nothing is skipped. Every position and its rules: :mod:`cdc_outbox.cdc.ledger`.
 - Every failure follows :mod:`cdc_outbox.delivery.policy`: record-level rejections are
   dead-lettered and park their aggregate (or halt); anything else drops the stream and the
   producer queue and re-streams from the confirmed position (duplicates, no gaps, no reorder).
@@ -23,7 +23,7 @@ Delivery contract (at-least-once, per-aggregate order):
 - Memory is bounded by ``max_in_flight`` unacknowledged events whatever the transaction size:
   past it the relay stops reading the slot and keeps the connection alive with status updates.
 - The relay runs only while ``is_leader()`` holds; otherwise it drops everything unconfirmed
-  and raises :class:`~cdc_outbox.ha.relay_state.NotLeader`.
+  and raises :class:`~cdc_outbox.store.relay_state.NotLeader`.
 - ``delivery = "exactly_once"``: Kafka transactions, see :mod:`cdc_outbox.cdc.eos`.
 """
 
@@ -35,12 +35,13 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.backoff import Backoff
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
-from cdc_outbox.cdc.history import stream_start
+from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.message_router import MessageRouter
 from cdc_outbox.cdc.published_marker import PublishedMarker
+from cdc_outbox.cdc.relay_finish import finish
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
@@ -48,18 +49,15 @@ from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position
 
 logger = logging.getLogger(__name__)
 
-_XLOGDATA = ord("w")
-_COMMIT = ord("C")
-_FRAMES_PER_TURN = 2000
 _PROGRESS_LOG_INTERVAL_S = 30.0
 #: A session that streamed this long resets the restart back-off.
 _HEALTHY_SESSION_S = 5.0
@@ -116,11 +114,9 @@ class Relay:
             if identity
             else None
         )
-        self.stats.delivery_guarantee = "exactly_once" if identity else "at_least_once"
+        self.stats.delivery_guarantee = guarantee_in_effect(settings.delivery, None)
         self.delivery.interrupted = self._interrupted
-        self._tracker = AckTracker(0)
-        #: (system id, timeline) of the stream the tracker's positions come from.
-        self._positions_in: tuple[str, int] | None = None
+        self._ledger = self.eos.ledger if self.eos is not None else Ledger()
         self._router = MessageRouter(settings, self._mapper, self.delivery, self.stats, self.eos)
         self._stop_requested = False
         self._grace_deadline: float | None = None
@@ -128,7 +124,6 @@ class Relay:
         self._checkpoint: Checkpointer | None = None
         self._started = False
         self._catching_up = False
-        self._keeps_position = True  # False: the state table cannot (see keep_position)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -170,7 +165,7 @@ class Relay:
         are retried forever.
         """
         self._start()
-        backoff = 0.5
+        backoff = Backoff(0.5, 30.0)
         failures = 0
         try:
             while not self._stop_requested:
@@ -178,27 +173,24 @@ class Relay:
                 began = time.monotonic()
                 try:
                     self._stream_session()
-                    backoff = 0.5
+                    backoff.reset()
                 except (_Restart, ReplicationError, psycopg.Error, TransactionFailed) as exc:
                     failures = 0 if self._session_opened else failures + 1
                     if isinstance(exc, ReplicationError):
                         self._give_up_if_unusable(exc, failures)
                     if self._session_opened and time.monotonic() - began >= _HEALTHY_SESSION_S:
-                        backoff = 0.5  # it streamed healthily: this failure is a new one
+                        backoff.reset()  # it streamed healthily: this failure is a new one
                     self.stats.restarts += 1
-                    logger.warning(
-                        "relay restarting in %.1fs: %s",
-                        backoff,
-                        exc,
-                        extra={"mode": "cdc", "lsn": str(Lsn(self._tracker.confirmed))},
-                    )
                     # Kafka trouble: drop the queue. Database trouble: let Kafka finish first,
-                    # so what it acknowledges moves the restart position forward.
+                    # so what it acknowledges moves the restart position forward. Kafka-side
+                    # problems are retried at least every 10 s (an alert is up).
                     kafka_side = isinstance(exc, _Restart | TransactionFailed)
+                    delay = backoff.failed(10.0 if kafka_side else None)
+                    lsn = str(Lsn(self._ledger.acked.confirmed))
+                    extra = {"mode": "cdc", "lsn": lsn}
+                    logger.warning("relay restarting in %.1fs: %s", delay, exc, extra=extra)
                     self._teardown(flush_s=0.0 if kafka_side or self.eos else 10.0)
-                    self._sleep(backoff)
-                    # Kafka-side problems are retried at least every 10 s (an alert is up).
-                    backoff = min(backoff * 2, 10.0 if kafka_side else 30.0)
+                    self._sleep(delay)
         finally:
             self.close()
         if self.delivery.halt_reason is not None:
@@ -257,32 +249,28 @@ class Relay:
             return
         delivery.new_session()
         history = self._stream.connect()
-        remembered = self._tracker.confirmed  # acknowledged (at least once)
         if eos is not None:
             try:
                 eos.start_session(history)
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
-            remembered = eos.restart_position(remembered)  # committed in Kafka
-        position = stream_start(remembered, self._positions_in, self._kept(), history)
-        start = self._stream.start(position)
-        self._positions_in = (history.system_id, history.timeline)
+        ledger = self._ledger
+        start = self._stream.start(ledger.restart_from(history, self._kept()))
+        tracker = ledger.start_session(history, start)
         self._session_opened = True
         if self._bookkept:
             delivery.parking.load(self._parked())
-        self._tracker = AckTracker(start)
         self._checkpoint = checkpoint = Checkpointer(
             self._stream,
-            self._tracker,
+            ledger,
             self.stats,
             start=start,
             interval_s=self.settings.status_interval_s,
-            ceiling=eos.ceiling if eos is not None else lambda: None,
             keep=self._keep_position,
             marker=self.marker,
         )
         delivery.idle = checkpoint.maybe_send
-        self._router.new_session(self._tracker, checkpoint)
+        self._router.new_session(tracker, checkpoint)
         self.stats.confirmed_lsn = start
         last_log, last_count = time.monotonic(), self.stats.events_published
         while True:
@@ -299,14 +287,16 @@ class Relay:
                 return
             if self._stop_requested:
                 reason = self._interrupted()
-                if self._tracker.open_txn is None or reason is not None:
+                if tracker.open_txn is None or reason is not None:
                     self._finish()
                     return
             try:
-                if self._tracker.in_flight < self.settings.max_in_flight and not (
+                if tracker.in_flight < self.settings.max_in_flight and not (
                     eos is not None and eos.batch.full()
                 ):
-                    self._read_turn()
+                    self._router.read_turn(
+                        self._stream.read_raw, self._is_leader, lambda: self._stop_requested
+                    )
                 else:
                     delivery.publisher.poll(0.01)
             except ProduceInterrupted:
@@ -314,63 +304,26 @@ class Relay:
             delivery.service()
             if eos is not None:
                 try:
-                    self._step_eos(eos, checkpoint)
+                    eos.step(self._commit_interrupted, checkpoint.maybe_send)
                 except ProduceInterrupted:
                     continue  # the checks above say why
             checkpoint.maybe_send()
-            self.stats.in_flight = self._tracker.in_flight
+            self.stats.in_flight = tracker.in_flight
             now = time.monotonic()
             if now - last_log >= _PROGRESS_LOG_INTERVAL_S:
                 rate = (self.stats.events_published - last_count) / (now - last_log)
+                lsn = str(Lsn(tracker.confirmed))
                 logger.info(
                     "published %d events (%.0f/s), confirmed %s, in flight %d",
                     self.stats.events_published,
                     rate,
-                    Lsn(self._tracker.confirmed),
-                    self._tracker.in_flight,
-                    extra={"mode": "cdc", "lsn": str(Lsn(self._tracker.confirmed))},
+                    lsn,
+                    tracker.in_flight,
+                    extra={"mode": "cdc", "lsn": lsn},
                 )
                 last_log, last_count = now, self.stats.events_published
 
-    def _read_turn(self) -> None:
-        """Handle the frames available now (waiting briefly if there are none)."""
-        publisher = self.delivery.publisher
-        eos = self.eos
-        wait = 0.0 if self._tracker.in_flight or len(publisher) else 0.1
-        if wait and eos is not None:  # wake up when the Kafka transaction is due
-            due_in = eos.batch.seconds_to_due(time.monotonic())
-            wait = wait if due_in is None else min(wait, due_in)
-        read, tracker = self._stream.read_raw, self._tracker
-        limit = self.settings.max_in_flight
-        for n in range(_FRAMES_PER_TURN):
-            # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that
-            # its successor streams too: it stops within 64 frames, not 2,000.
-            if n & 63 == 63 and not self._is_leader():
-                return
-            data = read(wait)
-            if data is None:
-                if tracker.in_flight:
-                    publisher.poll(0.002)
-                return
-            wait = 0.0
-            if data[0] == _XLOGDATA:
-                self._router.handle(bytes(data[XLOG_HEADER_SIZE:]))
-                if tracker.in_flight >= limit or self._stop_requested:
-                    return
-                if eos is not None and data[XLOG_HEADER_SIZE] == _COMMIT and eos.turn_ends():
-                    return
-                continue
-            frame = parse_copy_data(data)
-            assert isinstance(frame, Keepalive)
-            self._require_checkpoint().note_written(frame.wal_end)
-            tracker.keepalive(frame.wal_end)
-            if frame.reply_requested:
-                self._require_checkpoint().send()
-
     # -- confirmation ------------------------------------------------------------------------
-
-    def _step_eos(self, eos: EosCommitter, checkpoint: Checkpointer, *, close: bool = True) -> None:
-        eos.step(self._commit_interrupted, checkpoint.maybe_send, close=close)
 
     def _commit_interrupted(self) -> str | None:
         delivery = self.delivery
@@ -378,52 +331,20 @@ class Relay:
         return reason or (None if self._is_leader() else "leadership lost")
 
     def _finish(self) -> None:
-        """Flush Kafka until the grace deadline, confirm what is acknowledged, wait for the
-        server's reply."""
+        """The shutdown sequence (:func:`~cdc_outbox.cdc.relay_finish.finish`), within the
+        grace period."""
         if self._grace_deadline is None:
             self._grace_deadline = time.monotonic() + self.settings.shutdown_grace_s
-        deadline = self._grace_deadline
-        delivery = self.delivery
-        checkpoint = self._require_checkpoint()
-        eos = self.eos
-        while (
-            time.monotonic() < deadline - 1.0
-            and (delivery.busy or (eos is not None and eos.closing))
-            and self._is_leader()
-        ):
-            if eos is not None and eos.closing and self._commit_interrupted() is not None:
-                break  # e.g. halted: the closing transaction is not committed
-            delivery.publisher.poll(0.05)
-            try:
-                delivery.service()
-                if eos is not None:
-                    self._step_eos(eos, checkpoint, close=False)
-            except (ProduceInterrupted, TransactionFailed):
-                break
-            checkpoint.maybe_send()
-        if not self._is_leader():
-            return
-        if (
-            eos is not None
-            and eos.batch.events
-            and not eos.batch.in_txn
-            and not eos.closing
-            and not delivery.publisher.deferring
-        ):
-            try:
-                eos.settle_and_commit(self._commit_interrupted, checkpoint.maybe_send)
-            except TransactionFailed as exc:
-                logger.warning("final Kafka commit failed (%s): it will be re-sent", exc)
-        if self.marker is not None:  # confirmed positions must be marked (see checkpoint)
-            self.marker.settle(max(0.0, deadline - 0.5 - time.monotonic()))
-        checkpoint.send(reply_requested=True)
-        reply_deadline = time.monotonic() + max(0.2, min(1.0, deadline - time.monotonic()))
-        while time.monotonic() < reply_deadline:
-            frame = self._stream.read(reply_deadline - time.monotonic())
-            if isinstance(frame, Keepalive) or frame is None:
-                break
-        confirmed = str(Lsn(checkpoint.sent_flush))
-        logger.info("stopped; confirmed %s", confirmed, extra={"mode": "cdc", "lsn": confirmed})
+        finish(
+            self._grace_deadline,
+            stream=self._stream,
+            delivery=self.delivery,
+            checkpoint=self._require_checkpoint(),
+            eos=self.eos,
+            marker=self.marker,
+            is_leader=self._is_leader,
+            interrupted=self._commit_interrupted,
+        )
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -436,12 +357,7 @@ class Relay:
 
     def _keep_position(self, lsn: int) -> bool:
         """Whether ``lsn`` may be confirmed: kept, or the state table cannot keep it at all."""
-        if not self._keeps_position:
-            return True
-        outcome = self._keep(lsn)
-        if outcome == "unsupported":
-            self._keeps_position = False
-        return outcome != "failed"
+        return not self._ledger.keeps or self._ledger.kept(self._keep(lsn))
 
     def _parked_in_table(self) -> list[tuple[str, str]]:
         with psycopg.connect(self.settings.postgres_dsn()) as conn:

@@ -46,6 +46,7 @@ from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
+from cdc_outbox.store.mark_published import marking_statement
 from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
@@ -322,18 +323,10 @@ def mark_published(
 
     if not ids:
         return 0
-    table = outbox_ident(settings)
-    match = sql.SQL("{} = ANY(%s::text[]::{}) AND status IN ('PENDING', 'PROCESSING')").format(
+    match = sql.SQL("{} = ANY(%s::text[]::{})").format(
         sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
     )
-    if settings.cdc_mark_published == "delete":
-        statement = sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
-    else:
-        statement = sql.SQL(
-            "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
-            " locked_at = NULL WHERE {}"
-        ).format(table, match)
-    return conn.execute(statement, (ids,)).rowcount
+    return conn.execute(marking_statement(settings, match), (ids,)).rowcount
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:

@@ -35,9 +35,10 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.event_types import DecodeUnavailable, Event
 from cdc_outbox.consumer.metrics import ConsumerMetrics
-from cdc_outbox.consumer.settings import ConsumerSettings, backoff_delay
+from cdc_outbox.consumer.settings import ConsumerSettings
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
 from cdc_outbox.store.processed_events import ConsumerStore
 from cdc_outbox.tracing import handler_span, handler_span_wanted, tracer_provider_set
@@ -216,7 +217,7 @@ class Applier:
                     return self._give_up_alone(record, event, why), True
                 self.metrics.retried()
                 logger.warning("%s; retrying", why, extra=extra)
-                if self.stop.wait(backoff_delay(attempt, s.retry_backoff_s, s.retry_backoff_max_s)):
+                if self.stop.wait(doubling(attempt, s.retry_backoff_s, s.retry_backoff_max_s)):
                     return None
 
     def _attempt(self, conn: psycopg.Connection[Any], record: RawRecord, event: Event) -> Outcome:

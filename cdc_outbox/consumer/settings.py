@@ -31,7 +31,6 @@ from cdc_outbox.outbox_mapping import is_legal_topic
 __all__ = [
     "DEFAULT_DEAD_LETTER_TOPIC",
     "ConsumerSettings",
-    "backoff_delay",
     "load_handler",
     "topics_from_template",
 ]
@@ -137,11 +136,6 @@ def topics_from_template(template: str) -> tuple[str, ...]:
     parts = _FIELD_RE.split(template)
     pattern = "".join("[A-Za-z0-9._-]+" if i % 2 else re.escape(p) for i, p in enumerate(parts))
     return (f"^{pattern}$",)
-
-
-def backoff_delay(attempt: int, initial_s: float, maximum_s: float) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (1-based): doubling, capped."""
-    return float(min(maximum_s, initial_s * 2 ** max(0, attempt - 1)))
 
 
 def load_handler(spec: str) -> Callable[..., Any]:

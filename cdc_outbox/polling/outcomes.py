@@ -7,6 +7,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from cdc_outbox.backoff import doubling
 from cdc_outbox.config_models import PollingSettings
 
 __all__ = ["BACK", "DEAD", "OK", "RETRY", "GivenBack", "backoff_delay", "outcome_params"]
@@ -26,8 +27,7 @@ class GivenBack(Protocol):
 def backoff_delay(failures: int, base: float, cap: float, rand: float) -> float:
     """Seconds before attempt ``failures + 1``: ``min(cap, base * 2**(failures-1))`` scaled by
     a jitter factor in [0.5, 1.0] (``rand`` in [0, 1))."""
-    exponent = min(max(failures - 1, 0), 60)
-    return min(cap, base * 2.0**exponent) * (0.5 + 0.5 * rand)
+    return doubling(failures, base, cap) * (0.5 + 0.5 * rand)
 
 
 def outcome_params(

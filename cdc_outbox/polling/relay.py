@@ -42,6 +42,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_outbox.backoff import Backoff
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
@@ -148,7 +149,7 @@ class PollingRelay:
         out with backoff (0.5 s doubling to 30 s), never raised. Raises ``RelayHalted`` (halt
         policy) and ``NotLeader`` (an elected relay that lost its lease)."""
         polling = self.settings.polling
-        backoff = 0.5
+        backoff = Backoff(0.5, 30.0)
         swept_all = self._is_leader is None  # a leader first takes over every lease
         try:
             while not self._stop:
@@ -158,14 +159,14 @@ class PollingRelay:
                         self.sweep(everything=True)
                         swept_all = True
                     self.run_once()
-                    backoff = 0.5
+                    backoff.reset()
                 except (psycopg.Error, OSError) as exc:
                     raise_if_cannot_heal(exc)
                     self.stats.restarts += 1
-                    logger.warning("polling relay: %s; retrying in %.1fs", exc, backoff)
+                    delay = backoff.failed()
+                    logger.warning("polling relay: %s; retrying in %.1fs", exc, delay)
                     self._close_connection()
-                    self._sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    self._sleep(delay)
                     continue
                 delivery = self._require_delivery()
                 if delivery.halt_reason is not None:
@@ -174,8 +175,7 @@ class PollingRelay:
                     raise NotLeader("leadership lost; stopped polling")
                 if delivery.restart_reason is not None:
                     delivery.abandon()
-                    self._sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    self._sleep(backoff.failed())
                 elif not self._more:
                     self._sleep(polling.poll_interval_s)
         finally:

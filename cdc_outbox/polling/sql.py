@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.store.mark_published import mark_published_statement
 from cdc_outbox.store.schema import outbox_ident
 
 #: Upper bound of advisory locks one claim holds (they live in PostgreSQL's shared lock table,
@@ -145,10 +146,9 @@ def build(settings: Settings) -> PollingSql:
     renew = sql.SQL("UPDATE {t} SET locked_at = now() WHERE {id} = ANY(%(ids)s) AND {mine}").format(
         mine=mine, **fields
     )
-    mark_published = sql.SQL(
-        "UPDATE {t} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL"
-        " WHERE {id} = ANY(%(ids)s) AND {mine}"
-    ).format(mine=mine, **fields)
+    mark_published = mark_published_statement(
+        fields["t"], sql.SQL("{id} = ANY(%(ids)s)").format(**fields), state=mine
+    )
     # One row per outcome: bump = attempts to add, delay = seconds until due again (NULL: keep),
     # final = give up now (FAILED) whatever the count.
     mark_outcomes = sql.SQL(

@@ -289,3 +289,28 @@ def test_marking_that_can_never_work_does_not_hold_the_slot_back(
             conn.execute("DROP FUNCTION refuse_marking()")
     assert "marking published rows stopped (rows stay PENDING)" in caplog.text
     assert "read-only here" in caplog.text
+
+
+def test_the_marker_never_flips_a_failed_row(pg_dsn: str, kafka_broker, kafka_topic_prefix):
+    """The one mark-PUBLISHED statement (cdc_outbox.store.mark_published) marks only unpublished
+    rows: an id of a FAILED row handed to the published-marker leaves it FAILED (the marker's
+    old ``status <> 'PUBLISHED'`` made it PUBLISHED), a PENDING one is marked."""
+    from cdc_outbox.cdc.published_marker import PublishedMarker
+
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    with psycopg.connect(pg_dsn) as conn:
+        failed = _insert_event(conn, "agg-f", "{}")
+        pending = _insert_event(conn, "agg-p", "{}")
+        conn.execute("UPDATE outbox SET status = 'FAILED' WHERE id = %s", (failed,))
+    marker = PublishedMarker(settings, flush_interval_s=0.01)
+    marker.start()
+    try:
+        marker.add(failed.encode())
+        marker.add(pending.encode())
+        assert marker.settle(10.0)
+    finally:
+        marker.stop()
+    with psycopg.connect(pg_dsn) as conn:
+        rows = dict(conn.execute("SELECT id::text, status FROM outbox").fetchall())
+    assert rows == {failed: "FAILED", pending: "PUBLISHED"}

@@ -43,8 +43,7 @@ def test_an_older_checkpoint_without_timeline_or_producer_still_decodes() -> Non
         b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": "99999999"}',
         b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": -1}',
         b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 1, "timeline": 0}',
-        b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 1,'
-        b' "catch_up_ids": "x"}',
+        b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 1, "catch_up_ids": "x"}',
     ],
 )
 def test_a_malformed_record_under_our_key_is_ignored_with_an_error(
@@ -93,9 +92,7 @@ def test_a_row_routed_onto_a_relay_topic_is_a_dead_letter() -> None:
 
 def test_a_constant_template_naming_a_relay_topic_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="names a topic of the relay's own"):
-        OutboxMapper(
-            "public", "outbox", DEFAULT_COLUMNS, "cps", reserved_topics=frozenset({"cps"})
-        )
+        OutboxMapper("public", "outbox", DEFAULT_COLUMNS, "cps", reserved_topics=frozenset({"cps"}))
 
 
 def test_a_kafka_error_while_reading_the_checkpoint_is_a_connection_error() -> None:

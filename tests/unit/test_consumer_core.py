@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from cdc_outbox.backoff import doubling
 from cdc_outbox.config import Settings
 from cdc_outbox.consumer.event_types import BadRecord
 from cdc_outbox.consumer.events import decoder_for, event_of, json_value
 from cdc_outbox.consumer.settings import (
     ConsumerSettings,
-    backoff_delay,
     load_handler,
     topics_from_template,
 )
@@ -106,7 +106,7 @@ def test_avro_decoder_bad_bytes_dead_letter_unreachable_registry_retries() -> No
 
 
 def test_backoff_doubles_and_is_capped() -> None:
-    assert [backoff_delay(n, 0.2, 1.0) for n in range(1, 6)] == [0.2, 0.4, 0.8, 1.0, 1.0]
+    assert [doubling(n, 0.2, 1.0) for n in range(1, 6)] == [0.2, 0.4, 0.8, 1.0, 1.0]
 
 
 def test_handler_loading_errors_are_one_line() -> None:

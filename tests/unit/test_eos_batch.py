@@ -215,12 +215,13 @@ def test_model_every_transaction_lands_whole_in_one_commit_in_order(
 
 
 def test_the_slot_is_never_confirmed_past_the_kafka_commit() -> None:
-    from cdc_outbox.cdc.ack_tracker import AckTracker
+    from cdc_outbox.cdc.ledger import Ledger
     from tests.helpers import recording_checkpointer
 
-    tracker = AckTracker(100)
     batch = EosBatch(0.1, 10, committed_lsn=100)
-    cp, stream = recording_checkpointer(tracker, 100, ceiling=batch.ceiling)
+    ledger = Ledger(batch)
+    cp, stream = recording_checkpointer(ledger, 100)
+    tracker = ledger.acked
     txn = tracker.begin()
     batch.begin()
     tracker.add_event(txn)

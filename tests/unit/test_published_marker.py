@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from cdc_outbox.cdc.ack_tracker import AckTracker
-from cdc_outbox.cdc.published_marker import MarkedWatermark, PublishedMarker, _statement
+from cdc_outbox.cdc.ledger import Ledger, MarkedWatermark
+from cdc_outbox.cdc.published_marker import PublishedMarker, _statement
 from cdc_outbox.config import Settings
+from cdc_outbox.delivery.eos_batch import EosBatch
 from cdc_outbox.store.inspection import ColumnType
 from tests.helpers import recording_checkpointer
 
@@ -34,14 +35,18 @@ def test_uuid_ids_keep_one_comma_joined_text_parameter() -> None:
     assert render(UUID) == (
         'UPDATE "public"."outbox" SET status = \'PUBLISHED\', published_at = now(),'
         " locked_by = NULL, locked_at = NULL"
-        " WHERE \"id\" = ANY(string_to_array(%s, ',')::uuid[]) AND status <> 'PUBLISHED'"
+        " WHERE \"id\" = ANY(string_to_array(%s, ',')::uuid[])"
+        " AND status IN ('PENDING', 'PROCESSING')"
     )
 
 
 def test_other_ids_are_one_array_parameter_cast_to_the_column_type() -> None:
     assert render(TEXT, cdc_mark_published="delete") == (
         'DELETE FROM "public"."outbox" WHERE "id" = ANY(%s::text[]::"pg_catalog"."text"[])'
+        " AND status IN ('PENDING', 'PROCESSING')"
     )
+    debezium = render(TEXT, cdc_mark_published="delete", columns={"preset": "debezium"})
+    assert debezium is not None and "status" not in debezium  # no status column to test
     text = render(VARCHAR, columns={"id": "event_id"})
     assert text is not None and "string_to_array" not in text
     assert '"event_id" = ANY(%s::text[]::"pg_catalog"."varchar"[])' in text
@@ -103,9 +108,10 @@ def test_the_watermark_never_passes_an_unmarked_event_and_catches_up(
 
 
 def test_the_checkpointer_confirms_only_what_is_marked() -> None:
-    tracker = AckTracker(100)
+    ledger = Ledger()
     marker = _Marker()
-    cp, stream = recording_checkpointer(tracker, 100, marker=marker)
+    cp, stream = recording_checkpointer(ledger, 100, marker=marker)
+    tracker = ledger.acked
     txn = tracker.begin()
     tracker.add_event(txn)
     tracker.ack(txn)
@@ -125,17 +131,22 @@ def test_the_checkpointer_confirms_only_what_is_marked() -> None:
 def test_exactly_once_waits_for_the_marks_of_the_committed_transaction() -> None:
     """Exactly-once acknowledges records inside the open Kafka transaction but hands their
     ids over only at the commit, which is also when the ceiling moves."""
-    tracker = AckTracker(100)
+    batch = EosBatch(0.1, 10, committed_lsn=100)
+    ledger = Ledger(batch)
     marker = _Marker()
-    ceiling = [100]
-    cp, stream = recording_checkpointer(tracker, 100, marker=marker, ceiling=lambda: ceiling[0])
+    cp, stream = recording_checkpointer(ledger, 100, marker=marker)
+    tracker = ledger.acked
     txn = tracker.begin()
+    batch.begin()
     tracker.add_event(txn)
+    batch.add_event(0.0)
     tracker.ack(txn)  # in the open Kafka transaction: nothing handed over yet
     tracker.commit(txn, 200)
+    batch.end(200, had_events=True)
     cp.send()
     assert stream.sent[-1][1] == 100
-    ceiling[0] = 200  # the Kafka commit: the ceiling moves and the id is handed over
+    batch.close()
+    batch.committed()  # the Kafka commit: the ceiling moves and the id is handed over
     marker.handed += 1
     cp.send()
     assert stream.sent[-1][1] == 100  # committed, not marked

@@ -1,0 +1,52 @@
+"""The mark-PUBLISHED statement, composed in one place for every mode (CDC's published-marker,
+the catch-up's batches, the polling relay).
+
+Rule: a row is marked (or, with ``cdc_mark_published = "delete"``, deleted) only while it is
+unpublished: ``PENDING`` or ``PROCESSING``, or a narrower state the caller owns (polling: its
+own claim). ``FAILED`` rows (dead-lettered) and ``PUBLISHED`` ones are never touched. A layout
+without a status column (only deletes) deletes by id alone.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from cdc_outbox.config import Settings
+from cdc_outbox.store.schema import outbox_ident
+
+__all__ = ["UNPUBLISHED", "mark_published_statement", "marking_statement"]
+
+#: The states a row may be marked from.
+UNPUBLISHED = sql.SQL("status IN ('PENDING', 'PROCESSING')")
+
+
+def mark_published_statement(
+    table: sql.Composable,
+    match: sql.Composable,
+    *,
+    delete: bool = False,
+    state: sql.Composable | None = UNPUBLISHED,
+) -> sql.Composed:
+    """``UPDATE`` (``DELETE`` with ``delete``) of the rows of ``table`` that ``match`` and are
+    in ``state``: status PUBLISHED, published now, lease cleared. ``state=None``: the layout
+    has no status column (``delete`` only)."""
+    if state is None:
+        if not delete:
+            raise ValueError("marking PUBLISHED needs a status column")
+        return sql.SQL("DELETE FROM {} WHERE {}").format(table, match)
+    if delete:
+        return sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table, match, state)
+    return sql.SQL(
+        "UPDATE {} SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
+        " locked_at = NULL WHERE {} AND {}"
+    ).format(table, match, state)
+
+
+def marking_statement(settings: Settings, match: sql.Composable) -> sql.Composed:
+    """The CDC housekeeping statement (published-marker, catch-up) of ``settings``: deletes
+    with ``cdc_mark_published = "delete"``, else marks; ``match`` selects the ids."""
+    table = outbox_ident(settings)
+    state = UNPUBLISHED if settings.columns.preset == "default" else None
+    return mark_published_statement(
+        table, match, delete=settings.cdc_mark_published == "delete", state=state
+    )
