@@ -2,7 +2,9 @@
 
 Contract: the flushed position sent is the ledger's :meth:`~cdc_outbox.cdc.ledger.Ledger.
 confirmable` and never decreases (PostgreSQL 15 would move a slot backwards if told a smaller
-value); written >= flushed.
+value); written >= flushed. It begins at what the slot has confirmed (``confirmed``), not
+at the session's start, which a restarted session may remember past it: that start is kept
+and marked like any other position before it is confirmed.
 Updates go out on a timer (``status_interval_s``, well inside ``wal_sender_timeout``, also
 while Kafka is down) and, at most five times a second, when the confirmed position
 advanced (a smaller unconfirmed window means fewer duplicates after a crash). A position is
@@ -38,6 +40,7 @@ class Checkpointer:
         stats: RelayStats,
         *,
         start: int,
+        confirmed: int | None = None,
         interval_s: float,
         keep: Callable[[int], bool] = lambda lsn: True,
         marker: PublishedMarker | None = None,
@@ -49,7 +52,9 @@ class Checkpointer:
         self._stats = stats
         self._interval_s = interval_s
         self.written = start
-        self.sent_flush = start
+        # What the slot has confirmed (default ``start``): a restarted session streams from a
+        # position remembered in memory, which goes out only once kept (and marked).
+        self.sent_flush = start if confirmed is None else min(confirmed, start)
         self._last_sent = 0.0
 
     def confirmable(self) -> int:

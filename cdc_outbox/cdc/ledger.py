@@ -25,8 +25,13 @@ Transitions and their rules:
   value of the database itself, written after the marks it covers) and the slot say where to
   start; what is re-streamed and already in Kafka is skipped (exactly-once) or published again
   (at-least-once), and marked either way.
-* :meth:`Ledger.start_session`: the slot streams from ``start``; new acked and marked positions
-  begin there, recorded in the server's history.
+* :meth:`Ledger.start_session`: the slot streams from ``start``; new acked positions begin
+  there, recorded in the server's history. A restarted session may start past what the slot
+  has confirmed (``confirmed``: acked or committed in the last session, remembered in memory);
+  marked then begins at ``confirmed`` and reaches ``start`` only once the marker settled every
+  id handed to it before the session began, and the Checkpointer keeps ``start`` before it
+  confirms it: a start is confirmed like any other position, never just because it was
+  streamed from.
 * :meth:`Ledger.trust_checkpoint` (exactly-once, every session): committed becomes what Kafka
   holds of the current history: this process's commits and the last checkpoint, each trusted
   only up to where its history and the current one agree
@@ -107,11 +112,17 @@ class Ledger:
         same = self.acked_in == (history.system_id, history.timeline)
         return stream_start(remembered, self.acked_in if same else None, kept, history)
 
-    def start_session(self, history: History, start: int) -> AckTracker:
-        """The slot streams from ``start`` in ``history``: fresh acked and marked positions."""
+    def start_session(
+        self, history: History, start: int, *, confirmed: int | None = None, handed: int = 0
+    ) -> AckTracker:
+        """The slot streams from ``start`` in ``history``: fresh acked and marked positions.
+        ``confirmed`` (default ``start``): what the slot has confirmed; ``handed``: the ids
+        handed to the published-marker so far (every event below ``start`` is among them)."""
+        floor = start if confirmed is None else min(confirmed, start)
         self.acked_in = (history.system_id, history.timeline)
         self.acked = AckTracker(start)
-        self.marked = MarkedWatermark(start)
+        self.marked = MarkedWatermark(floor)
+        self.marked.note(start, handed)
         return self.acked
 
     def trust_checkpoint(self, history: History, last: Checkpoint | None) -> int:

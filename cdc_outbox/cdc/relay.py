@@ -256,7 +256,9 @@ class Relay:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
         ledger = self._ledger
         start = self._stream.start(ledger.restart_from(history, self._kept()))
-        tracker = ledger.start_session(history, start)
+        confirmed = self._stream.slot_confirmed
+        handed = self.marker.handed if self.marker is not None else 0
+        tracker = ledger.start_session(history, start, confirmed=confirmed, handed=handed)
         self._session_opened = True
         if self._bookkept:
             delivery.parking.load(self._parked())
@@ -265,13 +267,14 @@ class Relay:
             ledger,
             self.stats,
             start=start,
+            confirmed=confirmed,
             interval_s=self.settings.status_interval_s,
             keep=self._keep_position,
             marker=self.marker,
         )
         delivery.idle = checkpoint.maybe_send
         self._router.new_session(tracker, checkpoint)
-        self.stats.confirmed_lsn = start
+        self.stats.confirmed_lsn = checkpoint.sent_flush
         last_log, last_count = time.monotonic(), self.stats.events_published
         while True:
             self.stats.beat()

@@ -6,7 +6,8 @@ table); a test passes fakes to drive every restart path of the relay without a s
 
 Contract of :class:`ReplicationPort` (:class:`~cdc_outbox.cdc.replication_stream.
 ReplicationStream` is the real one): ``connect()`` returns the server's current history;
-``start(lsn)`` streams from ``max(lsn, confirmed_flush_lsn)`` and returns that position;
+``start(lsn)`` streams from ``max(lsn, confirmed_flush_lsn)`` and returns that position
+(``slot_confirmed``: the ``confirmed_flush_lsn`` it read);
 ``read_raw(timeout)`` gives one CopyData message or ``None``; ``send_status`` moves the slot;
 any failure is a :class:`~cdc_outbox.cdc.replication_stream.ReplicationError`.
 """
@@ -37,6 +38,9 @@ class ReplicationPort(Protocol):
     def connect(self) -> History: ...
 
     def start(self, start_lsn: int) -> int: ...
+
+    @property
+    def slot_confirmed(self) -> int: ...
 
     def create_slot(self) -> tuple[int, str]: ...
 

@@ -98,6 +98,7 @@ class ReplicationStream:
         self._slot = slot
         self._publication = publication
         self._failover = failover
+        self._slot_confirmed = 0
         self._conn: pq.abc.PGconn | None = None
         self._selector: selectors.DefaultSelector | None = None
         self._idle: pq.abc.PGconn | None = None  # connected, not streaming (holds a snapshot)
@@ -125,6 +126,11 @@ class ReplicationStream:
         self._idle = conn
         return history
 
+    @property
+    def slot_confirmed(self) -> int:
+        """The slot's ``confirmed_flush_lsn`` as the last :meth:`start` read it."""
+        return self._slot_confirmed
+
     def start(self, start_lsn: int) -> int:
         """Start streaming on the connection of :meth:`connect` from ``max(start_lsn,
         confirmed_flush_lsn)``.
@@ -136,6 +142,7 @@ class ReplicationStream:
         if conn is None:
             raise ReplicationError("start() without connect()")
         confirmed = self._slot_position(conn)
+        self._slot_confirmed = confirmed
         start_lsn = max(start_lsn, confirmed)
         command = start_replication_command(self._slot, self._publication, start_lsn)
         result = conn.exec_(command)

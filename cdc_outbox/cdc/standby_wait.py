@@ -109,6 +109,10 @@ class GatedStream:
         self._reset()
         return self._inner.start(start_lsn)
 
+    @property
+    def slot_confirmed(self) -> int:
+        return self._inner.slot_confirmed
+
     def create_slot(self) -> tuple[int, str]:
         return self._inner.create_slot()
 

@@ -175,6 +175,7 @@ class FakeStream:
         self._killed = False
         self._session = server
         self.starts: list[int] = []
+        self.slot_confirmed = 0
 
     def kill(self) -> None:
         """The server ends this stream: the next read raises."""
@@ -201,6 +202,7 @@ class FakeStream:
         if server.down:
             raise ReplicationError("START_REPLICATION failed: server closed the connection")
         start = max(start_lsn, server.confirmed)
+        self.slot_confirmed = server.confirmed
         self.starts.append(start)
         server.streams += 1
         self._frames = [_xlog(start, _relation())]

@@ -106,8 +106,10 @@ class World:
                 self.ledger.trust_checkpoint(history, self.checkpoint)
             start = max(self.ledger.restart_from(history, self.kept), self.slot)
             self.check_start(start)
-            self.ledger.start_session(history, start)
-            self.session = Session(read_pos=start, sent_flush=start)
+            # As the relay: marked and the first status update begin at what the slot has
+            # confirmed, not at a start remembered past it.
+            self.ledger.start_session(history, start, confirmed=self.slot, handed=len(self.handed))
+            self.session = Session(read_pos=start, sent_flush=min(self.slot, start))
         return self.session
 
     # -- steps -------------------------------------------------------------------------------
@@ -194,13 +196,15 @@ class World:
 
     def confirm(self) -> None:
         s = self.connect()
+        # As the Checkpointer: every status update sends max(confirmable, sent), a new
+        # position only once kept; the server takes whatever flush it is sent.
         flushed = max(self.ledger.confirmable(len(self.handed), self.settled), s.sent_flush)
-        if flushed > s.sent_flush and self.ledger.kept("kept"):
+        if flushed > s.sent_flush:
             self.wal += 1
             self.kept_writes.append((self.wal, flushed))
-            if flushed > self.slot:
-                self.slot_writes.append((self.wal, flushed))
-            s.sent_flush = flushed
+        if flushed > self.slot:
+            self.slot_writes.append((self.wal, flushed))
+        s.sent_flush = flushed
         self.check_confirmed()
 
     def restart(self, delivered: int = 0) -> None:

@@ -287,11 +287,6 @@ def test_a_position_is_confirmed_only_once_it_is_kept() -> None:
     _assert_at_least_once(h)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (found by test_exactly_once_blackbox): a restarted session confirms its"
-    " start, the position remembered from the last session, before it is kept",
-)
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
 def test_a_restarted_stream_confirms_its_start_only_once_it_is_kept(delivery: str) -> None:
     """The state table refuses keeps while the first session acknowledges (exactly-once: and
