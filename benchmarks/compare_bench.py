@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 
 from benchmarks import compare_report
+from benchmarks.costs import costs_per_event, outbox_writes, percentile
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import current_wal, services, setup
 from cdc_outbox.config import Settings
@@ -97,26 +98,6 @@ class _Warmup:
         raise RuntimeError(f"warm-up record failed: {failure}")
 
 
-def outbox_writes(dsn: str, table: str, settle_s: float = 1.5, timeout: float = 15.0) -> int:
-    """``n_tup_ins + n_tup_upd + n_tup_del`` of ``table`` once it stops changing (backends
-    report their counters when idle for a second or when they exit)."""
-    query = (
-        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
-        " WHERE relname = %s"
-    )
-    deadline = time.monotonic() + timeout
-    last: int | None = None
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            conn.execute("SELECT pg_stat_clear_snapshot()")
-            row = conn.execute(query, (table,)).fetchone()
-            value = int(row[0]) if row else 0
-            if value == last or time.monotonic() > deadline:
-                return value
-            last = value
-            time.sleep(settle_s)
-
-
 class _Running:
     """A Service on a thread; stopped (errors re-raised) by :meth:`stop`."""
 
@@ -171,13 +152,6 @@ class _Running:
             raise self._errors[0]
 
 
-def _costs(events: int, writes: int, wal: int) -> dict[str, float]:
-    return {
-        "row_writes_per_event": round(writes / events, 3),
-        "wal_bytes_per_event": round(wal / events, 1),
-    }
-
-
 def throughput_phase(
     settings: Settings, spec: workload.WorkloadSpec, cpu: CpuMeter, timeout: float
 ) -> dict[str, Any]:
@@ -205,24 +179,10 @@ def throughput_phase(
         "seconds": round(elapsed, 3),
         "timed_events": spec.events - first,
         "events_per_s": round((spec.events - first) / elapsed, 1),
-        "writers": _costs(spec.events, writes1, wal1 - wal0),
-        "relay": _costs(spec.events, writes2 - writes1, wal2 - wal1),
+        "writers": costs_per_event(spec.events, writes1, wal1 - wal0),
+        "relay": costs_per_event(spec.events, writes2 - writes1, wal2 - wal1),
         "cores_used": cores,
     }
-
-
-def percentile(samples: list[tuple[float, int]], q: float) -> float:
-    """The ``q`` quantile (0..1) of (value, weight) samples: weighted nearest rank."""
-    ordered = sorted(samples)
-    total = sum(w for _, w in ordered)
-    if not total:
-        return float("nan")
-    need, seen = q * total, 0
-    for value, weight in ordered:
-        seen += weight
-        if seen >= need:
-            return value
-    return ordered[-1][0]
 
 
 def _write(dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames) -> None:
@@ -280,7 +240,7 @@ def latency_phase(
             "max": round(max(v for v, _ in ms), 1),
         },
         "latency_events": sum(n for _, n in samples),
-        "writers_and_relay": _costs(events, writes1 - writes0, wal1 - wal0),
+        "writers_and_relay": costs_per_event(events, writes1 - writes0, wal1 - wal0),
         "cores_used": cores,
     }
 
