@@ -46,7 +46,7 @@ from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
-from cdc_outbox.store.mark_published import marking_statement
+from cdc_outbox.store.mark_published import UNPUBLISHED, marking_statement
 from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
@@ -115,9 +115,9 @@ def backlog_query(
         return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, table, order)
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
-    return sql.SQL(
-        "SELECT {} FROM {} WHERE status IN ('PENDING', 'PROCESSING') ORDER BY {}"
-    ).format(columns, table, order)
+    return sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {}").format(
+        columns, table, UNPUBLISHED, order
+    )
 
 
 def backlog_count_query(settings: Settings) -> sql.Composed:
@@ -125,9 +125,7 @@ def backlog_count_query(settings: Settings) -> sql.Composed:
     table = outbox_ident(settings)
     if settings.columns.preset != "default":
         return sql.SQL("SELECT count(*) FROM {}").format(table)
-    return sql.SQL("SELECT count(*) FROM {} WHERE status IN ('PENDING', 'PROCESSING')").format(
-        table
-    )
+    return sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, UNPUBLISHED)
 
 
 def _start_progress(
