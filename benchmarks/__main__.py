@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         help="avro: also relay the same WAL with Avro values (local registry) and compare",
     )
     relay.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="rounds of (raw drain, relay) over the same WAL; the median ratio is reported",
+    )
+    relay.add_argument(
         "--avro-rounds",
         type=int,
         default=12,
@@ -114,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     # sessions of their own) are stopped on the way out instead of outliving it.
     signal.signal(signal.SIGTERM, _terminated)
     if args.command == "relay":
-        if min(args.events, args.txn_size, args.avro_rounds) <= 0:
-            parser.error("--events, --txn-size and --avro-rounds must be positive")
+        if min(args.events, args.txn_size, args.rounds, args.avro_rounds) <= 0:
+            parser.error("--events, --txn-size, --rounds and --avro-rounds must be positive")
         try:
             result = relay_bench.run(args)
         except relay_bench.SlotsExhausted as exc:
