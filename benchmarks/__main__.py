@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, consume_bench, relay_bench
+from benchmarks import compare_bench, compare_report, consume_bench, relay_bench, relay_report
 
 
 def _save(
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         except relay_bench.SlotsExhausted as exc:
             print(exc, file=sys.stderr)
             return 2
-        relay_bench.print_table(result)
+        relay_report.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":
         if min(args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds) <= 0:

@@ -110,8 +110,8 @@ def setup(settings: Settings, slots: list[str], relay_slots: list[str]) -> None:
         free = 0 if row is None else int(row[0])
         if free < len(slots):
             raise SlotsExhausted(
-                f"relay benchmark: needs {len(slots)} replication slots (2 per --rounds round,"
-                f" 2 per --avro-rounds round), the server has {free} free: lower --rounds or"
+                f"relay benchmark: needs {len(slots)} replication slots (2 per --rounds round"
+                f" and 1, 2 per --avro-rounds round), the server has {free} free: lower --rounds or"
                 " --avro-rounds or raise max_replication_slots"
             )
         conn.execute(
@@ -251,6 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = avro_rounds.phases(args.avro_rounds, stamp) if avro else []
     pairs = relay_rounds.slots(args.rounds)
     relay_slots = [relay for _, relay in pairs] + [slot for _, _, slot, _ in plan]
+    relay_slots.append(relay_rounds.WARMUP_SLOT)
     slots = [raw for raw, _ in pairs] + relay_slots
     with (
         services(args.dsn, args.bootstrap_servers, len(slots)) as (dsn, bootstrap, cpu),
@@ -279,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Create the topics up front so that no relay phase times topic creation (the counts
         # subtract the warm-up record).
         warm = KafkaPublisher(settings.kafka_config())
-        prefixes = [relay_rounds.topic_prefix(n, stamp) for n in range(args.rounds)]
+        prefixes = [relay_rounds.topic_prefix(n, stamp) for n in range(-1, args.rounds)]
         for prefix in (*prefixes, *(prefix for _, _, _, prefix in plan)):
             warm.produce(f"{prefix}.order", b"warmup", b"{}", [], _WarmupListener())
         warm.flush(30)
@@ -351,49 +352,3 @@ def _machine() -> str:
 
     py = platform.python_version()
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {py}"
-
-
-def _cores(used: dict[str, float]) -> str:
-    return ", ".join(f"{name} {value:.2f}" for name, value in used.items())
-
-
-def print_table(result: dict[str, Any]) -> None:
-    rounds = result["rounds"]
-    rows = [
-        ("events", f"{result['events']:,}"),
-        ("txn size", str(result["txn_size"])),
-        ("delivery", result["delivery"]),
-        (
-            f"raw drain (receive only), median of {len(rounds)}",
-            f"{result['raw_drain_eps']:,.0f} events/s",
-        ),
-        ("relay into Kafka (acked/committed), median", f"{result['relay_eps']:,.0f} events/s"),
-        ("ratio relay/raw (median of the rounds')", f"{result['ratio']:.2f}"),
-        ("relay thread CPU per event, median", f"{result['relay_thread_us_per_event']:.1f} us"),
-        ("records in Kafka (fewest of a round)", f"{result['records_in_kafka']:,}"),
-        ("cores used, raw phase (median round)", _cores(result["cores_raw_phase"])),
-        ("cores used, relay phase (median round)", _cores(result["cores_relay_phase"])),
-        ("peak RSS", f"{result['peak_rss_mb']} MB"),
-    ]
-    if "avro_relay_eps" in result:
-        rows[5:5] = [
-            ("relay, Avro values (median)", f"{result['avro_relay_eps']:,.0f} events/s"),
-            (
-                "ratio Avro/JSON relay (median)",
-                f"{result['avro_vs_json']:.2f} of "
-                + ", ".join(f"{p['ratio']:.2f}" for p in result["avro_rounds"]),
-            ),
-            ("Avro relay thread CPU/event", f"{result['avro_relay_thread_us_per_event']:.1f} us"),
-        ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    print(
-        f"\n{'round':>5}  {'first':>5}  {'raw ev/s':>9}  {'relay ev/s':>10}  {'ratio':>5}  us/event"
-    )
-    for n, r in enumerate(rounds):
-        first = "raw" if r["raw_first"] else "relay"
-        print(
-            f"{n:>5}  {first:>5}  {r['raw_eps']:>9,.0f}  {r['relay_eps']:>10,.0f}"
-            f"  {r['ratio']:>5.2f}  {r['relay_thread_us_per_event']:>8.1f}"
-        )

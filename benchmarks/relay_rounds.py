@@ -13,6 +13,10 @@ after a ``CHECKPOINT`` (if allowed), then ``VACUUM ANALYZE``. Without that, the 
 round would mark rows an earlier one already marked PUBLISHED (or deleted): no row would change
 and its PostgreSQL cost would be far lower than the first round's. The restore's WAL comes after
 the data, so no timed phase reads it (a relay may read into it after its last counted event).
+
+Before the rounds, the relay runs once unmeasured on a slot of its own (``warmup_relay_eps``):
+the first load on a fresh broker runs far slower than the later ones (0.33 against 0.48-0.58
+in the first five-round run, 2026-12-04), which would only favour the raw drain of round 0.
 """
 
 from __future__ import annotations
@@ -36,14 +40,19 @@ if TYPE_CHECKING:
 COPY_TABLE = "bench_outbox_rows"
 
 
+#: The warm-up relay's slot: it relays the data once before the rounds, unmeasured.
+WARMUP_SLOT = "bench_relay_warmup"
+
+
 def slots(rounds: int) -> list[tuple[str, str]]:
     """``(raw slot, relay slot)`` of every round."""
     return [(f"bench_raw{n}", f"bench_relay{n}") for n in range(rounds)]
 
 
 def topic_prefix(number: int, stamp: int) -> str:
-    """The topics of round ``number``'s relay (none is a prefix of another round's)."""
-    return f"bench-r{number}.{stamp}"
+    """The topics of round ``number``'s relay (-1: the warm-up's; none is a prefix of
+    another's)."""
+    return f"bench-r{number}.{stamp}" if number >= 0 else f"bench-warmup.{stamp}"
 
 
 def keep_rows(settings: Settings) -> None:
@@ -87,12 +96,16 @@ def run(
     ``rounds`` (every round's figures)."""
     keep_rows(settings)
     per_round: list[dict[str, Any]] = []
-    for number, (raw_slot, relay_slot) in enumerate(slots(rounds)):
+    warmup: RelayRun | None = None
+    for number, (raw_slot, relay_slot) in [(-1, ("", WARMUP_SLOT)), *enumerate(slots(rounds))]:
         restore(settings)
         prefix = topic_prefix(number, stamp)
         phase = settings.model_copy(
             update={"slot_name": relay_slot, "topic_template": prefix + ".{aggregate_type}"}
         )
+        if number < 0:
+            warmup = relay(phase, number)
+            continue
         raw_first = number % 2 == 0
         if raw_first:
             raw_s, frames, raw_cores = raw(raw_slot)
@@ -119,7 +132,11 @@ def run(
                 "cores_relay_phase": relayed.cores,
             }
         )
-    return summary(per_round)
+    assert warmup is not None
+    return {
+        **summary(per_round),
+        "warmup_relay_eps": round(events / warmup.seconds, 1),
+    }
 
 
 def summary(per_round: list[dict[str, Any]]) -> dict[str, Any]:
