@@ -1,9 +1,11 @@
-"""Raw slot drain vs relay in rounds: the core of ``relay`` (``--rounds``, default 5).
+"""Raw slot drain vs relay in rounds: the core of ``relay`` (``--rounds``, default 6).
 
 Every slot (a raw and a relay slot per round) is created at the same point, before the data is
 written, so every phase reads exactly the same WAL. A round is a raw drain and a relay phase
-back to back, the raw drain first in even rounds and the relay first in odd ones (whatever the
-first phase leaves behind, e.g. autovacuum after the relay's marking, falls on each as often).
+back to back, the raw drain first in even rounds and the relay first in odd ones: the order
+matters (in five of six five-round runs on a loaded machine, 2026-12-04, the relay-first
+rounds had the lower mean ratio: a relay right after the restore and the previous relay phase
+ran slower), so an even count has as many rounds of each order.
 The reported ``ratio`` is the median of the rounds' relay/raw ratios: a single pair is at the
 mercy of whatever else the two cores do at that moment.
 
