@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, consume_bench, relay_bench
+from benchmarks import compare_bench, compare_report, consume_bench, relay_bench, relay_report
 
 
 def _save(
@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["json", "avro"],
         default="json",
         help="avro: also relay the same WAL with Avro values (local registry) and compare",
+    )
+    relay.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="rounds of (raw drain, relay) over the same WAL; the median ratio is reported (even:"
+        " as many with the raw drain first as second)",
     )
     relay.add_argument(
         "--avro-rounds",
@@ -114,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     # sessions of their own) are stopped on the way out instead of outliving it.
     signal.signal(signal.SIGTERM, _terminated)
     if args.command == "relay":
-        if min(args.events, args.txn_size, args.avro_rounds) <= 0:
-            parser.error("--events, --txn-size and --avro-rounds must be positive")
+        if min(args.events, args.txn_size, args.rounds, args.avro_rounds) <= 0:
+            parser.error("--events, --txn-size, --rounds and --avro-rounds must be positive")
         try:
             result = relay_bench.run(args)
         except relay_bench.SlotsExhausted as exc:
             print(exc, file=sys.stderr)
             return 2
-        relay_bench.print_table(result)
+        relay_report.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":
         if min(args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds) <= 0:

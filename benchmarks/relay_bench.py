@@ -1,10 +1,11 @@
 """Raw slot drain vs the full relay, over the same WAL, in one run.
 
-Two slots are created at the same point before the data is written, so both phases decode
-exactly the same transactions: (a) receive-only drain of slot A (frames counted, nothing
-decoded, nothing published); (b) the relay on slot B until Kafka has acknowledged every event
-(exactly-once: committed), timed from its first acknowledged event (its start-up, i.e. election,
-slot and producer set-up, is ``start_s``, as in ``compare``).
+All slots are created at the same point before the data is written, so every phase decodes
+exactly the same transactions: (a) receive-only drain of a slot (frames counted, nothing
+decoded, nothing published); (b) the relay on another slot until Kafka has acknowledged every
+event (exactly-once: committed), timed from its first acknowledged event (its start-up, i.e.
+election, slot and producer set-up, is ``start_s``, as in ``compare``). ``--rounds`` rounds of
+(a) and (b), each on slots of its own, the median ratio reported: :mod:`benchmarks.relay_rounds`.
 With ``--value-format avro`` more slots, created at the same point, are relayed again with Avro
 values (Confluent wire format, schema from a local Apicurio registry) and JSON, in
 ``--avro-rounds`` rounds: :mod:`benchmarks.avro_rounds`, ``avro_vs_json`` the median ratio.
@@ -27,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks import avro_rounds
+from benchmarks import avro_rounds, relay_rounds
 from benchmarks.cpu import CpuMeter, process_cpu, thread_cpu, tree_cpu
 from cdc_outbox.cdc.replication_stream import ReplicationStream
 from cdc_outbox.config import Settings
@@ -41,11 +42,10 @@ from cdc_outbox.store.schema import (
     relay_state_ident,
 )
 from cdc_outbox_dev import workload
-from cdc_outbox_dev.readback import count_records
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import DEFAULT_SETTINGS, LocalPostgres
 
-RAW_SLOT, RELAY_SLOT, PUBLICATION = "bench_raw", "bench_relay", "bench_pub"
+PUBLICATION = "bench_pub"
 
 
 @contextlib.contextmanager
@@ -72,7 +72,11 @@ def services(
     with contextlib.ExitStack() as stack:
         if dsn is None:
             default = int(DEFAULT_SETTINGS["max_replication_slots"])
-            room = {"max_replication_slots": str(max(default, slots))}
+            # Every round's slots hold the WAL of the rounds before them (restores, markings).
+            room = {
+                "max_replication_slots": str(max(default, slots)),
+                "max_slot_wal_keep_size": "-1",
+            }
             pg = stack.enter_context(LocalPostgres(settings=room))
             dsn = pg.dsn
             probes["postgres"] = lambda: tree_cpu(pg.pid or 0)
@@ -87,9 +91,10 @@ class SlotsExhausted(Exception):
     """The server cannot hold the slots the run needs (the text says how many)."""
 
 
-def setup(settings: Settings, slots: list[str]) -> None:
-    """Fresh outbox table, publication and slots (created before any data is written), or
-    :class:`SlotsExhausted` before anything changes but the run's own old slots."""
+def setup(settings: Settings, slots: list[str], relay_slots: list[str]) -> None:
+    """Fresh outbox table, publication and ``slots`` (created before any data is written; the
+    relay's phase is STREAMING on ``relay_slots``), or :class:`SlotsExhausted` before anything
+    changes but the run's own old slots."""
     dsn = settings.postgres_dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for slot in slots:
@@ -105,9 +110,9 @@ def setup(settings: Settings, slots: list[str]) -> None:
         free = 0 if row is None else int(row[0])
         if free < len(slots):
             raise SlotsExhausted(
-                f"relay benchmark: needs {len(slots)} replication slots (2, and 2 per"
-                f" --avro-rounds round), the server has {free} free: lower --avro-rounds or"
-                " raise max_replication_slots"
+                f"relay benchmark: needs {len(slots)} replication slots (2 per --rounds round"
+                f" and 1, 2 per --avro-rounds round), the server has {free} free: lower --rounds or"
+                " --avro-rounds or raise max_replication_slots"
             )
         conn.execute(
             sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
@@ -127,7 +132,7 @@ def setup(settings: Settings, slots: list[str]) -> None:
         # The slots exist before any row is written: nothing to catch up, the relay streams.
         for stmt in relay_state_ddl(settings):
             conn.execute(stmt)
-        for slot in slots[1:]:  # the relay slots
+        for slot in relay_slots:
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (slot_name, phase) VALUES (%s, 'STREAMING')"
@@ -244,7 +249,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     avro = args.value_format == "avro"
     stamp = int(time.time())
     plan = avro_rounds.phases(args.avro_rounds, stamp) if avro else []
-    slots = [RAW_SLOT, RELAY_SLOT, *(slot for _, _, slot, _ in plan)]
+    pairs = relay_rounds.slots(args.rounds)
+    relay_slots = [relay for _, relay in pairs] + [slot for _, _, slot, _ in plan]
+    relay_slots.append(relay_rounds.WARMUP_SLOT)
+    slots = [raw for raw, _ in pairs] + relay_slots
     with (
         services(args.dsn, args.bootstrap_servers, len(slots)) as (dsn, bootstrap, cpu),
         registry(avro) as registry_url,
@@ -253,7 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings = Settings.model_validate(
             {
                 "dsn": dsn,
-                "slot_name": RELAY_SLOT,
+                "slot_name": relay_slots[0],
                 "publication_name": PUBLICATION,
                 "outbox_table": "bench_outbox",
                 "topic_template": topic_prefix + ".{aggregate_type}",
@@ -268,11 +276,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 },
             }
         )
-        setup(settings, slots)
+        setup(settings, slots, relay_slots)
         # Create the topics up front so that no relay phase times topic creation (the counts
-        # below subtract the warm-up record).
+        # subtract the warm-up record).
         warm = KafkaPublisher(settings.kafka_config())
-        for prefix in (topic_prefix, *(prefix for _, _, _, prefix in plan)):
+        prefixes = [relay_rounds.topic_prefix(n, stamp) for n in range(-1, args.rounds)]
+        for prefix in (*prefixes, *(prefix for _, _, _, prefix in plan)):
             warm.produce(f"{prefix}.order", b"warmup", b"{}", [], _WarmupListener())
         warm.flush(30)
         spec = workload.WorkloadSpec(
@@ -284,12 +293,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         write_s = time.perf_counter() - t0
         wal_bytes = current_wal(dsn)
-        raw_s, frames, raw_cores = raw_drain(settings, RAW_SLOT, args.events, cpu)
-        relay = relay_phase(settings, args.events, args.profile, cpu)
-        relay_s = relay.seconds
-        in_kafka = count_records(bootstrap, topic_prefix) - 1
-        raw_eps = args.events / raw_s
-        relay_eps = args.events / relay_s
+        measured = relay_rounds.run(
+            settings,
+            bootstrap,
+            args.rounds,
+            stamp,
+            args.events,
+            lambda slot: raw_drain(settings, slot, args.events, cpu),
+            # Only the first round's relay is profiled (the profiler slows it down).
+            lambda phase, n: relay_phase(phase, args.events, args.profile if n == 0 else None, cpu),
+        )
         extra: dict[str, Any] = {}
         if avro:
             extra = avro_rounds.compare(
@@ -309,21 +322,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "writers": args.writers,
             "transactions": written.transactions,
             "write_eps": round(args.events / write_s, 1),
-            "raw_drain_s": round(raw_s, 3),
-            "raw_drain_eps": round(raw_eps, 1),
-            "raw_frames": frames,
-            "relay_s": round(relay_s, 3),
-            "start_s": round(relay.start_s, 3),
-            "relay_eps": round(relay_eps, 1),
-            "ratio": round(relay_eps / raw_eps, 3),
-            # CPU the relay's Python thread spent per event; 1e6 / this is what one free core
-            # could relay, the ceiling of the pure-Python hot path.
-            "relay_thread_us_per_event": round(relay.thread_cpu_s / args.events * 1e6, 2),
-            "records_in_kafka": in_kafka,
-            # Average cores used per process during each phase (the machine's total is
-            # os.cpu_count()): shows what bounds the relay when the ratio is low.
-            "cores_raw_phase": raw_cores,
-            "cores_relay_phase": relay.cores,
+            # Medians over the rounds (``rounds``: every round's figures): raw_drain_s,
+            # raw_drain_eps, relay_s, start_s, relay_eps, ratio (of the rounds' ratios) and
+            # relay_thread_us_per_event, the CPU the relay's Python thread spent per event
+            # (1e6 / this is what one free core could relay, the ceiling of the pure-Python
+            # hot path). cores_*_phase: average cores per process (the machine's total is
+            # os.cpu_count()) in the round with the median ratio: what bounds the relay.
+            **measured,
             "wal_position_bytes": wal_bytes,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "machine": _machine(),
@@ -347,36 +352,3 @@ def _machine() -> str:
 
     py = platform.python_version()
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {py}"
-
-
-def _cores(used: dict[str, float]) -> str:
-    return ", ".join(f"{name} {value:.2f}" for name, value in used.items())
-
-
-def print_table(result: dict[str, Any]) -> None:
-    rows = [
-        ("events", f"{result['events']:,}"),
-        ("txn size", str(result["txn_size"])),
-        ("delivery", result["delivery"]),
-        ("raw drain (receive only)", f"{result['raw_drain_eps']:,.0f} events/s"),
-        ("relay into Kafka (acked/committed)", f"{result['relay_eps']:,.0f} events/s"),
-        ("ratio relay/raw", f"{result['ratio']:.2f}"),
-        ("relay thread CPU per event", f"{result['relay_thread_us_per_event']:.1f} us"),
-        ("records in Kafka", f"{result['records_in_kafka']:,}"),
-        ("cores used, raw phase", _cores(result["cores_raw_phase"])),
-        ("cores used, relay phase", _cores(result["cores_relay_phase"])),
-        ("peak RSS", f"{result['peak_rss_mb']} MB"),
-    ]
-    if "avro_relay_eps" in result:
-        rows[5:5] = [
-            ("relay, Avro values (median)", f"{result['avro_relay_eps']:,.0f} events/s"),
-            (
-                "ratio Avro/JSON relay (median)",
-                f"{result['avro_vs_json']:.2f} of "
-                + ", ".join(f"{p['ratio']:.2f}" for p in result["avro_rounds"]),
-            ),
-            ("Avro relay thread CPU/event", f"{result['avro_relay_thread_us_per_event']:.1f} us"),
-        ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")

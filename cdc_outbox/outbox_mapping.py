@@ -284,12 +284,16 @@ class OutboxMapper:
         ):
             topic, ok = self._topic(at_v, et_v)
             if ok:
-                headers = [("id", id_v), ("event_type", et_v), ("aggregate_type", at_v)]
                 if hv is None or hv == b"{}":  # the common case: no JSON parsing
+                    headers = [("id", id_v), ("event_type", et_v), ("aggregate_type", at_v)]
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
-                extra = _parse_headers(self._headers_name, hv, self._taken)
+                extra = (
+                    parse_headers_json(self._headers_name, hv, self._taken)
+                    if type(hv) is bytes
+                    else None
+                )
                 if type(extra) is tuple:
-                    headers.extend(extra)
+                    headers = [("id", id_v), ("event_type", et_v), ("aggregate_type", at_v), *extra]
                     return OutboxRecord(topic, key, value, headers, id_v.decode("ascii"))
         record = self._slow(pos, row, id_v, at_v, key, et_v, value, hv)
         if pos.tracing is not None and type(trace := row[pos.tracing]) is bytes:

@@ -38,6 +38,7 @@ _BEGIN, _COMMIT, _INSERT, _RELATION, _MESSAGE = ord("B"), ord("C"), ord("I"), or
 _PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
 _XLOGDATA = ord("w")
 _FRAMES_PER_TURN = 2000
+_decode_insert = pgoutput.decode_insert
 
 
 class MessageRouter:
@@ -63,6 +64,8 @@ class MessageRouter:
         self._checkpoint: Checkpointer | None = None
         self._skipping = False
         self._table = f"{settings.outbox_schema}.{settings.outbox_table}"
+        self._map_insert = mapper.map_insert  # bound once: called per event
+        self._submit = delivery.submit
 
     def new_session(self, tracker: AckTracker, checkpoint: Checkpointer) -> None:
         """A new stream: relations are described again; positions go to these."""
@@ -120,9 +123,8 @@ class MessageRouter:
     def handle(self, payload: bytes) -> None:
         """One XLogData payload (a pgoutput message)."""
         kind = payload[0]
-        tracker = self._tracker
         if kind == _INSERT:
-            oid, row = pgoutput.decode_insert(payload)
+            oid, row = _decode_insert(payload)
             rel = self._outbox_relations.get(oid)
             if rel is None:
                 self._relations.get(oid)  # raises for a relation never described
@@ -135,8 +137,10 @@ class MessageRouter:
             txn.add_event()
             if self.eos is not None:
                 self.eos.add_event()
-            self.delivery.submit(self._mapper.map_insert(rel, row), txn)
-        elif kind == _BEGIN:
+            self._submit(self._map_insert(rel, row), txn)
+            return
+        tracker = self._tracker
+        if kind == _BEGIN:
             self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)
             if self.eos is not None:
                 self._skipping = self.eos.on_begin(payload)

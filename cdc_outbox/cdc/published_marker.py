@@ -41,7 +41,11 @@ from cdc_outbox.store.mark_published import marking_statement
 
 logger = logging.getLogger(__name__)
 
-_BATCH = 5_000
+#: Ids per statement. A small outbox table is scanned whole per statement (the planner's
+#: choice for an id list that large a share of it): 20,000 ids cost PostgreSQL 0.59-0.62 s of
+#: CPU per 100,000 rows marked against 0.64-0.86 s with 5,000 (PostgreSQL 15, 2026-12-04);
+#: at 50,000 events/s one statement covers a 0.2 s flush interval.
+_BATCH = 20_000
 _MAX_BUFFERED = 1_000_000
 
 

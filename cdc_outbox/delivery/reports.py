@@ -17,7 +17,7 @@ from typing import Protocol
 
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import KeysInFlight
-from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers, ReportingListener
 from cdc_outbox.relay_stats import RelayStats
 
 __all__ = ["DeadLetterReport", "RecordReport", "ReportSink"]
@@ -42,8 +42,8 @@ class ReportSink(Protocol):
     def restart(self, reason: str, failure: DeliveryFailure | None = None) -> None: ...
 
 
-class RecordReport:
-    """Delivery listener of an event's record on its topic."""
+class RecordReport(ReportingListener):
+    """Delivery listener of an event's record on its topic (its own delivery callback)."""
 
     __slots__ = ("delivery", "epoch", "event_id", "handle", "key")
 

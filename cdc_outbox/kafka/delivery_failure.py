@@ -18,6 +18,7 @@ __all__ = [
     "DeliveryListener",
     "FailureKind",
     "Headers",
+    "ReportingListener",
     "classify",
     "failure_of",
 ]
@@ -69,6 +70,31 @@ class DeliveryListener(Protocol):
     def delivered(self, topic: str, headers: Headers) -> None: ...
 
     def failed(self, failure: DeliveryFailure) -> None: ...
+
+
+class ReportingListener:
+    """A listener that is its record's delivery callback itself, so the producer wraps it in
+    nothing (one object less per record on the hot path): a subclass defines ``delivered``
+    and ``failed`` (:class:`DeliveryListener`); ``headers`` is set when the record is
+    produced. One record per listener object."""
+
+    __slots__ = ("headers",)
+
+    headers: Headers
+
+    def delivered(self, topic: str, headers: Headers) -> None:
+        raise NotImplementedError
+
+    def failed(self, failure: DeliveryFailure) -> None:
+        raise NotImplementedError
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        """librdkafka's delivery callback (``err`` a ``KafkaError`` or None, ``msg`` the
+        ``Message``)."""
+        if err is None:
+            self.delivered(msg.topic() or "", self.headers)
+        else:
+            self.failed(failure_of(err, msg.topic(), msg.key(), msg.value(), self.headers))
 
 
 def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:

@@ -50,6 +50,7 @@ from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.delivery_failure import (
     DeliveryListener,
     Headers,
+    ReportingListener,
     failure_of,
 )
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
@@ -75,8 +76,10 @@ class ProduceInterrupted(Exception):
 
 
 class _DeliveryReport:
-    """Delivery callback of one record. confluent-kafka's reports carry no headers, so the
-    record's headers are kept here until the outcome is known (for dead-lettering)."""
+    """Delivery callback of one record (of a listener that is not a
+    :class:`~cdc_outbox.kafka.delivery_failure.ReportingListener`). confluent-kafka's reports
+    carry no headers, so the record's headers are kept here until the outcome is known (for
+    dead-lettering)."""
 
     __slots__ = ("headers", "listener")
 
@@ -173,7 +176,11 @@ class KafkaPublisher:
         if self._deferred is not None:
             self._deferred.append((topic, key, value, headers, listener))
             return
-        report = _DeliveryReport(listener, headers)
+        if isinstance(listener, ReportingListener):
+            listener.headers = headers
+            report: Any = listener
+        else:
+            report = _DeliveryReport(listener, headers)
         produce = self._producer.produce
         while True:
             try:

@@ -205,7 +205,38 @@ def _insert(buf: bytes, off: int, end: int) -> tuple[Insert, int]:
 
 def decode_insert(buf: bytes) -> tuple[int, TupleData]:
     """Hot path for an Insert message (``buf[0] == ord("I")``, protocol v1, not streamed):
-    ``(relation_oid, new_tuple)`` with the same checks and errors as :func:`decode`."""
+    ``(relation_oid, new_tuple)`` with the same checks and errors as :func:`decode`.
+
+    The common row (text and NULL columns only, well formed) is read in one loop; anything
+    else (binary or unchanged-TOAST columns, any malformed input) takes :func:`_insert_parts`,
+    which gives the same tuple or raises the same error."""
+    try:
+        oid, tag = _INSERT_HEAD(buf, 1)
+        (ncols,) = _U16(buf, 6)
+        if buf[0] == 0x49 and tag == 0x4E:  # 'I', 'N'
+            cols: list[ColumnValue] = [None] * ncols
+            u32 = _U32
+            off = 8
+            for i in range(ncols):
+                kind = buf[off]
+                if kind == 0x74:  # 't': Int32 length + bytes
+                    start = off + 5
+                    off = start + u32(buf, off + 1)[0]
+                    cols[i] = buf[start:off]
+                elif kind == 0x6E:  # 'n': NULL (already in place)
+                    off += 1
+                else:
+                    break
+            else:
+                if off == len(buf):
+                    return oid, tuple(cols)
+    except (IndexError, struct.error):
+        pass
+    return _decode_insert_checked(buf)
+
+
+def _decode_insert_checked(buf: bytes) -> tuple[int, TupleData]:
+    """:func:`decode_insert` for any input, column by column with every check."""
     end = len(buf)
     try:
         if buf[0] != 0x49:

@@ -1,0 +1,238 @@
+"""Instructions per event of the relay's Python hot path, counted by callgrind.
+
+    python -m benchmarks.relay_cost [--events N] [--json PATH]
+
+What the relay thread does per event, without a server: the pgoutput payloads of the relay
+benchmark's rows (the outbox table of the default layout, 100-row transactions, the
+workload's columns and sizes) go through :meth:`MessageRouter.handle` (decode, map,
+:meth:`Delivery.submit`, ``produce``), and the delivery reports come back through
+:meth:`KafkaPublisher.poll` (report, key bookkeeping, stats, published-marker ``add``, ack
+tracker), every 1,000 payloads. Kafka is a stand-in client that keeps each record's callback
+and calls it at ``poll`` (its cost, a list append and a call, is counted too). Each count runs
+in a child ``python`` under ``valgrind --tool=callgrind`` with N and 6N events, and again
+without the relay part; per event = the difference of the differences / 5N (deterministic:
+the same total for the same build, inputs and environment, unlike wall time on a shared
+machine). Needs valgrind (Debian's package); exit 2 without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+_OID = 16400
+_COLUMNS = (
+    ("id", 2950),
+    ("aggregate_type", 25),
+    ("aggregate_id", 25),
+    ("event_type", 25),
+    ("payload", 3802),
+    ("headers", 3802),
+    ("created_at", 1184),
+    ("status", 25),
+    ("attempts", 23),
+    ("available_at", 1184),
+    ("locked_at", 1184),
+    ("locked_by", 25),
+    ("published_at", 1184),
+    ("last_error", 25),
+)
+_TXN = 100
+
+
+def _relation() -> bytes:
+    cols = b"".join(
+        bytes([1 if name == "id" else 0]) + name.encode() + b"\0" + struct.pack("!Ii", oid, -1)
+        for name, oid in _COLUMNS
+    )
+    return (
+        b"R" + struct.pack("!I", _OID) + b"public\0bench_outbox\0d"
+        + struct.pack("!H", len(_COLUMNS)) + cols
+    )  # fmt: skip
+
+
+def _insert(values: list[bytes | None]) -> bytes:
+    parts = [struct.pack("!H", len(values))]
+    for v in values:
+        parts.append(b"n" if v is None else b"t" + struct.pack("!I", len(v)) + v)
+    return b"I" + struct.pack("!IB", _OID, ord("N")) + b"".join(parts)
+
+
+def payloads(events: int) -> list[bytes]:
+    """The relay benchmark's stream of ``events`` events (as ``cdc_outbox_dev.workload``
+    writes them and PostgreSQL 15 sends them), Relation first."""
+    out = [_relation()]
+    lsn = 0x1000000
+    for n in range(events):
+        txn = n // _TXN
+        if n % _TXN == 0:
+            out.append(b"B" + struct.pack("!QqI", lsn + 50_000, 0, 1000 + txn))
+        agg = f"order-{n % 200}"
+        seq = n // 200 + 1
+        note = "x" * 120
+        payload = (
+            f'{{"seq": {seq}, "note": "{note}", "order": "{agg}", "amount_cents": {1000 + seq}}}'
+        ).encode()
+        headers = b'{"txn": "%d", "writer": "%d"}' % (txn, txn % 4)
+        ts = b"2026-12-04 06:51:04.123456+00"
+        values: list[bytes | None] = [
+            str(uuid.UUID(int=n + 1, version=4)).encode(),
+            b"order",
+            agg.encode(),
+            b"OrderPlaced",
+            payload,
+            headers,
+            ts,
+            b"PENDING",
+            b"0",
+            ts,
+            None,
+            None,
+            None,
+            None,
+        ]
+        out.append(_insert(values))
+        if n % _TXN == _TXN - 1 or n == events - 1:
+            lsn += 60_000
+            out.append(b"C" + struct.pack("!BQQq", 0, lsn - 10, lsn, 0))
+    return out
+
+
+class _Message:
+    """A delivery report's message: ``topic()`` is a builtin (no Python frame), as in
+    confluent-kafka."""
+
+    __slots__ = ("topic",)
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic.__str__
+
+
+class _Client:
+    """Stand-in for ``confluent_kafka.Producer``: callbacks are called at ``poll``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._pending: list[tuple[Any, _Message]] = []
+        self._messages: dict[str, _Message] = {}
+
+    def produce(self, topic: str, value: Any, key: Any, *, headers: Any, on_delivery: Any) -> None:
+        message = self._messages.get(topic)
+        if message is None:
+            message = self._messages[topic] = _Message(topic)
+        self._pending.append((on_delivery, message))
+
+    def poll(self, timeout: float) -> int:
+        pending, self._pending = self._pending, []
+        for callback, message in pending:
+            callback(None, message)
+        return len(pending)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+def _child(what: str, n: int) -> None:
+    """Build ``n`` events' payloads and the relay's parts; with ``relay`` route them all."""
+    from cdc_outbox.cdc.ack_tracker import AckTracker
+    from cdc_outbox.cdc.message_router import MessageRouter
+    from cdc_outbox.cdc.published_marker import PublishedMarker
+    from cdc_outbox.config import Settings
+    from cdc_outbox.delivery.engine import Delivery
+    from cdc_outbox.relay_stats import RelayStats
+
+    stream = payloads(n)
+    settings = Settings.model_validate(
+        {
+            "dsn": "host=none",
+            "outbox_table": "bench_outbox",
+            "topic_template": "bench.{aggregate_type}",
+            "kafka": {"bootstrap_servers": "none:9092"},
+        }
+    )
+    stats = RelayStats()
+    marker = PublishedMarker(settings)  # not started: ids are only buffered
+    delivery = Delivery(settings, stats, marker=marker, producer_client=_Client)
+    router = MessageRouter(settings, settings.outbox_mapper(), delivery, stats, None)
+    tracker = AckTracker(0)
+
+    class _Checkpoint:
+        def note_written(self, lsn: int) -> None:
+            pass
+
+    router.new_session(tracker, _Checkpoint())  # type: ignore[arg-type]
+    if what == "relay":
+        handle = router.handle
+        poll = delivery.publisher.poll
+        for i, payload in enumerate(stream):
+            handle(payload)
+            if i % 1000 == 999:
+                poll(0)
+        poll(0)
+        assert stats.events_published == n and tracker.in_flight == 0, stats
+        assert marker.handed == n
+
+
+def _instructions(what: str, n: int) -> int:
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            "-m",
+            "benchmarks.relay_cost",
+            "--child",
+            what,
+            "--events",
+            str(n),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in valgrind's output: {done.stderr[-300:]}")
+    return int(found.group(1))
+
+
+def measure(n: int) -> dict[str, Any]:
+    """Instructions per event (see the module docstring)."""
+    base = _instructions("none", 6 * n) - _instructions("none", n)
+    spent = _instructions("relay", 6 * n) - _instructions("relay", n)
+    return {"events": n, "relay_instructions_per_event": round((spent - base) / (5 * n))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.relay_cost")
+    parser.add_argument("--events", type=int, default=2000)
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/relay-cost.json"))
+    parser.add_argument("--child", choices=["none", "relay"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.events < 1:
+        print("relay_cost: --events must be at least 1", file=sys.stderr)
+        return 2
+    if args.child:
+        _child(args.child, args.events)
+        return 0
+    if shutil.which("valgrind") is None:
+        print("relay_cost: valgrind not found (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    result = measure(args.events)
+    print(f"relay hot path {result['relay_instructions_per_event']:>8,} instructions per event")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
