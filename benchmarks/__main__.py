@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, consume_bench, relay_bench
+from benchmarks import compare_bench, compare_report, consume_bench, mark_cost, relay_bench
 
 
 def _save(
@@ -98,6 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         help="events per exactly-once vs at-least-once run",
     )
     compare.add_argument("--eos-rounds", type=int, default=3, help="rounds of that pair (median)")
+    compare.add_argument(
+        "--mark-events", type=int, default=50_000, help="events per cdc_mark_published phase"
+    )
+    compare.add_argument("--mark-rounds", type=int, default=1, help="rounds of those (median)")
+    compare.add_argument(
+        "--only",
+        choices=["mark-cost"],
+        help="run only this part (prints it and writes --json; RESULTS.md is left alone)",
+    )
     compare.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     compare.add_argument("--json", type=Path, default=Path("benchmarks/out/compare.json"))
@@ -124,14 +133,19 @@ def main(argv: list[str] | None = None) -> int:
         relay_bench.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":
-        if min(args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds) <= 0:
+        sizes = (args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds)
+        if min(*sizes, args.mark_events, args.mark_rounds) <= 0:
             parser.error(
-                "--events, --rate, --latency-seconds, --eos-events and --eos-rounds must be"
-                " positive"
+                "--events, --rate, --latency-seconds, --eos-events, --eos-rounds, --mark-events"
+                " and --mark-rounds must be positive"
             )
         if args.latency_warmup_seconds < 0:
             parser.error("--latency-warmup-seconds must not be negative")
         result = compare_bench.run(args)
+        if args.only == "mark-cost":
+            mark_cost.print_table(result["mark_cost"])
+            _save(result, args, argv)
+            return 0
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)
     elif args.command == "consume":
