@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
     consume = sub.add_parser("consume", help="idempotent consumer: events/s, dedupe on/off")
     consume.add_argument("--events", type=int, default=50_000)
+    consume.add_argument(
+        "--poll-batch", type=int, help="records per poll (default: the consumer's poll_batch)"
+    )
+    consume.add_argument(
+        "--rounds", type=int, default=3, help="rounds of bare, de-dup, no de-dup (median)"
+    )
     consume.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     consume.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     consume.add_argument("--json", type=Path, default=Path("benchmarks/results/consume.json"))
@@ -149,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)
     elif args.command == "consume":
-        if args.events <= 0:
-            parser.error("--events must be positive")
+        if min(args.events, args.rounds) <= 0:
+            parser.error("--events and --rounds must be positive")
         result = consume_bench.run(args)
         consume_bench.print_table(result)
         _save(result, args, argv, consume_bench.write_section)
