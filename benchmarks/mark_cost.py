@@ -210,11 +210,12 @@ def markdown(result: dict[str, Any]) -> list[str]:
         "## The price of marking rows (cdc_mark_published, CDC at-least-once)",
         "",
         f"{result['events']:,} events (same workload and writers as above) relayed from a"
-        " backlog per mode, on a fresh table after VACUUM ANALYZE; measured from the relay's"
-        " start until every event is visible in Kafka and, except with `off`, no row is left"
-        " PENDING/PROCESSING (benchmarks/mark_cost.py). PostgreSQL CPU is the postmaster's"
-        " process tree; WAL the pg_current_wal_lsn delta; the VACUUM rows are a VACUUM of the"
-        " table right after (the dead row versions `update` and `delete` leave)."
+        " backlog per mode, on a fresh table (autovacuum off for it) after VACUUM ANALYZE;"
+        " measured from the relay's start until every event is visible in Kafka and, except"
+        " with `off`, no row is left PENDING/PROCESSING (benchmarks/mark_cost.py). PostgreSQL"
+        " CPU is the postmaster's process tree; WAL the pg_current_wal_lsn delta (a checkpoint"
+        " inside the window adds full-page images); the VACUUM rows are a VACUUM of the table"
+        " right after (the dead row versions `update`, `delete` and polling leave)."
         + (f" Median of {result['rounds']} rounds." if result["rounds"] > 1 else ""),
         "",
         "| " + " | ".join(table[0]) + " |",
@@ -224,5 +225,13 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"- CDC `update` (the default) / polling throughput >= {t['update_vs_polling_min']}x:"
         f" {'met' if t['met'] else 'NOT met'}"
         f" ({result['modes']['update']['vs_polling_throughput']:.2f}x in this phase).",
+        "- `off` writes nothing: its CPU is the walsender decoding the slot, which every CDC"
+        " mode pays. `update` cannot be a HOT update (`status` is in the partial indexes'"
+        " predicates): a new row version and primary-key entry per event, and a dead version"
+        " for vacuum. `delete` writes a small WAL record per row; its index entries go at"
+        " vacuum time.",
+        "- What each mode gives up (`off`: rows stay PENDING, so status, init and a catch-up"
+        " count them unpublished; `delete`: no published rows kept): docs/configuration.md,"
+        ' "What `cdc_mark_published` costs".',
         "",
     ]
