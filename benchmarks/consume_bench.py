@@ -36,6 +36,7 @@ import psycopg
 from confluent_kafka import Producer
 from psycopg_pool import ConnectionPool
 
+from benchmarks.cpu import thread_cpu
 from benchmarks.relay_bench import services
 from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox.consumer.metrics import ConsumerMetrics
@@ -84,6 +85,7 @@ def _bare(bootstrap: str, topic: str, events: int, batch: int) -> dict[str, Any]
     })  # fmt: skip
     consumer.subscribe([topic])
     started = time.monotonic()
+    cpu0 = thread_cpu(threading.get_native_id())
     first: tuple[float, int] | None = None
     seen = 0
     try:
@@ -101,16 +103,24 @@ def _bare(bootstrap: str, topic: str, events: int, batch: int) -> dict[str, Any]
             if first is None and seen:
                 first = time.monotonic(), seen  # the first poll's records are finished
         done = time.monotonic()
+        cpu = thread_cpu(threading.get_native_id()) - cpu0
     finally:
         consumer.close()
-    return _figures("bare", events, started, first, done)
+    return _figures("bare", events, started, first, done, cpu)
 
 
 def _figures(
-    kind: str, events: int, started: float, first: tuple[float, int] | None, done: float
+    kind: str,
+    events: int,
+    started: float,
+    first: tuple[float, int] | None,
+    done: float,
+    cpu_s: float,
 ) -> dict[str, Any]:
     """Rates: over the whole run (group join included) and over the records after the first
-    poll's, timed from the moment those were finished (the same rule for every kind)."""
+    poll's, timed from the moment those were finished (the same rule for every kind); and
+    the CPU of the reading thread per record over the whole run (librdkafka's own threads
+    not included, for either kind): its Python work, which moves little with the host's load."""
     at, count = first or (started, 0)
     steady = done - at
     return {
@@ -121,6 +131,7 @@ def _figures(
         "steady_events": events - count,
         "steady_seconds": round(steady, 4),
         "events_per_s_after_first": round((events - count) / steady) if steady > 0 else None,
+        "thread_cpu_us_per_event": round(cpu_s / events * 1e6, 2),
     }
 
 
@@ -134,6 +145,7 @@ class _Timed(ConsumerMetrics):
         self.first: tuple[float, int] | None = None
         self.done: float | None = None
         self.finished = threading.Event()
+        self.cpu_s = 0.0  # the consumer thread's CPU from its first count to the last
 
     def record(self, outcomes: Iterable[tuple[str, str]]) -> None:
         super().record(outcomes)
@@ -142,6 +154,7 @@ class _Timed(ConsumerMetrics):
             self.first = time.monotonic(), processed
         if self.done is None and processed >= self.events:
             self.done = time.monotonic()
+            self.cpu_s = thread_cpu(threading.get_native_id())  # the consumer's thread
             self.finished.set()
 
 
@@ -159,13 +172,15 @@ def _measure(
         thread = threading.Thread(target=consumer.run, daemon=True)
         started = time.monotonic()
         thread.start()
+        assert thread.native_id is not None
+        cpu0 = thread_cpu(thread.native_id)
         if not metrics.finished.wait(600) or metrics.done is None:
             consumer.request_stop()
             raise RuntimeError(f"timed out: {metrics.counts}")
         consumer.request_stop()
         thread.join(60)
     return _figures("dedupe" if dedupe else "no_dedupe", events, started, metrics.first,
-                    metrics.done)  # fmt: skip
+                    metrics.done, metrics.cpu_s - cpu0)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return round((r[kind]["events_per_s_after_first"] or 0) / bare, 3) if bare else 0.0
 
     per_round = {f"{k}_ratio": [ratio(r, k) for r in rounds] for k in ("dedupe", "no_dedupe")}
+    cpu = {k: statistics.median(r[k]["thread_cpu_us_per_event"] for r in rounds) for k in kinds}
     ratios = {k: round(statistics.median(v), 3) for k, v in per_round.items()}
     figures = {**ratios, "dedupe_eps": eps["dedupe"]}
     return {
@@ -206,6 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "no_dedupe_eps": round(eps["no_dedupe"]),
         **ratios,
         "ratios_per_round": per_round,
+        "thread_cpu_us_per_event": cpu,
         "targets": {k: {"target": v, "met": (figures[k] or 0) >= v} for k, v in TARGETS.items()},
         "machine": {
             "cpu": f"{platform.processor() or platform.machine()}, "
@@ -228,7 +245,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(result: dict[str, Any]) -> None:
     for r in result["runs"]:
         print(f"{r['kind']:9}  {r['events_per_s_total']:>7,} events/s total,"
-              f" {r['events_per_s_after_first'] or 0:>7,} after the first record")  # fmt: skip
+              f" {r['events_per_s_after_first'] or 0:>7,} after the first poll,"
+              f" {r['thread_cpu_us_per_event']} us CPU/event")  # fmt: skip
     print(f"bare {result['bare_eps']:,}; de-dup {result['dedupe_ratio']}x,"
           f" no-dedupe {result['no_dedupe_ratio']}x; targets: {result['targets']}")  # fmt: skip
 
@@ -256,11 +274,12 @@ def write_section(result: dict[str, Any], path: Path, command: str) -> None:
         f" confluent_kafka {m['confluent_kafka']}; {m['date']}.",
         "",
         "| run (in this order) | events | seconds | events/s (incl. group join) |"
-        " events/s (after the first poll) |",
-        "|---|---:|---:|---:|---:|",
+        " events/s (after the first poll) | reading thread CPU (us/event) |",
+        "|---|---:|---:|---:|---:|---:|",
         *(
             f"| {label[r['kind']]} | {r['events']:,} | {r['seconds_total']} |"
             f" {r['events_per_s_total']:,} | {r['events_per_s_after_first'] or 0:,} |"
+            f" {r.get('thread_cpu_us_per_event', '')} |"
             for r in result["runs"]
         ),
         "",
@@ -270,7 +289,10 @@ def write_section(result: dict[str, Any], path: Path, command: str) -> None:
         f" {met('dedupe_ratio')}; target 10,000 events/s: {met('dedupe_eps')}); without"
         f" {result['no_dedupe_eps']:,} events/s, {result['no_dedupe_ratio']}x bare (rounds:"
         f" {_listed(result['ratios_per_round']['no_dedupe_ratio'])}; target 0.5x:"
-        f" {met('no_dedupe_ratio')}).",
+        f" {met('no_dedupe_ratio')}). Reading thread CPU per event (medians; librdkafka's"
+        " threads not included): "
+        + ", ".join(f"{k} {v} us" for k, v in result["thread_cpu_us_per_event"].items())
+        + ".",
         "",
         f"- Backlog of {result['params']['events']:,} JSON records (~230 bytes) on"
         f" {result['params']['partitions']} partitions, 1,000 keys, read by one consumer in"
