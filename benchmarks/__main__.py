@@ -13,7 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, consume_bench, relay_bench, relay_report
+from benchmarks import (
+    compare_bench,
+    compare_report,
+    consume_bench,
+    mark_cost,
+    relay_bench,
+    relay_report,
+)
 
 
 def _save(
@@ -105,12 +112,27 @@ def main(argv: list[str] | None = None) -> int:
         help="events per exactly-once vs at-least-once run",
     )
     compare.add_argument("--eos-rounds", type=int, default=3, help="rounds of that pair (median)")
+    compare.add_argument(
+        "--mark-events", type=int, default=50_000, help="events per cdc_mark_published phase"
+    )
+    compare.add_argument("--mark-rounds", type=int, default=1, help="rounds of those (median)")
+    compare.add_argument(
+        "--only",
+        choices=["mark-cost"],
+        help="run only this part (prints it and writes --json; RESULTS.md is left alone)",
+    )
     compare.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     compare.add_argument("--json", type=Path, default=Path("benchmarks/out/compare.json"))
     compare.add_argument("--results", type=Path, default=Path("benchmarks/RESULTS.md"))
     consume = sub.add_parser("consume", help="idempotent consumer: events/s, dedupe on/off")
     consume.add_argument("--events", type=int, default=50_000)
+    consume.add_argument(
+        "--poll-batch", type=int, help="records per poll (default: the consumer's poll_batch)"
+    )
+    consume.add_argument(
+        "--rounds", type=int, default=3, help="rounds of bare, de-dup, no de-dup (median)"
+    )
     consume.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     consume.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     consume.add_argument("--json", type=Path, default=Path("benchmarks/results/consume.json"))
@@ -131,19 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         relay_report.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":
-        if min(args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds) <= 0:
+        sizes = (args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds)
+        if min(*sizes, args.mark_events, args.mark_rounds) <= 0:
             parser.error(
-                "--events, --rate, --latency-seconds, --eos-events and --eos-rounds must be"
-                " positive"
+                "--events, --rate, --latency-seconds, --eos-events, --eos-rounds, --mark-events"
+                " and --mark-rounds must be positive"
             )
         if args.latency_warmup_seconds < 0:
             parser.error("--latency-warmup-seconds must not be negative")
         result = compare_bench.run(args)
+        if args.only == "mark-cost":
+            mark_cost.print_table(result["mark_cost"])
+            _save(result, args, argv)
+            return 0
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)
     elif args.command == "consume":
-        if args.events <= 0:
-            parser.error("--events must be positive")
+        if min(args.events, args.rounds) <= 0:
+            parser.error("--events and --rounds must be positive")
         result = consume_bench.run(args)
         consume_bench.print_table(result)
         _save(result, args, argv, consume_bench.write_section)

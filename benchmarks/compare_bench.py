@@ -25,6 +25,7 @@ same for both modes), each split into the writers' part and the relay's part. Th
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import statistics
 import threading
@@ -33,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks import compare_report
+from benchmarks import compare_report, mark_cost
 from benchmarks.costs import costs_per_event, outbox_writes, percentile
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import current_wal, services, setup
@@ -293,8 +294,16 @@ def eos_rounds(
     return rounds
 
 
+def _mark_cost(args: argparse.Namespace, dsn: str, bootstrap: str, cpu: CpuMeter) -> Any:
+    """benchmarks.mark_cost's phases, on this benchmark's settings, table and topics."""
+    settings_for = functools.partial(_settings, dsn, bootstrap)
+    return mark_cost.measure(args, cpu, settings_for, _create_topic, _fresh, _Running)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu):
+        if args.only == "mark-cost":
+            return {"mark_cost": _mark_cost(args, dsn, bootstrap, cpu)}
         stamp = int(time.time())
         spec = workload.WorkloadSpec(events=args.events, writers=args.writers)
         out: dict[str, Any] = {}
@@ -318,6 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "cdc_mark_published": settings.cdc_mark_published,
             }
             out[mode] = results
+        out["mark_cost"] = _mark_cost(args, dsn, bootstrap, cpu)
         out["eos_rounds"] = eos_rounds(args, dsn, bootstrap, cpu, stamp)
         for mode in ("cdc", "cdc_eos"):
             runs = [r[mode] for r in out["eos_rounds"]]

@@ -24,22 +24,32 @@ def thread_cpu(native_id: int) -> float:
 def _stat_cpu(path: Path, *, reaped: bool = False) -> float:
     """utime + stime from a stat file; with ``reaped`` also cutime + cstime (the CPU of
     children that exited and were waited for)."""
+    own, children_cpu = _stat_parts(path)
+    return own + children_cpu if reaped else own
+
+
+def _stat_parts(path: Path) -> tuple[float, float]:
+    """(utime + stime, cutime + cstime) in seconds from one read of a stat file."""
     try:
         fields = path.read_text().rpartition(")")[2].split()
     except OSError:
-        return 0.0
-    ticks = int(fields[11]) + int(fields[12])
-    if reaped:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / _TICK
+        return 0.0, 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK, (int(fields[13]) + int(fields[14])) / _TICK
 
 
 def tree_cpu(root: int) -> float:
     """CPU seconds of ``root``, its live direct children and the children it has reaped (e.g. a
     postmaster and its backends: a backend's CPU moves to the postmaster's count when it
-    exits, so the total never drops)."""
-    own = _stat_cpu(Path(f"/proc/{root}/stat"), reaped=True)
-    return own + sum(process_cpu(pid) for pid in children(root))
+    exits, so the total never drops). A child reaped while its siblings are read would be
+    counted nowhere (or twice): the reading is repeated until the reaped part held still."""
+    path = Path(f"/proc/{root}/stat")
+    for _ in range(20):
+        _own, reaped = _stat_parts(path)
+        live = sum(process_cpu(pid) for pid in children(root))
+        own, reaped_after = _stat_parts(path)
+        if reaped_after == reaped:
+            break
+    return own + reaped_after + live
 
 
 class CpuMeter:
@@ -56,6 +66,10 @@ class CpuMeter:
 
     def start(self) -> None:
         self._start = {name: probe() for name, probe in self._probes.items()}
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds used by each probe since :meth:`start`."""
+        return {name: probe() - self._start[name] for name, probe in self._probes.items()}
 
     def cores_used(self, wall_s: float) -> dict[str, float]:
         """Average cores used by each probe since :meth:`start`."""

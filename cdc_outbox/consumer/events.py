@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from cdc_outbox.config_models import SchemaRegistrySettings
-from cdc_outbox.consumer.event_types import BadRecord, Event, ValueDecoder, text_of
+from cdc_outbox.consumer.event_types import BadRecord, Event, ValueDecoder, make_event, text_of
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
 
@@ -66,7 +66,7 @@ def event_of(record: RawRecord, decode: ValueDecoder) -> Event:
     if ce.is_cloudevent(headers):
         return ce.cloud_event_of(record, headers, decode)  # type: ignore[no-any-return]
     get = headers.get
-    return Event(
+    return make_event(
         _event_id(headers),
         text_of(get("aggregate_type")),
         text_of(record.key),

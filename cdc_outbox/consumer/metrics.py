@@ -13,6 +13,7 @@ __all__ = ["OUTCOMES", "ConsumerMetrics", "serve"]
 
 #: What happened to a record: applied by the handler, skipped as a duplicate, dead-lettered.
 OUTCOMES = ("processed", "duplicate", "dead_lettered")
+_PROCESSED = ("processed", "")
 
 
 class ConsumerMetrics:
@@ -50,6 +51,11 @@ class ConsumerMetrics:
 
     def record(self, outcomes: Iterable[tuple[str, str]]) -> None:
         """Count ``(outcome, reason)`` pairs (one per finished record; one update per kind)."""
+        if isinstance(outcomes, list) and outcomes.count(_PROCESSED) == len(outcomes):
+            if outcomes:  # the common case: all processed, counted without a Counter
+                self.counts["processed"] += len(outcomes)
+                self._processed.labels(self.name).inc(len(outcomes))
+            return
         tally = collections.Counter(
             (o, "" if o != "dead_lettered" else "blocked" if r.startswith("blocked_by")
              else "failed")

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -47,9 +46,9 @@ _DEFAULTS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    """One Kafka record, independent of the client library."""
+class RawRecord(NamedTuple):
+    """One Kafka record, independent of the client library (immutable; a named tuple, built
+    for every record read: a third of the time a frozen dataclass takes)."""
 
     topic: str
     partition: int
@@ -112,9 +111,7 @@ class KafkaSource:
     def done(self, records: Sequence[RawRecord]) -> None:
         """Mark ``records`` finished (each partition up to its last one there): the next
         offsets are committed by the next :meth:`commit`."""
-        last: dict[tuple[str, int], int] = {}
-        for r in records:
-            last[(r.topic, r.partition)] = r.offset
+        last = {(r.topic, r.partition): r.offset for r in records}  # the last one wins
         self._consumer.store_offsets(
             offsets=[TopicPartition(t, p, offset + 1) for (t, p), offset in last.items()]
         )

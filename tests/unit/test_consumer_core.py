@@ -3,6 +3,7 @@ record -> event, and the rule that only the kafka package imports confluent_kafk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -12,7 +13,7 @@ import pytest
 
 from cdc_outbox.backoff import doubling
 from cdc_outbox.config import Settings
-from cdc_outbox.consumer.event_types import BadRecord
+from cdc_outbox.consumer.event_types import BadRecord, Event, make_event
 from cdc_outbox.consumer.events import decoder_for, event_of, json_value
 from cdc_outbox.consumer.settings import (
     ConsumerSettings,
@@ -142,6 +143,18 @@ def test_record_to_event() -> None:
     with pytest.raises(ConfigError, match="value_format 'xml' is not supported"):
         decoder_for("xml")
     json.dumps(event.payload)
+
+
+def test_make_event_is_the_frozen_event() -> None:
+    fields = (uuid.UUID(int=2), "order", "o-1", "Created", {"a": 1}, {"id": b"x"}, "t", 0, 9)
+    made = make_event(*fields)
+    assert type(made) is Event and made == Event(*fields) and repr(made) == repr(Event(*fields))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.offset = 10  # type: ignore[misc]
+    assert event_of(_record(), json_value) == Event(
+        uuid.UUID(int=1), "order", "o-1", "Created", {"total": 5},
+        dict(_record().headers), "outbox.event.order", 1, 7,
+    )  # fmt: skip
 
 
 def test_consume_command_bad_input_is_one_line_and_exit_2() -> None:
