@@ -180,15 +180,26 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     slot confirmation (catch-up: before the rows are marked), each once in the catch-up and
     once while streaming, just before the commit (records written, commit not sent: aborted)
     while streaming, and kill -9 at 10 random points. read_committed sees every event exactly once,
-    in per-aggregate order; read_uncommitted sees the aborted records too."""
+    in per-aggregate order; read_uncommitted sees the aborted records too.
+
+    The writers go on until the last crash point was hit: a streaming crash point needs new
+    events to commit (writers of a fixed count could finish first on a slow host, and the
+    relay then has no Kafka commit left to crash in)."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     init_for_catch_up(settings)  # the backlog goes through a catch-up
-    total = 24_000
-    spec = workload.WorkloadSpec(
-        events=total, writers=4, aggregates=200, txn_sizes=(1, 5, 50, 200), rate=1_200
+    spec = workload.WorkloadSpec(  # at most 100 s at 1,200 events/s: ``stop`` ends it sooner
+        events=120_000, writers=4, aggregates=200, txn_sizes=(1, 5, 50, 200), rate=1_200
     )
     rng = random.Random(9)
-    writers = _writer(pg_dsn, settings, spec)
+    stop = threading.Event()
+    written: list[workload.WriteReport] = []
+    writers = threading.Thread(
+        target=lambda: written.append(
+            workload.write_orders(pg_dsn, spec, columns=settings.column_names(), stop=stop)
+        ),
+        name="writers",
+    )
+    writers.start()
     relay: RelayProcess | None = None
     crashed: list[str] = []
 
@@ -216,11 +227,13 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
         crash_at("eos.before_kafka_commit", "eos-kill-stream-0")
         crash_at("eos.in_kafka_commit", "eos-kill-stream-1")
         crash_at("eos.after_kafka_commit", "eos-kill-stream-2")
+        stop.set()
         writers.join()
         relay = RelayProcess(settings, "eos-kill-final")
         relay.start()
         _wait_relayed(pg_dsn, settings, relay, 180)
     finally:
+        stop.set()
         if relay is not None:
             relay.stop_quietly()
         writers.join()
@@ -231,6 +244,8 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
         "STREAMING:eos.in_kafka_commit",
         "STREAMING:eos.after_kafka_commit",
     ]
+    assert written, "the writers failed"
+    total = written[0].committed
     bootstrap = kafka_broker.bootstrap_servers
     committed = _committed_exactly_once(pg_dsn, settings, bootstrap, kafka_topic_prefix, total)
     uncommitted = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
