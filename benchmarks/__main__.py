@@ -13,7 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, consume_bench, relay_bench
+from benchmarks import (
+    compare_bench,
+    compare_report,
+    consume_bench,
+    latency_phases,
+    latency_report,
+    relay_bench,
+)
 
 
 def _save(
@@ -98,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         help="events per exactly-once vs at-least-once run",
     )
     compare.add_argument("--eos-rounds", type=int, default=3, help="rounds of that pair (median)")
+    compare.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=2,
+        help="rounds of the exactly-once vs at-least-once latency pair at 20 txns/s x 100 rows",
+    )
+    compare.add_argument(
+        "--only",
+        choices=["eos-latency", "eos"],
+        help="run only that latency pair (eos: and the throughput rounds); JSON only",
+    )
     compare.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     compare.add_argument("--json", type=Path, default=Path("benchmarks/out/compare.json"))
@@ -124,14 +142,20 @@ def main(argv: list[str] | None = None) -> int:
         relay_bench.print_table(result)
         _save(result, args, argv)
     elif args.command == "compare":
-        if min(args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds) <= 0:
+        sizes = (args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds)
+        if min(*sizes, args.latency_rounds) <= 0:
             parser.error(
-                "--events, --rate, --latency-seconds, --eos-events and --eos-rounds must be"
-                " positive"
+                "--events, --rate, --latency-seconds, --eos-events, --eos-rounds and"
+                " --latency-rounds must be positive"
             )
         if args.latency_warmup_seconds < 0:
             parser.error("--latency-warmup-seconds must not be negative")
-        result = compare_bench.run(args)
+        if args.only:
+            result = latency_phases.run_only(args)
+            latency_report.print_section(result["eos_latency"])
+            _save(result, args, argv)
+            return 0
+        result = compare_bench.run(args, extras=(latency_phases.add_to,))
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)
     elif args.command == "consume":

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks import latency_report
 from cdc_outbox_dev.sandbox.kafka_jars import KAFKA_VERSION
 
 
@@ -114,6 +115,8 @@ def print_table(result: dict[str, Any]) -> None:
         f"exactly-once targets: throughput >= {e['throughput_ratio_min']}x: {e['throughput_met']};"
         f" p99 <= {e['p99_max_ms']} ms: {e['p99_met']}"
     )
+    if "eos_latency" in result:
+        latency_report.print_section(result["eos_latency"])
 
 
 #: RESULTS.md from this line on holds other benchmarks' sections (Avro vs JSON, the
@@ -172,6 +175,7 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         f"- p99 target (<= at-least-once p99 + commit interval = {e['p99_max_ms']} ms):"
         f" {'met' if e['p99_met'] else 'NOT met'} ({e['p99_ms']} ms).",
         "",
+        *(latency_report.markdown(result["eos_latency"]) if "eos_latency" in result else []),
         "## Method",
         "",
         f"- Same broker and server, default settings for both modes (polling: batch_size"
