@@ -31,12 +31,12 @@ zombie fencing by ``init_transactions``. Contract (the positions and their rules
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 import psycopg
 
+from cdc_outbox.cdc.eos_start import meanwhile
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.txn_handle import TxnHandle
@@ -141,25 +141,7 @@ class EosCommitter:
     def _fence_meanwhile_ensure_topic(self) -> bool:
         """``ensure_transactions`` while a helper thread ensures the checkpoint topic; True if
         the topic was ensured. Raises what either raised."""
-        outcome: list[Exception | None] = []
-
-        def ensure() -> None:
-            try:
-                self.store.ensure()
-            except Exception as exc:  # re-raised on the caller's thread
-                outcome.append(exc)
-            else:
-                outcome.append(None)
-
-        helper = threading.Thread(target=ensure, name="eos-checkpoint-topic", daemon=True)
-        helper.start()
-        try:
-            self.delivery.ensure_transactions()
-        finally:
-            helper.join()
-        if outcome and outcome[0] is not None:
-            raise outcome[0]
-        return bool(outcome)
+        return meanwhile(self.delivery.ensure_transactions, self.store.ensure)
 
     def on_begin(self, payload: bytes) -> bool:
         """A Begin message: True if Kafka already holds this transaction (skip it)."""
