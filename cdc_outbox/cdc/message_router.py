@@ -26,6 +26,7 @@ from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.pacing import send_now
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
@@ -63,6 +64,8 @@ class MessageRouter:
         self._checkpoint: Checkpointer | None = None
         self._skipping = False
         self._table = f"{settings.outbox_schema}.{settings.outbox_table}"
+        #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
+        self.caught_up = False
 
     def new_session(self, tracker: AckTracker, checkpoint: Checkpointer) -> None:
         """A new stream: relations are described again; positions go to these."""
@@ -81,7 +84,8 @@ class MessageRouter:
         """Handle the CopyData frames ``read`` gives now (waiting briefly if there are none),
         up to ``max_in_flight`` unacknowledged events, a stop, or (exactly-once) a commit at
         which the Kafka transaction wants attention; keepalives go to the tracker and the
-        checkpointer."""
+        checkpointer. A turn that ends caught up (:attr:`caught_up`) has librdkafka send what
+        it holds at once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
         publisher = self.delivery.publisher
         eos = self.eos
         tracker = self._tracker
@@ -92,6 +96,7 @@ class MessageRouter:
             due_in = eos.batch.seconds_to_due(time.monotonic())
             wait = wait if due_in is None else min(wait, due_in)
         limit = self.settings.max_in_flight
+        self.caught_up = False
         for n in range(_FRAMES_PER_TURN):
             # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that
             # its successor streams too: it stops within 64 frames, not 2,000.
@@ -99,8 +104,9 @@ class MessageRouter:
                 return
             data = read(wait)
             if data is None:
-                if tracker.in_flight:
-                    publisher.poll(0.002)
+                self.caught_up = True
+                if send_now(publisher.unacknowledged, caught_up=True, reading=True):
+                    publisher.send_now(0.002)
                 return
             wait = 0.0
             if data[0] == _XLOGDATA:

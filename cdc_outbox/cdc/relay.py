@@ -49,6 +49,7 @@ from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.delivery.pacing import send_now
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
@@ -294,14 +295,15 @@ class Relay:
                     self._finish()
                     return
             try:
-                if tracker.in_flight < self.settings.max_in_flight and not (
+                reading = tracker.in_flight < self.settings.max_in_flight and not (
                     eos is not None and eos.batch.full()
-                ):
+                )
+                if reading:
                     self._router.read_turn(
                         self._stream.read_raw, self._is_leader, lambda: self._stop_requested
                     )
                 else:
-                    delivery.publisher.poll(0.01)
+                    self._wait_for_acks()
             except ProduceInterrupted:
                 continue  # the checks above say why
             delivery.service()
@@ -357,6 +359,15 @@ class Relay:
             self.delivery.publisher.flush(flush_s)
         self.delivery.abandon()
         self.stats.in_flight = 0
+
+    def _wait_for_acks(self) -> None:
+        """Not reading (in-flight limit, a full exactly-once batch): serve reports briefly,
+        librdkafka sending what lingers at once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
+        publisher = self.delivery.publisher
+        if send_now(publisher.unacknowledged, caught_up=False, reading=False):
+            publisher.send_now(0.01)
+        else:
+            publisher.poll(0.01)
 
     def _keep_position(self, lsn: int) -> bool:
         """Whether ``lsn`` may be confirmed: kept, or the state table cannot keep it at all."""
