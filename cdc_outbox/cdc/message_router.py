@@ -105,6 +105,8 @@ class MessageRouter:
             data = read(wait)
             if data is None:
                 self.caught_up = True
+                if eos is not None and eos.due(caught_up=True):
+                    return  # the Kafka transaction closes first: its checkpoint goes out too
                 if send_now(publisher.unacknowledged, caught_up=True, reading=True):
                     publisher.send_now(0.002)
                 return

@@ -308,8 +308,11 @@ class Relay:
                 continue  # the checks above say why
             delivery.service()
             if eos is not None:
+                # Caught up with the WAL, or not reading: nothing more joins the Kafka
+                # transaction now, so it may close without waiting out the commit interval.
+                idle = self._router.caught_up or not reading
                 try:
-                    eos.step(self._commit_interrupted, checkpoint.maybe_send)
+                    eos.step(self._commit_interrupted, checkpoint.maybe_send, caught_up=idle)
                 except ProduceInterrupted:
                     continue  # the checks above say why
             checkpoint.maybe_send()
