@@ -25,8 +25,8 @@ from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
+from cdc_outbox.delivery import pacing
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.pacing import send_now
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
@@ -84,8 +84,9 @@ class MessageRouter:
         """Handle the CopyData frames ``read`` gives now (waiting briefly if there are none),
         up to ``max_in_flight`` unacknowledged events, a stop, or (exactly-once) a commit at
         which the Kafka transaction wants attention; keepalives go to the tracker and the
-        checkpointer. A turn that ends caught up (:attr:`caught_up`) has librdkafka send what
-        it holds at once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
+        checkpointer. A turn that ends caught up (:attr:`caught_up`, by
+        :func:`~cdc_outbox.delivery.pacing.caught_up`) has librdkafka send what it holds at
+        once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
         publisher = self.delivery.publisher
         eos = self.eos
         tracker = self._tracker
@@ -104,11 +105,15 @@ class MessageRouter:
                 return
             data = read(wait)
             if data is None:
-                self.caught_up = True
-                if eos is not None and eos.due(caught_up=True):
+                committed = self._txn.commit_unix  # 0.0 while a transaction is open
+                idle = pacing.caught_up(True, time.time() - committed if committed else 0.0)
+                self.caught_up = idle
+                if idle and eos is not None and eos.due(caught_up=True):
                     return  # the Kafka transaction closes first: its checkpoint goes out too
-                if send_now(publisher.unacknowledged, caught_up=True, reading=True):
+                if pacing.send_now(publisher.unacknowledged, caught_up=idle, reading=True):
                     publisher.send_now(0.002)
+                elif tracker.in_flight:
+                    publisher.poll(0.002)
                 return
             wait = 0.0
             if data[0] == _XLOGDATA:

@@ -368,7 +368,7 @@ class Relay:
         librdkafka sending what lingers at once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
         publisher = self.delivery.publisher
         if send_now(publisher.unacknowledged, caught_up=False, reading=False):
-            publisher.send_now(0.01)
+            publisher.send_now(0.001)  # short: acknowledgements free room to read again
         else:
             publisher.poll(0.01)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.delivery.pacing import send_now
+from cdc_outbox.delivery.pacing import BEHIND_S, caught_up, send_now
 
 
 def test_caught_up_with_records_waiting_sends_now() -> None:
@@ -46,10 +46,27 @@ def test_model_a_record_never_lingers_past_the_turn_that_caught_up(
     caught up, nothing produced so far is left lingering; records linger only across turns
     that kept reading."""
     lingering = 0
-    for produced, caught_up in turns:
+    for produced, idle in turns:
         lingering += produced
-        if send_now(lingering, caught_up=caught_up, reading=True):
+        if send_now(lingering, caught_up=idle, reading=True):
             lingering = 0
-        if caught_up:
+        if idle:
             assert lingering == 0
     assert lingering <= sum(p for p, _ in turns)
+
+
+def test_an_empty_read_close_behind_the_server_is_caught_up() -> None:
+    assert caught_up(True, 0.0)  # no transaction read yet, or one still open
+    assert caught_up(True, BEHIND_S)
+
+
+def test_an_empty_read_far_behind_is_a_pause_of_a_backlog() -> None:
+    assert not caught_up(True, BEHIND_S + 0.001)
+    assert not caught_up(True, 30.0)
+
+
+@given(st.booleans(), st.floats(min_value=-60, max_value=60, allow_nan=False))
+def test_caught_up_needs_an_empty_read_and_a_recent_commit(read_empty: bool, lag: float) -> None:
+    assert caught_up(read_empty, lag) == (read_empty and lag <= BEHIND_S)
+    if not read_empty:  # reading: never caught up, records linger
+        assert not send_now(1, caught_up=caught_up(read_empty, lag), reading=True)
