@@ -296,7 +296,7 @@ class PollingRelay:
         while self._outstanding > 0:
             self.stats.beat()
             self.stats.in_flight = self._outstanding
-            delivery.publisher.send_now(0.05)  # the batch is all submitted: no lingering
+            delivery.publisher.poll(0.05)
             delivery.service()
             reason = self._interrupted()
             if reason is not None:
