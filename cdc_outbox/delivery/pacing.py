@@ -10,8 +10,8 @@ that pays only while more are coming. Contract:
   is a pause of the stream (the walsender decoding), not its end, and batching pays.
 - :func:`send_now`: records waiting in librdkafka are sent at once exactly when the relay
   produces no more for now: it caught up, or it is not reading (the in-flight limit, a full
-  exactly-once batch, a polling batch awaiting its outcomes, shutdown). While it reads,
-  records linger and batch as configured, so batches grow with the load and only then.
+  exactly-once batch, shutdown). While it reads, records linger and batch as configured, so
+  batches grow with the load and only then. (The polling relay lingers as configured.)
 
 The caller then serves reports with
 :meth:`~cdc_outbox.kafka.publisher.KafkaPublisher.send_now` for as long as it would wait
