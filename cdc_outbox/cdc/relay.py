@@ -49,7 +49,6 @@ from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
-from cdc_outbox.delivery.pacing import send_now
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
@@ -302,8 +301,8 @@ class Relay:
                     self._router.read_turn(
                         self._stream.read_raw, self._is_leader, lambda: self._stop_requested
                     )
-                else:
-                    self._wait_for_acks()
+                else:  # at the in-flight limit batches are full: linger.ms does not hold them
+                    delivery.publisher.poll(0.01)
             except ProduceInterrupted:
                 continue  # the checks above say why
             delivery.service()
@@ -362,15 +361,6 @@ class Relay:
             self.delivery.publisher.flush(flush_s)
         self.delivery.abandon()
         self.stats.in_flight = 0
-
-    def _wait_for_acks(self) -> None:
-        """Not reading (in-flight limit, a full exactly-once batch): serve reports briefly,
-        librdkafka sending what lingers at once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
-        publisher = self.delivery.publisher
-        if send_now(publisher.unacknowledged, caught_up=False, reading=False):
-            publisher.send_now(0.001)  # short: acknowledgements free room to read again
-        else:
-            publisher.poll(0.01)
 
     def _keep_position(self, lsn: int) -> bool:
         """Whether ``lsn`` may be confirmed: kept, or the state table cannot keep it at all."""

@@ -9,9 +9,12 @@ that pays only while more are coming. Contract:
   the relay's clock). Further behind, the server still holds a backlog for it: an empty read
   is a pause of the stream (the walsender decoding), not its end, and batching pays.
 - :func:`send_now`: records waiting in librdkafka are sent at once exactly when the relay
-  produces no more for now: it caught up, or it is not reading (the in-flight limit, a full
-  exactly-once batch, shutdown). While it reads, records linger and batch as configured, so
-  batches grow with the load and only then. (The polling relay lingers as configured.)
+  produces no more for now: it caught up, or it is not reading. While it reads, records
+  linger and batch as configured, so batches grow with the load and only then. The wiring:
+  a read turn that ends caught up (``MessageRouter.read_turn``) and shutdown
+  (``relay_finish``); at the in-flight limit the relay polls as before (batches are full
+  there, and a flush would hold it until every record is acknowledged); the polling relay
+  lingers as configured.
 
 The caller then serves reports with
 :meth:`~cdc_outbox.kafka.publisher.KafkaPublisher.send_now` for as long as it would wait
