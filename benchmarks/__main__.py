@@ -17,6 +17,8 @@ from benchmarks import (
     compare_bench,
     compare_report,
     consume_bench,
+    latency_phases,
+    latency_report,
     mark_cost,
     relay_bench,
     relay_report,
@@ -117,9 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     compare.add_argument("--mark-rounds", type=int, default=1, help="rounds of those (median)")
     compare.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=2,
+        help="rounds of the exactly-once vs at-least-once latency pair at 20 txns/s x 100 rows",
+    )
+    compare.add_argument(
         "--only",
-        choices=["mark-cost"],
-        help="run only this part (prints it and writes --json; RESULTS.md is left alone)",
+        choices=["mark-cost", "eos-latency", "eos"],
+        help="run only this part: mark-cost (the cdc_mark_published costs), eos-latency (the"
+        " latency pair) or eos (the pair and the throughput rounds); JSON only, RESULTS.md is"
+        " left alone",
     )
     compare.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     compare.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
@@ -154,18 +164,24 @@ def main(argv: list[str] | None = None) -> int:
         _save(result, args, argv)
     elif args.command == "compare":
         sizes = (args.events, args.rate, args.latency_seconds, args.eos_events, args.eos_rounds)
-        if min(*sizes, args.mark_events, args.mark_rounds) <= 0:
+        if min(*sizes, args.mark_events, args.mark_rounds, args.latency_rounds) <= 0:
             parser.error(
-                "--events, --rate, --latency-seconds, --eos-events, --eos-rounds, --mark-events"
-                " and --mark-rounds must be positive"
+                "--events, --rate, --latency-seconds, --eos-events, --eos-rounds, --mark-events,"
+                " --mark-rounds and --latency-rounds must be positive"
             )
         if args.latency_warmup_seconds < 0:
             parser.error("--latency-warmup-seconds must not be negative")
-        result = compare_bench.run(args)
         if args.only == "mark-cost":
+            result = compare_bench.run(args)
             mark_cost.print_table(result["mark_cost"])
             _save(result, args, argv)
             return 0
+        if args.only:
+            result = latency_phases.run_only(args)
+            latency_report.print_section(result["eos_latency"])
+            _save(result, args, argv)
+            return 0
+        result = compare_bench.run(args, extras=(latency_phases.add_to,))
         compare_report.print_table(result)
         _save(result, args, argv, compare_report.write_results)
     elif args.command == "consume":

@@ -30,6 +30,7 @@ import multiprocessing
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -191,10 +192,15 @@ def _write(dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames) -> None:
 
 
 def latency_phase(
-    settings: Settings, rate: float, seconds: float, cpu: CpuMeter, warmup_s: float = 0.0
+    settings: Settings,
+    rate: float,
+    seconds: float,
+    cpu: CpuMeter,
+    warmup_s: float = 0.0,
+    txn_sizes: tuple[int, ...] = (1, 5, 10),
 ) -> dict[str, Any]:
-    """Relay running; writers offer ``rate`` events/s for ``warmup_s`` (not measured), then for
-    ``seconds``; latency percentiles of the latter."""
+    """Relay running; writers offer ``rate`` events/s (transactions of ``txn_sizes``) for
+    ``warmup_s`` (not measured), then for ``seconds``; latency percentiles of the latter."""
     dsn = settings.postgres_dsn()
     _fresh(settings)
     samples: list[tuple[float, int]] = []
@@ -207,7 +213,7 @@ def latency_phase(
     running.wait_published(warm.events, 120)
     written = warm.events
     if warmup_s > 0:
-        warmup = _spec(rate, warmup_s)
+        warmup = _spec(rate, warmup_s, txn_sizes)
         _run_writers(dsn, warmup, columns, running)
         written += warmup.events
         running.wait_published(written, 300)
@@ -218,7 +224,7 @@ def latency_phase(
     while sum(n for _, n in list(samples)) < written and time.monotonic() < deadline:
         time.sleep(0.01)
     samples.clear()
-    spec = _spec(rate, seconds)
+    spec = _spec(rate, seconds, txn_sizes)
     events = spec.events
     wal0, writes0 = current_wal(dsn), outbox_writes(dsn, TABLE, settle_s=0.2)
     cpu.start()
@@ -246,9 +252,9 @@ def latency_phase(
     }
 
 
-def _spec(rate: float, seconds: float) -> workload.WorkloadSpec:
+def _spec(rate: float, seconds: float, txn_sizes: tuple[int, ...]) -> workload.WorkloadSpec:
     return workload.WorkloadSpec(
-        events=int(rate * seconds), writers=4, txn_sizes=(1, 5, 10), rate=rate
+        events=int(rate * seconds), writers=4, txn_sizes=txn_sizes, rate=rate
     )
 
 
@@ -300,7 +306,16 @@ def _mark_cost(args: argparse.Namespace, dsn: str, bootstrap: str, cpu: CpuMeter
     return mark_cost.measure(args, cpu, settings_for, _create_topic, _fresh, _Running)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def eos_round_medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Median events/s of each delivery over :func:`eos_rounds`' rounds."""
+    return {m: statistics.median(r[m]["events_per_s"] for r in rounds) for m in ("cdc", "cdc_eos")}
+
+
+#: A section added to ``run``'s result: ``(out, args, (dsn, bootstrap, cpu), stamp)``.
+Extra = Callable[[dict[str, Any], argparse.Namespace, tuple[str, str, CpuMeter], int], None]
+
+
+def run(args: argparse.Namespace, extras: tuple[Extra, ...] = ()) -> dict[str, Any]:
     with services(args.dsn, args.bootstrap_servers) as (dsn, bootstrap, cpu):
         if args.only == "mark-cost":
             return {"mark_cost": _mark_cost(args, dsn, bootstrap, cpu)}
@@ -329,11 +344,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out[mode] = results
         out["mark_cost"] = _mark_cost(args, dsn, bootstrap, cpu)
         out["eos_rounds"] = eos_rounds(args, dsn, bootstrap, cpu, stamp)
-        for mode in ("cdc", "cdc_eos"):
-            runs = [r[mode] for r in out["eos_rounds"]]
-            out[mode][f"throughput_txn{EOS_TXN_SIZE}"] = {
-                "events_per_s": statistics.median(r["events_per_s"] for r in runs)
-            }
+        for mode, median in eos_round_medians(out["eos_rounds"]).items():
+            out[mode][f"throughput_txn{EOS_TXN_SIZE}"] = {"events_per_s": median}
+        for extra in extras:
+            extra(out, args, (dsn, bootstrap, cpu), stamp)
         alo, eos = out["cdc"], out["cdc_eos"]
         interval_ms = float(settings.eos.commit_interval_ms)
         ratios = [

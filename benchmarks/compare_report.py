@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks import mark_cost
+from benchmarks import latency_report, mark_cost
 from cdc_outbox_dev.sandbox.kafka_jars import KAFKA_VERSION
 
 
@@ -117,6 +117,8 @@ def print_table(result: dict[str, Any]) -> None:
     )
     if "mark_cost" in result:
         mark_cost.print_table(result["mark_cost"])
+    if "eos_latency" in result:
+        latency_report.print_section(result["eos_latency"])
 
 
 #: RESULTS.md from this line on holds other benchmarks' sections (Avro vs JSON, the
@@ -176,6 +178,7 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         f" {'met' if e['p99_met'] else 'NOT met'} ({e['p99_ms']} ms).",
         "",
         *(mark_cost.markdown(result["mark_cost"]) if "mark_cost" in result else []),
+        *(latency_report.markdown(result["eos_latency"]) if "eos_latency" in result else []),
         "## Method",
         "",
         f"- Same broker and server, default settings for both modes (polling: batch_size"

@@ -241,8 +241,11 @@ class EosSettings(_Strict):
     #: ``transactional.id`` of the producer; empty: ``cdc-outbox.<system id>.<database>.<slot>``.
     #: Two relays with the same id fence each other: the newer one wins.
     transactional_id: str = ""
-    #: A Kafka transaction is committed this often (at a PostgreSQL transaction boundary) ...
+    #: A Kafka transaction is committed at the latest this long after its first event (at a
+    #: PostgreSQL transaction boundary) ...
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    #: ... and, once the relay has caught up with the WAL, at once, but no sooner than this.
+    min_commit_interval_ms: int = Field(default=0, ge=0, le=60_000)
     #: ... or once it holds this many events (a PostgreSQL transaction is never split).
     max_events: int = Field(default=10_000, ge=1)
     #: Compacted topic of the checkpoint records (created if missing).

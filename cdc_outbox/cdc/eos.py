@@ -7,12 +7,14 @@ zombie fencing by ``init_transactions``. Contract (the positions and their rules
 :class:`~cdc_outbox.cdc.ledger.Ledger`'s, with :class:`~cdc_outbox.delivery.eos_batch.EosBatch`):
 
 - Events of whole PostgreSQL transactions go into the open Kafka transaction; at a boundary,
-  once it is due, :meth:`EosCommitter.step` closes it: the checkpoint record (end LSN of the
-  batch's last PostgreSQL transaction) goes in, later records are held back for the next
-  transaction while the relay keeps reading, and once every record of the closed one is
-  acknowledged it commits, then releases the held-back records. With dead letters pending it
-  waits instead until they are acknowledged and their rows FAILED in PostgreSQL, then commits
-  (:meth:`EosCommitter.settle_and_commit`; catch-up batches: :meth:`EosCommitter.commit`).
+  once it is due (at once when the relay caught up with the WAL, else by the commit interval
+  or ``max_events``: :meth:`EosBatch.due`), :meth:`EosCommitter.step` closes it: the
+  checkpoint record (end LSN of the batch's last PostgreSQL transaction) goes in, later
+  records are held back for the next transaction while the relay keeps reading, and once
+  every record of the closed one is acknowledged it commits, then releases the held-back
+  records. With dead letters pending it waits instead until they are acknowledged and their
+  rows FAILED in PostgreSQL, then commits (:meth:`EosCommitter.settle_and_commit`; catch-up
+  batches: :meth:`EosCommitter.commit`).
 - The slot is confirmed only up to the last committed end LSN (:meth:`Ledger.ceiling`).
 - Every session (start and re-stream) :meth:`EosCommitter.load` reads the last committed
   checkpoint (``read_committed``, after ``init_transactions`` settled our older transactions:
@@ -31,12 +33,12 @@ zombie fencing by ``init_transactions``. Contract (the positions and their rules
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 import psycopg
 
+from cdc_outbox.cdc.eos_start import meanwhile
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.txn_handle import TxnHandle
@@ -82,7 +84,12 @@ class EosCommitter:
         self.stats = stats
         self.system_id, self.database = identity
         self.producer = delivery.transactional_id or ""
-        self.batch = EosBatch(settings.eos.commit_interval_ms / 1000, settings.eos.max_events)
+        eos = settings.eos
+        self.batch = EosBatch(
+            eos.commit_interval_ms / 1000,
+            eos.max_events,
+            min_interval_s=eos.min_commit_interval_ms / 1000,
+        )
         self.ledger = Ledger(self.batch)  # the relay's positions (the batch's included)
         self.txns: list[TxnHandle] = []  # the batch's transactions with events (for latency)
         self._closing_txns: list[TxnHandle] = []  # those of the closed batch
@@ -141,25 +148,7 @@ class EosCommitter:
     def _fence_meanwhile_ensure_topic(self) -> bool:
         """``ensure_transactions`` while a helper thread ensures the checkpoint topic; True if
         the topic was ensured. Raises what either raised."""
-        outcome: list[Exception | None] = []
-
-        def ensure() -> None:
-            try:
-                self.store.ensure()
-            except Exception as exc:  # re-raised on the caller's thread
-                outcome.append(exc)
-            else:
-                outcome.append(None)
-
-        helper = threading.Thread(target=ensure, name="eos-checkpoint-topic", daemon=True)
-        helper.start()
-        try:
-            self.delivery.ensure_transactions()
-        finally:
-            helper.join()
-        if outcome and outcome[0] is not None:
-            raise outcome[0]
-        return bool(outcome)
+        return meanwhile(self.delivery.ensure_transactions, self.store.ensure)
 
     def on_begin(self, payload: bytes) -> bool:
         """A Begin message: True if Kafka already holds this transaction (skip it)."""
@@ -188,8 +177,8 @@ class EosCommitter:
             self._produce_checkpoint(end_lsn=batch.committed_lsn)
         batch.add_event(time.monotonic())
 
-    def due(self) -> bool:
-        return self.batch.due(time.monotonic())
+    def due(self, caught_up: bool = False) -> bool:
+        return self.batch.due(time.monotonic(), caught_up)
 
     def commit(self, catch_up_ids: list[str] | None = None) -> None:
         """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
@@ -206,10 +195,16 @@ class EosCommitter:
         return self.batch.closing
 
     def step(
-        self, interrupted: Callable[[], str | None], idle: Callable[[], None], *, close: bool = True
+        self,
+        interrupted: Callable[[], str | None],
+        idle: Callable[[], None],
+        *,
+        close: bool = True,
+        caught_up: bool = False,
     ) -> None:
         """The relay's exactly-once turn: commit the closing Kafka transaction once all its
-        records are acknowledged, or close the open one when due (and ``close``). Reading goes
+        records are acknowledged, or close the open one when due (``caught_up``: nothing more
+        to read now; and ``close``). Reading goes
         on while a transaction closes; with dead letters pending the commit waits for them
         instead (:meth:`settle_and_commit`). Raises ``TransactionFailed`` and
         ``ProduceInterrupted``."""
@@ -218,7 +213,7 @@ class EosCommitter:
             if publisher.deferring:  # an interrupted release: finish it first
                 publisher.release(interrupted=interrupted, idle=idle)
                 return
-            if not (close and self.due()):
+            if not (close and self.due(caught_up)):
                 return
             if self.delivery.dead_letters_pending:
                 self.settle_and_commit(interrupted, idle)
@@ -245,7 +240,9 @@ class EosCommitter:
         self._close()
         publisher = self.delivery.publisher
         publisher.defer()
-        publisher.flush(0.001)  # sends what lingers now instead of after linger.ms
+        # Nothing joins this transaction any more: its records go out now instead of after
+        # linger.ms, and often their acknowledgements arrive meanwhile (then step commits now).
+        publisher.send_now(0.002)
 
     def close_ready(self) -> bool:
         """Every record of the closing transaction is acknowledged (its reports served)."""

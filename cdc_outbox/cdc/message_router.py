@@ -25,6 +25,7 @@ from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
+from cdc_outbox.delivery import pacing
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
@@ -66,6 +67,8 @@ class MessageRouter:
         self._table = f"{settings.outbox_schema}.{settings.outbox_table}"
         self._map_insert = mapper.map_insert  # bound once: called per event
         self._submit = delivery.submit
+        #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
+        self.caught_up = False
 
     def new_session(self, tracker: AckTracker, checkpoint: Checkpointer) -> None:
         """A new stream: relations are described again; positions go to these."""
@@ -84,7 +87,9 @@ class MessageRouter:
         """Handle the CopyData frames ``read`` gives now (waiting briefly if there are none),
         up to ``max_in_flight`` unacknowledged events, a stop, or (exactly-once) a commit at
         which the Kafka transaction wants attention; keepalives go to the tracker and the
-        checkpointer."""
+        checkpointer. A turn that ends caught up (:attr:`caught_up`, by
+        :func:`~cdc_outbox.delivery.pacing.caught_up`) has librdkafka send what it holds at
+        once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
         publisher = self.delivery.publisher
         eos = self.eos
         tracker = self._tracker
@@ -95,6 +100,7 @@ class MessageRouter:
             due_in = eos.batch.seconds_to_due(time.monotonic())
             wait = wait if due_in is None else min(wait, due_in)
         limit = self.settings.max_in_flight
+        self.caught_up = False
         for n in range(_FRAMES_PER_TURN):
             # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that
             # its successor streams too: it stops within 64 frames, not 2,000.
@@ -102,7 +108,14 @@ class MessageRouter:
                 return
             data = read(wait)
             if data is None:
-                if tracker.in_flight:
+                committed = self._txn.commit_unix  # 0.0 while a transaction is open
+                idle = pacing.caught_up(True, time.time() - committed if committed else 0.0)
+                self.caught_up = idle
+                if idle and eos is not None and eos.due(caught_up=True):
+                    return  # the Kafka transaction closes first: its checkpoint goes out too
+                if pacing.send_now(publisher.unacknowledged, caught_up=idle, reading=True):
+                    publisher.send_now(0.002)
+                elif tracker.in_flight:
                     publisher.poll(0.002)
                 return
             wait = 0.0

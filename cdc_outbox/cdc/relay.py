@@ -294,20 +294,24 @@ class Relay:
                     self._finish()
                     return
             try:
-                if tracker.in_flight < self.settings.max_in_flight and not (
+                reading = tracker.in_flight < self.settings.max_in_flight and not (
                     eos is not None and eos.batch.full()
-                ):
+                )
+                if reading:
                     self._router.read_turn(
                         self._stream.read_raw, self._is_leader, lambda: self._stop_requested
                     )
-                else:
+                else:  # at the in-flight limit batches are full: linger.ms does not hold them
                     delivery.publisher.poll(0.01)
             except ProduceInterrupted:
                 continue  # the checks above say why
             delivery.service()
             if eos is not None:
+                # Caught up with the WAL, or not reading: nothing more joins the Kafka
+                # transaction now, so it may close without waiting out the commit interval.
+                idle = self._router.caught_up or not reading
                 try:
-                    eos.step(self._commit_interrupted, checkpoint.maybe_send)
+                    eos.step(self._commit_interrupted, checkpoint.maybe_send, caught_up=idle)
                 except ProduceInterrupted:
                     continue  # the checks above say why
             checkpoint.maybe_send()

@@ -40,7 +40,7 @@ def finish(
     ):
         if eos is not None and eos.closing and interrupted() is not None:
             break  # e.g. halted: the closing transaction is not committed
-        delivery.publisher.poll(0.05)
+        delivery.publisher.send_now(0.05)  # nothing more is read: no lingering
         try:
             delivery.service()
             if eos is not None:

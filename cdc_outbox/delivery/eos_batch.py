@@ -5,6 +5,11 @@ Contract of :class:`EosBatch`:
 
 * **Never splits a PostgreSQL transaction**: :meth:`due` is false while one is open; a
   PostgreSQL transaction larger than ``max_events`` is committed whole, at its end.
+* **Commits at once when the relay caught up**: at a boundary, ``due(now, caught_up=True)``
+  (the relay's last read found nothing: no more events would join) is true as soon as the
+  Kafka transaction holds an event ``min_interval_s`` old (default 0); it then waits only for
+  its acknowledgements and the commit. Under load (the relay never catches up) the rule
+  below bounds it: transactions grow only while events keep coming, one commit at a time.
 * **Commits often enough**: at a boundary, :meth:`due` is true once the Kafka transaction
   holds ``max_events`` events or its first event is ``interval_s - lead_s`` old, where
   ``lead_s`` is the recent time from :meth:`close` to :meth:`committed` (a moving average
@@ -41,6 +46,7 @@ class EosBatch:
         "_in_txn",
         "_interval_s",
         "_max_events",
+        "_min_interval_s",
         "_started",
         "closing_end_lsn",
         "closing_events",
@@ -51,8 +57,15 @@ class EosBatch:
         "txns",
     )
 
-    def __init__(self, interval_s: float, max_events: int, committed_lsn: int = 0) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        max_events: int,
+        committed_lsn: int = 0,
+        min_interval_s: float = 0.0,
+    ) -> None:
         self._interval_s = interval_s
+        self._min_interval_s = min_interval_s
         self._max_events = max_events
         self.committed_lsn = committed_lsn
         self.events = 0  # events in the open Kafka transaction
@@ -101,13 +114,16 @@ class EosBatch:
     def closing(self) -> bool:
         return self._closing
 
-    def due(self, now: float) -> bool:
+    def due(self, now: float, caught_up: bool = False) -> bool:
         """Close the Kafka transaction now? (only at a PostgreSQL transaction boundary, and
-        not while the previous one is closing)"""
+        not while the previous one is closing; at once if ``caught_up``)"""
         if self._in_txn or self.events == 0 or self._closing:
             return False
-        return self.events >= self._max_events or (
-            now - self._started >= self._interval_s - self.lead_s
+        age = now - self._started
+        return (
+            (caught_up and age >= self._min_interval_s)
+            or self.events >= self._max_events
+            or age >= self._interval_s - self.lead_s
         )
 
     def full(self) -> bool:
@@ -117,10 +133,12 @@ class EosBatch:
         return self._closing and not self._in_txn and self.events >= self._max_events
 
     def seconds_to_due(self, now: float) -> float | None:
-        """How long until :meth:`due` by the interval (``None``: no event waiting)."""
+        """How long until :meth:`due` by the interval, or by ``min_interval_s`` if the relay
+        is caught up then (``None``: no event waiting)."""
         if self.events == 0:
             return None
-        return max(0.0, self._started + self._interval_s - self.lead_s - now)
+        wait = min(self._interval_s - self.lead_s, self._min_interval_s)
+        return max(0.0, self._started + wait - now)
 
     def ceiling(self) -> int | None:
         """Highest LSN the slot may be confirmed to (``None``: no bound)."""

@@ -214,6 +214,15 @@ class KafkaPublisher:
             self._note_fatal(exc)
             return len(self._producer)
 
+    def send_now(self, timeout: float) -> int:
+        """Serve delivery reports for up to ``timeout`` s (less once every record is
+        acknowledged) while librdkafka sends what it holds at once, ``linger.ms`` counting as
+        elapsed; returns how many records are left. That holds only during the call (it is
+        librdkafka's flush: a flag raised for the call's duration, and a wake-up of the broker
+        threads): call it for the whole time you would wait for reports anyway, not for an
+        instant, and again while waiting goes on."""
+        return self.flush(timeout)
+
     def _note_fatal(self, exc: KafkaException | SystemError) -> None:
         """A fatal error raised by a call that serves reports. confluent-kafka 2.x raises a
         ``SystemError`` instead of the fatal ``KafkaException`` from ``flush`` on a fenced

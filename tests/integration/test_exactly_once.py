@@ -151,7 +151,15 @@ def test_a_kafka_transaction_never_holds_more_than_max_events_of_whole_transacti
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     settings = settings.model_copy(
         update={
-            "eos": settings.eos.model_copy(update={"max_events": 100, "commit_interval_ms": 5_000})
+            # Never a caught-up commit (a brief pause of the walsender mid-backlog): only
+            # max_events and the interval close a Kafka transaction here.
+            "eos": settings.eos.model_copy(
+                update={
+                    "max_events": 100,
+                    "commit_interval_ms": 5_000,
+                    "min_commit_interval_ms": 5_000,
+                }
+            )
         }
     )
     init_outbox(settings)
@@ -268,7 +276,12 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
     nothing: read_committed sees every event once, read_uncommitted also the zombie's records."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     init_outbox(settings)
-    zombie = RelayProcess(settings, "eos-zombie", CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="3000")
+    zombie = RelayProcess(
+        settings,
+        "eos-zombie",
+        CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="3000",
+        CDC_OUTBOX_EOS__MIN_COMMIT_INTERVAL_MS="3000",  # not at once when caught up
+    )
     heir = RelayProcess(settings, "eos-heir")
     spec = workload.WorkloadSpec(
         events=6_000, writers=2, aggregates=60, txn_sizes=(1, 10), rate=600
@@ -448,7 +461,12 @@ def test_sigterm_commits_the_open_kafka_transaction_and_confirms_it(
     read_committed already sees every event once, before any restart."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     init_outbox(settings)
-    relay = RelayProcess(settings, "eos-sigterm", CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="60000")
+    relay = RelayProcess(
+        settings,
+        "eos-sigterm",
+        CDC_OUTBOX_EOS__COMMIT_INTERVAL_MS="60000",
+        CDC_OUTBOX_EOS__MIN_COMMIT_INTERVAL_MS="60000",  # not at once when caught up
+    )
     relay.start()
     try:
         _wait_streaming(pg_dsn, settings, relay)

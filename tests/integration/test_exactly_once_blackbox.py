@@ -121,7 +121,11 @@ def test_walsender_drops_relay_kills_and_a_broker_kill_in_one_run(
         delivery=delivery,
         # A long commit interval, as in test_walsender_drops: a drop lands while the open
         # Kafka transaction holds acknowledged records, not only ones in flight.
-        eos={"checkpoint_topic": f"{kafka_topic_prefix}.checkpoints", "commit_interval_ms": 2_000},
+        eos={
+            "checkpoint_topic": f"{kafka_topic_prefix}.checkpoints",
+            "commit_interval_ms": 2_000,
+            "min_commit_interval_ms": 2_000,  # not at once when caught up
+        },
         metrics_port=free_port(),
     )
     init_outbox(settings)

@@ -55,11 +55,10 @@ def test_walsender_terminated_during_an_open_kafka_transaction_loses_nothing(
     bootstrap = kafka_broker.bootstrap_servers
     if delivery == "exactly_once":
         settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
-        # A long commit interval: at any moment a Kafka transaction is open, its events
-        # acknowledged, nothing of it committed.
-        settings = settings.model_copy(
-            update={"eos": settings.eos.model_copy(update={"commit_interval_ms": 2_000})}
-        )
+        # A long commit interval, also when caught up: at any moment a Kafka transaction is
+        # open, its events acknowledged, nothing of it committed.
+        eos = {"commit_interval_ms": 2_000, "min_commit_interval_ms": 2_000}
+        settings = settings.model_copy(update={"eos": settings.eos.model_copy(update=eos)})
     else:
         settings = relay_settings(pg_dsn, bootstrap, kafka_topic_prefix, mode="cdc")
     init_outbox(settings)

@@ -34,6 +34,52 @@ def test_commits_after_the_interval_since_the_first_event() -> None:
     assert b.due(10.2)
 
 
+def test_caught_up_closes_at_once_at_a_boundary_only() -> None:
+    b = EosBatch(interval_s=100.0, max_events=1000)
+    assert not b.due(0.0, caught_up=True)  # nothing to commit
+    b.begin()
+    b.add_event(0.0)
+    assert not b.due(0.0, caught_up=True)  # never inside a PostgreSQL transaction
+    b.end(100, had_events=True)
+    assert not b.due(0.0)  # the interval is far off
+    assert b.due(0.0, caught_up=True)
+    b.close(0.0)
+    b.begin()
+    b.add_event(0.0)
+    b.end(200, had_events=True)
+    assert not b.due(0.0, caught_up=True)  # one commit at a time
+    b.committed(0.001)
+    assert b.due(0.0, caught_up=True)
+
+
+def test_a_caught_up_close_waits_for_min_interval_and_the_read_wakes_for_it() -> None:
+    b = EosBatch(interval_s=0.1, max_events=1000, min_interval_s=0.03)
+    b.begin()
+    b.add_event(1.0)
+    b.end(100, had_events=True)
+    assert not b.due(1.02, caught_up=True)
+    assert b.seconds_to_due(1.02) == pytest.approx(0.01)
+    assert b.due(1.03, caught_up=True)
+    assert not b.due(1.05)  # not caught up: the interval rule alone
+    assert b.due(1.1)
+
+
+def test_with_no_min_interval_a_waiting_event_is_due_for_a_caught_up_relay_now() -> None:
+    b = EosBatch(interval_s=0.1, max_events=1000)
+    b.begin()
+    b.add_event(1.0)
+    b.end(100, had_events=True)
+    assert b.seconds_to_due(1.0) == 0.0
+
+
+def test_caught_up_with_only_skipped_or_empty_transactions_commits_nothing() -> None:
+    b = EosBatch(interval_s=0.1, max_events=10, committed_lsn=500)
+    assert b.skip(400)
+    b.begin()
+    b.end(600, had_events=False)
+    assert not b.due(10.0, caught_up=True)
+
+
 def _one_commit(b: EosBatch, start: float, took: float, lsn: int) -> None:
     """One PostgreSQL transaction read at ``start``, closed then and committed ``took`` later."""
     b.begin()
@@ -44,7 +90,7 @@ def _one_commit(b: EosBatch, start: float, took: float, lsn: int) -> None:
 
 
 def test_closes_early_by_the_recent_close_duration_so_the_commit_lands_on_the_interval() -> None:
-    b = EosBatch(interval_s=0.1, max_events=1000)
+    b = EosBatch(interval_s=0.1, max_events=1000, min_interval_s=0.1)  # the interval alone
     for n in range(40):  # closes that take 20 ms: lead_s approaches 0.02
         _one_commit(b, float(n), 0.02, 100 + n)
     assert 0.019 < b.lead_s <= 0.02
@@ -155,14 +201,21 @@ def test_abort_while_closing_forgets_both() -> None:
     max_events=st.integers(min_value=1, max_value=40),
     gaps=st.lists(st.floats(min_value=0, max_value=0.2), min_size=60, max_size=60),
     commit_after=st.lists(st.integers(min_value=0, max_value=3), min_size=60, max_size=60),
+    caught_up=st.lists(st.booleans(), min_size=60, max_size=60),
 )
 def test_model_every_transaction_lands_whole_in_one_commit_in_order(
-    txns: list[int], max_events: int, gaps: list[float], commit_after: list[int]
+    txns: list[int],
+    max_events: int,
+    gaps: list[float],
+    commit_after: list[int],
+    caught_up: list[bool],
 ) -> None:
     """Replaying a stream, each closed Kafka transaction committing 0..3 PostgreSQL
-    transactions later (reading goes on meanwhile): each PostgreSQL transaction's events end up
-    in exactly one commit, commits cover transactions in order, the ceiling never exceeds what
-    is committed, and nothing is left uncommitted at the end."""
+    transactions later (reading goes on meanwhile), the relay caught up or not after each:
+    each PostgreSQL transaction's events end up in exactly one commit, commits cover
+    transactions in order, the ceiling never exceeds what is committed, nothing is left
+    uncommitted at the end, and a caught-up relay with events and no commit in progress
+    always closes."""
     b = EosBatch(interval_s=0.1, max_events=max_events)
     now = 0.0
     lsn = 100
@@ -196,7 +249,9 @@ def test_model_every_transaction_lands_whole_in_one_commit_in_order(
         assert ceiling is None or ceiling <= b.committed_lsn
         if closing is not None and i >= closing[2]:
             commit()
-        if b.due(now):
+        if caught_up[i] and closing is None and b.events:
+            assert b.due(now, caught_up=True)
+        if b.due(now, caught_up=caught_up[i]):
             assert closing is None
             assert b.close() == last_with_events
             closing = (batch, last_with_events, i + commit_after[i])
@@ -250,7 +305,7 @@ def test_checkpoint_record_round_trip() -> None:
 
 
 def test_seconds_to_due_counts_from_the_first_event() -> None:
-    b = EosBatch(interval_s=0.1, max_events=10)
+    b = EosBatch(interval_s=0.1, max_events=10, min_interval_s=0.5)  # the interval comes first
     assert b.seconds_to_due(5.0) is None
     b.begin()
     b.add_event(5.0)
