@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks import callgrind
+
 SCHEMA = Path(__file__).resolve().parent.parent / "cdc_outbox_dev" / "schemas" / "OrderPlaced.avsc"
+_MODULE = "benchmarks.encode_cost"
 _WHAT = ("serializer", "encode")
 
 
@@ -65,36 +66,12 @@ def _child(what: str, n: int) -> None:
             encoder.encode(record.value)
 
 
-def _instructions(what: str, n: int) -> int:
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            "-m",
-            "benchmarks.encode_cost",
-            "--child",
-            what,
-            "--events",
-            str(n),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count in valgrind's output: {done.stderr[-300:]}")
-    return int(found.group(1))
-
-
 def measure(n: int) -> dict[str, Any]:
     """Instructions per call of each measured function (see the module docstring)."""
-    base = _instructions("none", 6 * n) - _instructions("none", n)
+    base = callgrind.marginal(_MODULE, "none", n)
     result: dict[str, Any] = {"events": n, "schema": SCHEMA.name}
     for what in _WHAT:
-        spent = _instructions(what, 6 * n) - _instructions(what, n)
+        spent = callgrind.marginal(_MODULE, what, n)
         result[f"{what}_instructions"] = round((spent - base) / (5 * n))
     return result
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import struct
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks import callgrind
+
+_MODULE = "benchmarks.relay_cost"
 _OID = 16400
 _COLUMNS = (
     ("id", 2950),
@@ -180,34 +181,10 @@ def _child(what: str, n: int) -> None:
         assert marker.handed == n
 
 
-def _instructions(what: str, n: int) -> int:
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            "-m",
-            "benchmarks.relay_cost",
-            "--child",
-            what,
-            "--events",
-            str(n),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count in valgrind's output: {done.stderr[-300:]}")
-    return int(found.group(1))
-
-
 def measure(n: int) -> dict[str, Any]:
     """Instructions per event (see the module docstring)."""
-    base = _instructions("none", 6 * n) - _instructions("none", n)
-    spent = _instructions("relay", 6 * n) - _instructions("relay", n)
+    base = callgrind.marginal(_MODULE, "none", n)
+    spent = callgrind.marginal(_MODULE, "relay", n)
     return {"events": n, "relay_instructions_per_event": round((spent - base) / (5 * n))}
 
 
