@@ -41,7 +41,7 @@ test-versions: bootstrap
 
 lint: bootstrap
 	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks examples
-	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev examples
+	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev examples benchmarks
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python scripts/import_cycles.py
 

@@ -74,7 +74,7 @@ def _settings(dsn: str, bootstrap: str, mode: str, topic_prefix: str) -> Setting
 
 def _fresh(settings: Settings) -> None:
     """Fresh table (new statistics) and publication; a slot only for CDC."""
-    setup(settings, [SLOT] if settings.mode == "cdc" else [])
+    setup(settings, [SLOT] if settings.mode == "cdc" else [], relay_slots=[])
     if settings.mode != "cdc":  # drop a CDC slot left by an earlier phase: it retains WAL
         with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
             conn.execute(

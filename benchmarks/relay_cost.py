@@ -24,7 +24,7 @@ import struct
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchmarks import callgrind
 
@@ -147,6 +147,7 @@ def _child(what: str, n: int) -> None:
     from cdc_outbox.cdc.published_marker import PublishedMarker
     from cdc_outbox.config import Settings
     from cdc_outbox.delivery.engine import Delivery
+    from cdc_outbox.kafka.publisher import ProducerFactory
     from cdc_outbox.relay_stats import RelayStats
 
     stream = payloads(n)
@@ -160,7 +161,10 @@ def _child(what: str, n: int) -> None:
     )
     stats = RelayStats()
     marker = PublishedMarker(settings)  # not started: ids are only buffered
-    delivery = Delivery(settings, stats, marker=marker, producer_client=_Client)
+    # The stand-in has what the relay calls (produce, poll, len), not the whole client.
+    delivery = Delivery(
+        settings, stats, marker=marker, producer_client=cast(ProducerFactory, _Client)
+    )
     router = MessageRouter(settings, settings.outbox_mapper(), delivery, stats, None)
     tracker = AckTracker(0)
 

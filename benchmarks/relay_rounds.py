@@ -148,7 +148,7 @@ def summary(per_round: list[dict[str, Any]]) -> dict[str, Any]:
     middle = next(r for r in per_round if r["ratio"] == ratios[(len(ratios) - 1) // 2])
 
     def median(field: str) -> float:
-        return round(statistics.median(r[field] for r in per_round), 3)
+        return round(float(statistics.median(r[field] for r in per_round)), 3)
 
     return {
         "raw_drain_s": median("raw_drain_s"),
