@@ -39,7 +39,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.event_types import DecodeUnavailable, Event
-from cdc_outbox.consumer.metrics import ConsumerMetrics
+from cdc_outbox.consumer.metrics import PROCESSED, ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
 from cdc_outbox.store.processed_events import ConsumerStore
@@ -63,7 +63,6 @@ INFRA_ERRORS = (psycopg.OperationalError, PoolTimeout, DeadLetterError, DecodeUn
 Item = tuple[RawRecord, Event | str]
 #: (outcome, reason): "processed", "duplicate" or "dead_lettered" (metrics.OUTCOMES).
 Outcome = tuple[str, str]
-PROCESSED: Outcome = ("processed", "")
 Parked = dict[tuple[str, str], str]
 #: Handler time after which the fast path checks its connection before the next handler.
 _LOST_CHECK_S = 0.001

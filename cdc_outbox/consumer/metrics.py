@@ -9,11 +9,12 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-__all__ = ["OUTCOMES", "ConsumerMetrics", "serve"]
+__all__ = ["OUTCOMES", "PROCESSED", "ConsumerMetrics", "serve"]
 
 #: What happened to a record: applied by the handler, skipped as a duplicate, dead-lettered.
 OUTCOMES = ("processed", "duplicate", "dead_lettered")
-_PROCESSED = ("processed", "")
+#: The ``(outcome, reason)`` of a record its handler applied (the common case).
+PROCESSED = ("processed", "")
 
 
 class ConsumerMetrics:
@@ -51,7 +52,7 @@ class ConsumerMetrics:
 
     def record(self, outcomes: Iterable[tuple[str, str]]) -> None:
         """Count ``(outcome, reason)`` pairs (one per finished record; one update per kind)."""
-        if isinstance(outcomes, list) and outcomes.count(_PROCESSED) == len(outcomes):
+        if isinstance(outcomes, list) and outcomes.count(PROCESSED) == len(outcomes):
             if outcomes:  # the common case: all processed, counted without a Counter
                 self.counts["processed"] += len(outcomes)
                 self._processed.labels(self.name).inc(len(outcomes))
