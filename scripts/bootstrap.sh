@@ -3,9 +3,10 @@
 #   - PostgreSQL server binaries, Java 17+ and Maven, Chromium and promtool for the
 #     monitoring tests, redis-server for the consumer example, Go for the Kubernetes manifest validator (apt-get, only what is
 #     missing)
+#   - a C compiler and the Python headers, for the relay's mypyc-compiled decode (setup.py)
 #   - .venv with the package and its dev tools (pip install -e '.[dev]', redone when
-#     pyproject.toml changes), and a .pth file that makes the dev harness cdc_outbox_dev
-#     (not part of the wheel) importable from this checkout
+#     pyproject.toml, setup.py or the compiled module changes), and a .pth file that makes
+#     the dev harness cdc_outbox_dev (not part of the wheel) importable from this checkout
 #   - the PostgreSQL 16, 17 and 18 server builds (io.zonky.test.postgres on Maven Central, for
 #     CDC_OUTBOX_PG_VERSION), the Kafka broker jars and its class-data-sharing archive, the Apicurio schema registry
 #     (3.3.3 when a Java >= 21 is installed, else 2.6.13.Final), and the Go modules of
@@ -49,6 +50,11 @@ command -v go >/dev/null 2>&1 || packages+=(golang-go)
 # The consumer tests and the cache-invalidation example run a real Redis.
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 python_ok || packages+=(python3 python3-venv)
+# setup.py compiles cdc_outbox/pgwire/insert_row.py with mypyc (pure Python without these).
+command -v gcc >/dev/null 2>&1 || packages+=(gcc libc6-dev)
+python_ok && ! "$PYTHON" -c 'import os, sysconfig, sys
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  2>/dev/null && packages+=(python3-dev)
 
 if [ "${#packages[@]}" -gt 0 ]; then
   log "installing ${packages[*]}"
@@ -63,7 +69,9 @@ if ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/d
   rm -rf .venv
   "$PYTHON" -m venv .venv
 fi
-stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+# Reinstalled when the package's build inputs change: pyproject.toml, setup.py and the module
+# setup.py compiles with mypyc (its extension sits next to it; a stale one would shadow edits).
+stamp=".venv/.installed-$(cat pyproject.toml setup.py cdc_outbox/pgwire/insert_row.py | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   log "installing cdc-outbox and dev tools into .venv"
   .venv/bin/python -m pip install -q --upgrade pip

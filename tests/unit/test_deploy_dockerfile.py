@@ -156,7 +156,7 @@ def test_entrypoint_and_labels_match_the_package() -> None:
 def test_builder_gets_what_the_wheel_is_built_from() -> None:
     _, stages = parse(DOCKERFILE.read_text())
     sources = [s for v in values(stages[0], "COPY") for s in v.split()[:-1]]
-    needed = {"pyproject.toml", PYPROJECT["project"]["readme"], "cdc_outbox"}
+    needed = {"pyproject.toml", "setup.py", PYPROJECT["project"]["readme"], "cdc_outbox"}
     assert needed <= set(sources)
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[ignore.index("*") :].count("*") == 1  # everything out, then back in:

@@ -7,13 +7,14 @@ import json
 import pickle
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cdc_outbox.errors import DecodeError
+from cdc_outbox.pgwire import pgoutput as pgoutput_module
 from cdc_outbox.pgwire.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -529,20 +530,30 @@ def _insert_or_error(raw: bytes) -> tuple[int, TupleData] | str:
     return msg.relation_oid, msg.new
 
 
-def _hot_or_error(raw: bytes) -> tuple[int, TupleData] | str:
+#: Both ways of the hot path: with the mypyc-compiled module (tested compiled when the
+#: checkout was installed with a C compiler: test_insert_row.py) and without it.
+HOT_PATHS = [
+    pytest.param(pgoutput_module._compiled_insert, id="compiled"),
+    pytest.param(pgoutput_module._interpreted_insert, id="interpreted"),
+]
+
+
+def _hot_or_error(raw: bytes, hot: Any = decode_insert) -> tuple[int, TupleData] | str:
     try:
-        return decode_insert(raw)
+        return cast(tuple[int, TupleData], hot(raw))
     except DecodeError as e:
         return str(e)
 
 
-@given(st.builds(Insert, u32, st.lists(wide_value, max_size=20).map(tuple)))
-def test_decode_insert_is_decode(m: Insert) -> None:
-    assert decode_insert(encode(m)) == (m.relation_oid, m.new)
+@pytest.mark.parametrize("hot", HOT_PATHS)
+@given(m=st.builds(Insert, u32, st.lists(wide_value, max_size=20).map(tuple)))
+def test_decode_insert_is_decode(hot: Any, m: Insert) -> None:
+    assert hot(encode(m)) == (m.relation_oid, m.new)
 
 
-@given(st.builds(Insert, u32, st.lists(wide_value, max_size=8).map(tuple)), st.data())
-def test_decode_insert_errors_are_decodes(m: Insert, data: st.DataObject) -> None:
+@pytest.mark.parametrize("hot", HOT_PATHS)
+@given(m=st.builds(Insert, u32, st.lists(wide_value, max_size=8).map(tuple)), data=st.data())
+def test_decode_insert_errors_are_decodes(hot: Any, m: Insert, data: st.DataObject) -> None:
     """Cut, grown or mutated: the same tuple or the same DecodeError as :func:`decode`."""
     raw = bytearray(encode(m))
     how = data.draw(st.sampled_from(["cut", "grow", "mutate"]))
@@ -554,18 +565,19 @@ def test_decode_insert_errors_are_decodes(m: Insert, data: st.DataObject) -> Non
         for _ in range(data.draw(st.integers(1, 3))):
             i = data.draw(st.integers(1, len(raw) - 1))
             raw[i] = data.draw(st.integers(0, 255))
-    hot = _hot_or_error(bytes(raw))
+    got = _hot_or_error(bytes(raw), hot)
     expected = _insert_or_error(bytes(raw))
     if expected == "not an Insert":
-        assert isinstance(hot, str)
+        assert isinstance(got, str)
     else:
-        assert hot == expected
+        assert got == expected
 
 
-def test_decode_insert_golden_frames() -> None:
+@pytest.mark.parametrize("hot", HOT_PATHS)
+def test_decode_insert_golden_frames(hot: Any) -> None:
     inserts = [p for p in payloads("v1") if p[0] == ord("I")]
     assert inserts
     for p in inserts:
         msg = decode(p)
         assert isinstance(msg, Insert)
-        assert decode_insert(p) == (msg.relation_oid, msg.new)
+        assert hot(p) == (msg.relation_oid, msg.new)
