@@ -19,8 +19,6 @@ from collections.abc import Callable
 from typing import TypeAlias, cast
 
 from cdc_outbox.errors import DecodeError
-from cdc_outbox.pgwire.insert_row import COMPILED
-from cdc_outbox.pgwire.insert_row import text_row as _text_row
 from cdc_outbox.pgwire.pgoutput_messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -231,6 +229,13 @@ def _interpreted_insert(buf: bytes) -> tuple[int, TupleData]:
     except (IndexError, struct.error):
         pass
     return _decode_insert_checked(buf)
+
+
+try:
+    from cdc_outbox.pgwire.insert_row import COMPILED
+    from cdc_outbox.pgwire.insert_row import text_row as _text_row
+except ImportError:  # a half-built extension (its runtime part missing): run interpreted
+    COMPILED = False
 
 
 def _compiled_insert(buf: bytes) -> tuple[int, TupleData]:
