@@ -40,7 +40,7 @@ test-versions: bootstrap
 	done; exit $$status
 
 lint: bootstrap
-	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks examples
+	$(VENV)/bin/ruff check cdc_outbox cdc_outbox_dev tests benchmarks examples setup.py
 	$(VENV)/bin/mypy --strict cdc_outbox cdc_outbox_dev examples benchmarks
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python scripts/import_cycles.py
