@@ -94,8 +94,22 @@ def test_wheel_holds_the_runtime_package_only(wheel: Path) -> None:
     assert not leaked, f"harness files in the wheel: {leaked}"
     for needed in ("cli/__init__.py", "service.py", "py.typed", "monitoring/static/dashboard.js"):
         assert f"cdc_outbox/{needed}" in names
+    # setup.py's mypyc build of the per-event decode (gcc is there: scripts/bootstrap.sh)
+    compiled = [n for n in names if n.startswith("cdc_outbox/pgwire/insert_row")]
+    assert any(n.endswith(".so") for n in compiled), compiled
+    assert "cdc_outbox/pgwire/insert_row.py" in compiled  # the source ships too
     top_level = zipfile.ZipFile(wheel).read(dist_info + "top_level.txt").decode().split()
     assert top_level == ["cdc_outbox"]
+
+
+def test_installed_relay_runs_the_compiled_decode(venv: Path, tmp_path: Path) -> None:
+    """The wheel's extension is what the installed relay decodes with (not the source)."""
+    check = (
+        "from cdc_outbox.pgwire import insert_row, pgoutput\n"
+        "print(insert_row.COMPILED, pgoutput.decode_insert.__name__)"
+    )
+    out = _run([venv / "bin" / "python", "-c", check], tmp_path, 60)
+    assert out.split() == ["True", "_compiled_insert"]
 
 
 def test_installed_cli_has_no_dev_commands(venv: Path, tmp_path: Path) -> None:
