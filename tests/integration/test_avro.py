@@ -53,9 +53,16 @@ def _record(name: str, fields: list[tuple[str, Any]]) -> str:
     )
 
 
+def _client(url: str) -> SchemaRegistryClient:
+    """The tests' own registry client. With a timeout: once, right after a restart of the
+    registry, a request of the reader got no answer and, without one, waited until the test's
+    600 s timeout (CI, 2026-12-04); timed out, the client retries it (max.retries, default 3)."""
+    return SchemaRegistryClient({"url": url, "timeout": 10})
+
+
 def _reader(registry: LocalRegistry, field: str = MessageField.VALUE) -> Callable[[Any], Any]:
     """Decode with AvroDeserializer (fresh client: no ids cached across restarts)."""
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry.url}))
+    deserializer = AvroDeserializer(_client(registry.url))
     ctx = SerializationContext("any", field)
     return lambda value: deserializer(value, ctx)
 
@@ -195,7 +202,7 @@ def test_schema_failures_are_dead_lettered_and_redriven(
         subject_name_strategy="topic_record",
     )
     topic = f"{kafka_topic_prefix}.event.order"
-    client = SchemaRegistryClient({"url": schema_registry.url})
+    client = _client(schema_registry.url)
     v1 = _record("Paid", [("amount", "long")])
     client.register_schema(f"{topic}-Paid-value", Schema(v1, "AVRO"))
     init_outbox(settings)
@@ -278,7 +285,7 @@ def test_registry_outage_cached_types_flow_new_type_waits(
     paid, shipped = _record("Paid", [("amount", "long")]), _record("Shipped", [("to", "string")])
 
     def register_both() -> None:  # in this order: the same ids after the (empty) restart
-        client = SchemaRegistryClient({"url": schema_registry.url})
+        client = _client(schema_registry.url)
         client.register_schema(f"{topic}-Paid-value", Schema(paid, "AVRO"))
         client.register_schema(f"{topic}-Shipped-value", Schema(shipped, "AVRO"))
 
