@@ -29,7 +29,7 @@ from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from cdc_outbox_dev.sandbox.registry import LocalRegistry
+from cdc_outbox_dev.sandbox.registry import LocalRegistry, registry_client
 
 logger = logging.getLogger(__name__)
 TOPIC_PREFIX = "demo.outbox"
@@ -38,11 +38,10 @@ SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
 
 def avro_reader(registry_url: str) -> Callable[[bytes | None], Any]:
     """Decode a Confluent wire-format value with AvroDeserializer (schema fetched by id)."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    deserializer = AvroDeserializer(registry_client(registry_url))
     ctx = SerializationContext(TOPIC_PREFIX, MessageField.VALUE)
     return lambda value: deserializer(value, ctx)
 

@@ -26,17 +26,35 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdc_outbox_dev.sandbox import _proc
 from cdc_outbox_dev.sandbox._lifecycle import LocalServer
 from cdc_outbox_dev.sandbox.kafka_jars import cache_root, maven_fetch
 
-__all__ = ["LocalRegistry", "ensure_registry_dist", "registry_java"]
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+__all__ = ["LocalRegistry", "ensure_registry_dist", "registry_client", "registry_java"]
 
 logger = logging.getLogger(__name__)
 
 V3, V2 = "3.3.3", "2.6.13.Final"
 _JVM = ["-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+
+
+#: Seconds a request of :func:`registry_client` waits for an answer before the client retries it.
+CLIENT_TIMEOUT_S = 10
+
+
+def registry_client(url: str) -> SchemaRegistryClient:
+    """A confluent-kafka registry client for ``url`` (the tests' and the demo's own, not the
+    relay's). With a timeout: once, right after a restart of the registry, a request got no
+    answer and, without one, waited until the test's 600 s timeout (CI, 2026-12-04); timed
+    out, the client retries it (``max.retries``, default 3)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url, "timeout": CLIENT_TIMEOUT_S})
 
 
 def _java_major(java: str) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -28,7 +28,7 @@ from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
-from cdc_outbox_dev.sandbox.registry import LocalRegistry
+from cdc_outbox_dev.sandbox.registry import LocalRegistry, registry_client
 from tests.helpers import run_cli, wait_until
 from tests.relay_support import (
     current_wal_lsn,
@@ -53,16 +53,9 @@ def _record(name: str, fields: list[tuple[str, Any]]) -> str:
     )
 
 
-def _client(url: str) -> SchemaRegistryClient:
-    """The tests' own registry client. With a timeout: once, right after a restart of the
-    registry, a request of the reader got no answer and, without one, waited until the test's
-    600 s timeout (CI, 2026-12-04); timed out, the client retries it (max.retries, default 3)."""
-    return SchemaRegistryClient({"url": url, "timeout": 10})
-
-
 def _reader(registry: LocalRegistry, field: str = MessageField.VALUE) -> Callable[[Any], Any]:
     """Decode with AvroDeserializer (fresh client: no ids cached across restarts)."""
-    deserializer = AvroDeserializer(_client(registry.url))
+    deserializer = AvroDeserializer(registry_client(registry.url))
     ctx = SerializationContext("any", field)
     return lambda value: deserializer(value, ctx)
 
@@ -202,7 +195,7 @@ def test_schema_failures_are_dead_lettered_and_redriven(
         subject_name_strategy="topic_record",
     )
     topic = f"{kafka_topic_prefix}.event.order"
-    client = _client(schema_registry.url)
+    client = registry_client(schema_registry.url)
     v1 = _record("Paid", [("amount", "long")])
     client.register_schema(f"{topic}-Paid-value", Schema(v1, "AVRO"))
     init_outbox(settings)
@@ -285,7 +278,7 @@ def test_registry_outage_cached_types_flow_new_type_waits(
     paid, shipped = _record("Paid", [("amount", "long")]), _record("Shipped", [("to", "string")])
 
     def register_both() -> None:  # in this order: the same ids after the (empty) restart
-        client = _client(schema_registry.url)
+        client = registry_client(schema_registry.url)
         client.register_schema(f"{topic}-Paid-value", Schema(paid, "AVRO"))
         client.register_schema(f"{topic}-Shipped-value", Schema(shipped, "AVRO"))
 

@@ -27,7 +27,7 @@ from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox.consumer.settings import topics_from_template
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from cdc_outbox_dev.sandbox.registry import LocalRegistry
+from cdc_outbox_dev.sandbox.registry import LocalRegistry, registry_client
 from tests.helpers import create_topic, wait_until
 from tests.relay_support import init_outbox, relay_settings, running, service_thread
 
@@ -136,13 +136,13 @@ def test_undecodable_avro_records_are_dead_lettered(
     topic, dlq = f"{kafka_topic_prefix}.event.order", f"{kafka_topic_prefix}.consumer-dlq"
     create_topic(bootstrap, topic, partitions=1)
     create_topic(bootstrap, dlq, partitions=1)
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
 
     subject = f"{topic}-value"
     schema = json.dumps(
         {"type": "record", "name": "Paid", "fields": [{"name": "amount", "type": "long"}]}
     )
-    schema_id = SchemaRegistryClient({"url": schema_registry.url}).register_schema(
+    schema_id = registry_client(schema_registry.url).register_schema(
         subject, Schema(schema, "AVRO")
     )
     ids = [str(uuid.uuid4()) for _ in range(3)]
