@@ -1,12 +1,18 @@
 """Instruction counts of a benchmark module's ``--child WHAT --events N`` run under valgrind's
-callgrind (repeatable whatever the host's load), shared by :mod:`benchmarks.encode_cost` and
-:mod:`benchmarks.relay_cost`."""
+callgrind (repeatable whatever the host's load), and the command line of such a module
+(:func:`main`), shared by :mod:`benchmarks.encode_cost` and :mod:`benchmarks.relay_cost`."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 
 def instructions(module: str, what: str, n: int) -> int:
@@ -38,3 +44,40 @@ def marginal(module: str, what: str, n: int) -> int:
     """Instructions of ``5 * n`` more events: the run of ``6 * n`` less the run of ``n``, so
     start-up and set-up cancel out."""
     return instructions(module, what, 6 * n) - instructions(module, what, n)
+
+
+def main(
+    argv: list[str] | None,
+    *,
+    module: str,
+    children: Sequence[str],
+    child: Callable[[str, int], None],
+    measure: Callable[[int], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+) -> int:
+    """``python -m module [--events N] [--json PATH]``: ``measure(N)`` under callgrind, its
+    ``report`` printed and the result written as JSON (default ``benchmarks/out/<name>.json``);
+    run by :func:`instructions` as ``--child WHAT`` (``none`` or one of ``children``), it is
+    ``child(WHAT, N)``. Exit 2 for a bad ``--events`` or without valgrind."""
+    name = module.rsplit(".", 1)[-1]
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser.add_argument("--events", type=int, default=2000)
+    default_json = Path(f"benchmarks/out/{name.replace('_', '-')}.json")
+    parser.add_argument("--json", type=Path, default=default_json)
+    parser.add_argument("--child", choices=["none", *children], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.events < 1:
+        print(f"{name}: --events must be at least 1", file=sys.stderr)
+        return 2
+    if args.child:
+        child(args.child, args.events)
+        return 0
+    if shutil.which("valgrind") is None:
+        print(f"{name}: valgrind not found (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    result = measure(args.events)
+    print(report(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0

@@ -14,9 +14,6 @@ Needs valgrind (Debian's package); exit 2 without it.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,27 +74,17 @@ def measure(n: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.encode_cost")
-    parser.add_argument("--events", type=int, default=2000)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/encode-cost.json"))
-    parser.add_argument("--child", choices=["none", *_WHAT], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.events < 1:
-        print("encode_cost: --events must be at least 1", file=sys.stderr)
-        return 2
-    if args.child:
-        _child(args.child, args.events)
-        return 0
-    if shutil.which("valgrind") is None:
-        print("encode_cost: valgrind not found (apt-get install valgrind)", file=sys.stderr)
-        return 2
-    result = measure(args.events)
-    for what in _WHAT:
-        print(f"{what:<12} {result[f'{what}_instructions']:>8,} instructions per call")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
-    return 0
+    return callgrind.main(
+        argv,
+        module=_MODULE,
+        children=_WHAT,
+        child=_child,
+        measure=measure,
+        report=lambda result: "\n".join(
+            f"{what:<12} {result[f'{what}_instructions']:>8,} instructions per call"
+            for what in _WHAT
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -17,13 +17,9 @@ machine). Needs valgrind (Debian's package); exit 2 without it.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import struct
 import sys
 import uuid
-from pathlib import Path
 from typing import Any, cast
 
 from benchmarks import callgrind
@@ -193,26 +189,16 @@ def measure(n: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.relay_cost")
-    parser.add_argument("--events", type=int, default=2000)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/relay-cost.json"))
-    parser.add_argument("--child", choices=["none", "relay"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.events < 1:
-        print("relay_cost: --events must be at least 1", file=sys.stderr)
-        return 2
-    if args.child:
-        _child(args.child, args.events)
-        return 0
-    if shutil.which("valgrind") is None:
-        print("relay_cost: valgrind not found (apt-get install valgrind)", file=sys.stderr)
-        return 2
-    result = measure(args.events)
-    print(f"relay hot path {result['relay_instructions_per_event']:>8,} instructions per event")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
-    return 0
+    return callgrind.main(
+        argv,
+        module=_MODULE,
+        children=["relay"],
+        child=_child,
+        measure=measure,
+        report=lambda result: (
+            f"relay hot path {result['relay_instructions_per_event']:>8,} instructions per event"
+        ),
+    )
 
 
 if __name__ == "__main__":
