@@ -53,20 +53,9 @@ class _Outcomes:
         self.failed: list[DeliveryFailure] = []
 
 
-class _Reporting(ReportingListener):
-    __slots__ = ("outcomes",)
-
-    def __init__(self, outcomes: _Outcomes) -> None:
-        self.outcomes = outcomes
-
-    def delivered(self, topic: str, headers: Headers) -> None:
-        self.outcomes.delivered.append((topic, headers))
-
-    def failed(self, failure: DeliveryFailure) -> None:
-        self.outcomes.failed.append(failure)
-
-
 class _Plain:
+    """A listener the publisher wraps (a :class:`DeliveryListener` only)."""
+
     def __init__(self, outcomes: _Outcomes) -> None:
         self.outcomes = outcomes
 
@@ -75,6 +64,10 @@ class _Plain:
 
     def failed(self, failure: DeliveryFailure) -> None:
         self.outcomes.failed.append(failure)
+
+
+class _Reporting(_Plain, ReportingListener):
+    """The same outcomes from a listener that is its own delivery callback."""
 
 
 def _publisher() -> tuple[KafkaPublisher, _Client]:
