@@ -69,9 +69,12 @@ if ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/d
   rm -rf .venv
   "$PYTHON" -m venv .venv
 fi
-# Reinstalled when the package's build inputs change: pyproject.toml, setup.py and the module
-# setup.py compiles with mypyc (its extension sits next to it; a stale one would shadow edits).
-stamp=".venv/.installed-$(cat pyproject.toml setup.py cdc_outbox/pgwire/insert_row.py | sha256sum | cut -c1-16)"
+# Reinstalled when the package's build inputs change: pyproject.toml, setup.py and the modules
+# setup.py compiles with mypyc (its COMPILED_MODULES; each extension sits next to its source and
+# a stale one would shadow edits).
+compiled=$(grep -o '"cdc_outbox/[^"]*\.py"' setup.py | tr -d '"')
+# shellcheck disable=SC2086  # the module paths have no spaces
+stamp=".venv/.installed-$(cat pyproject.toml setup.py $compiled | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   log "installing cdc-outbox and dev tools into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
