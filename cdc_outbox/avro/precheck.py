@@ -11,6 +11,10 @@ written. ``False`` only means "not sure", and the caller then asks fastavro, whi
 stays the one authority and gives the reason. ``None`` means the schema holds a type without
 a fast check outside the fields left to the writer (arrays, maps, bytes, fixed, float,
 logical types, named references): use fastavro for every datum.
+
+A record datum carrying fastavro's ``"-type"`` key (the name of the record it means) is
+never judged here: ``validate`` refuses it unless the name matches, while the writer ignores
+the key and writes the record.
 """
 
 from __future__ import annotations
@@ -103,8 +107,8 @@ def _record(schema: dict[str, Any]) -> Check | None:
     present_spec = tuple(present)
 
     def record(datum: Any) -> bool:
-        if type(datum) is not dict:
-            return False
+        if type(datum) is not dict or "-type" in datum:
+            return False  # "-type": validate compares it with the record's name; not sure
         for name in present_spec:
             if name not in datum:
                 return False

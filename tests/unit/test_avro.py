@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.validation import validate
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cdc_outbox.avro import wire
@@ -317,6 +317,10 @@ def _writer_refuses(datum: object, schema: object) -> bool:
 
 
 @given(st.sampled_from(range(len(_PRECHECK_SCHEMAS))), _json_values)
+@example(4, {"l": 0, "s": None, "-type": None})  # validate refuses a "-type" not the name
+@example(
+    5, {"i": 1, "x": 1.0, "item": True, "amount": None, "note": {"l": 1, "s": None, "-type": "M"}}
+)
 def test_precheck_is_sound(which: int, datum: object) -> None:
     """Whatever the compiled pre-check accepts, fastavro's validate accepts too, or else
     fastavro's writer refuses it (nothing invalid is ever written)."""
