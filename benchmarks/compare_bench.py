@@ -259,10 +259,10 @@ def _spec(rate: float, seconds: float, txn_sizes: tuple[int, ...]) -> workload.W
 
 
 def _run_writers(
-    dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames, running: _Running
+    dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames, running: _Running | None
 ) -> None:
     """Write ``spec`` from another process: in this one the writers would compete with the
-    relay for the GIL and inflate its latency. Stops the relay if they fail."""
+    relay for the GIL and inflate its latency. Stops the relay (if any) if they fail."""
     writer = multiprocessing.get_context("spawn").Process(
         target=_write, args=(dsn, spec, columns), name="writers"
     )
@@ -272,7 +272,8 @@ def _run_writers(
         if writer.exitcode != 0:
             raise RuntimeError(f"writer process failed (exit code {writer.exitcode})")
     except BaseException:
-        running.stop()
+        if running is not None:
+            running.stop()
         raise
 
 

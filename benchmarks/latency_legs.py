@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import compare_bench
-from benchmarks.latency_phases import TXN_ROWS, TXNS_PER_S
+from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc import message_router, replication_stream, txn_handle
 

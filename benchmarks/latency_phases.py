@@ -3,7 +3,9 @@
 
 Each round runs :func:`benchmarks.compare_bench.latency_phase` once per delivery (the first
 alternates by round) at ``TXNS_PER_S`` PostgreSQL transactions/s of ``TXN_ROWS`` outbox rows,
-on a fresh table, slot and topic each. The targets are :func:`benchmarks.latency_report.targets`.
+on a fresh table, slot and topic each, then :func:`benchmarks.latency_floor.floor_phase`
+at the same load (no relay: what PostgreSQL alone takes to deliver a commit). The targets are
+:func:`benchmarks.latency_report.targets`.
 """
 
 from __future__ import annotations
@@ -12,18 +14,18 @@ import argparse
 import time
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, latency_report
+from benchmarks import compare_bench, compare_report, latency_floor, latency_report
 from benchmarks.cpu import CpuMeter
+from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
 from benchmarks.relay_bench import services
 from cdc_outbox_dev.readback import count_records
-
-TXNS_PER_S, TXN_ROWS = 20, 100
 
 
 def eos_latency(
     args: argparse.Namespace, dsn: str, bootstrap: str, cpu: CpuMeter, stamp: int
 ) -> dict[str, Any]:
-    """``--latency-rounds`` rounds of an at-least-once and an exactly-once latency phase."""
+    """``--latency-rounds`` rounds of an at-least-once and an exactly-once latency phase and
+    a floor phase."""
     rounds: list[dict[str, Any]] = []
     for number in range(args.latency_rounds):
         pair: dict[str, Any] = {}
@@ -44,6 +46,16 @@ def eos_latency(
             )
             phase["records_in_kafka"] = count_records(bootstrap, prefix) - 1
             pair[mode] = phase
+        print(f"-- floor (no relay): {TXNS_PER_S} txns/s x {TXN_ROWS} rows", flush=True)
+        floor_settings = compare_bench._settings(
+            dsn, bootstrap, "cdc", f"bench.{stamp}.floor.{number}"
+        )
+        pair["floor"] = latency_floor.floor_phase(
+            floor_settings,
+            TXNS_PER_S * TXN_ROWS,
+            args.latency_seconds,
+            args.latency_warmup_seconds,
+        )
         rounds.append(pair)
     return {
         "rounds": rounds,

@@ -15,6 +15,8 @@ BEFORE_ALO_P99_MS = 41.2
 #: Exactly-once commit->visible p99 at most this times the at-least-once p99 of the same run.
 EOS_P99_RATIO_MAX = 2.0
 QUANTILES = ("p50", "p95", "p99")
+#: The load: PostgreSQL transactions/s and outbox rows per transaction.
+TXNS_PER_S, TXN_ROWS = 20, 100
 
 
 def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -33,7 +35,16 @@ def targets(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     if BEFORE_ALO_P99_MS > 0:
         out["alo_p99_max_ms"] = round(BEFORE_ALO_P99_MS / 2, 1)
         out["alo_met"] = alo_p99 <= BEFORE_ALO_P99_MS / 2
+    floors = [floor_p99(r) for r in rounds if "floor" in r]
+    if floors:
+        out["floor_p99_ms"] = round(statistics.median(floors), 1)
     return out
+
+
+def floor_p99(pair: dict[str, Any]) -> float:
+    """The round's floor: PostgreSQL commit to its Commit message received by a raw drain, p99
+    (:mod:`benchmarks.latency_floor`)."""
+    return float(pair["floor"]["legs_ms"]["commit_received"]["p99"])
 
 
 def rows(section: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -43,6 +54,10 @@ def rows(section: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         for q in QUANTILES:
             a, e = pair["cdc"]["latency_ms"][q], pair["cdc_eos"]["latency_ms"][q]
             out.append((f"round {n}: latency {q} (ms)", f"{a:,.1f}", f"{e:,.1f}", f"{e / a:.2f}x"))
+        if "floor" in pair:
+            floor = pair["floor"]["legs_ms"]["commit_received"]
+            for q in ("p50", "p99"):
+                out.append((f"round {n}: floor {q} (ms), no relay", f"{floor[q]:,.1f}", "", ""))
     return out
 
 
@@ -55,6 +70,12 @@ def summary(section: dict[str, Any]) -> list[str]:
             f"- At-least-once p99 <= half of main 4cb93bb's ({BEFORE_ALO_P99_MS} ms):"
             f" {'met' if t['alo_met'] else 'NOT met'} ({t['alo_p99_ms']} ms, median of the"
             " rounds)."
+        )
+    if "floor_p99_ms" in t:
+        lines.append(
+            f"- Floor (no relay: PostgreSQL commit to its Commit message received by a raw drain"
+            f" of the slot, same writers and load): p99 {t['floor_p99_ms']} ms, median of the"
+            " rounds; no relay acknowledges a transaction before that."
         )
     lines.append(
         f"- Exactly-once p99 <= {t['eos_ratio_max']:.0f}x the at-least-once p99 of the same"
@@ -83,8 +104,9 @@ def markdown(section: dict[str, Any]) -> list[str]:
         f"{p['txns_per_s']} PostgreSQL transactions/s of {p['txn_rows']} outbox rows"
         f" ({p['writers']} writers) with the relay running, {p['warmup_s']:.0f} s unmeasured,"
         f" then {p['seconds']:.0f} s measured, one phase per delivery in each round (the first"
-        " alternates). Latency: PostgreSQL commit to delivery report (at-least-once) or to the"
-        " Kafka commit (exactly-once), weighted per event.",
+        " alternates), then a floor phase at the same load with no relay, the slot read by a"
+        " raw drain (`benchmarks/latency_floor.py`). Latency: PostgreSQL commit to delivery"
+        " report (at-least-once) or to the Kafka commit (exactly-once), weighted per event.",
         "",
         "| metric | at-least-once | exactly-once | EOS/ALO |",
         "|---|---:|---:|---:|",

@@ -1,0 +1,151 @@
+"""The floor under the relay's commit->ack latency at issue 25's load: the same writers and the
+same outbox table, the slot read by a raw drain that does nothing with what it receives, no
+relay and no producer (the broker, when running, idles).
+
+    python -m benchmarks.latency_floor [--rounds N] [--seconds S] [--json PATH]
+
+Per transaction, from its commit timestamp (PostgreSQL's clock; the same host): ``sent``, the
+walsender stamped its Begin (the XLogData send time); ``begin_received`` / ``commit_received``,
+the drain received its Begin / Commit. No relay can acknowledge a transaction before it has
+received its Commit, so ``commit_received`` bounds the relay's commit->ack latency from below.
+Quantiles as :func:`benchmarks.compare_bench.latency_phase` takes them (per event: every
+transaction has the same number of rows). :mod:`benchmarks.latency_phases` runs one floor
+phase per round, in the same run as the relay's phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import compare_bench
+from benchmarks.costs import percentile
+from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
+from benchmarks.relay_bench import services
+from cdc_outbox.cdc.replication_stream import ReplicationStream
+from cdc_outbox.config import Settings
+from cdc_outbox.pgwire import pgoutput
+from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE
+
+_PG_EPOCH_UNIX = 946_684_800.0
+_XLOGDATA, _BEGIN, _COMMIT = 0x77, 0x42, 0x43
+LEGS = ("sent", "begin_received", "commit_received")
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+class _Drain(threading.Thread):
+    """Receives the slot's frames; per transaction (commit, sent, Begin and Commit received)."""
+
+    def __init__(self, stream: ReplicationStream) -> None:
+        super().__init__(name="floor-drain", daemon=True)
+        self.stream = stream
+        self.times: list[tuple[float, float, float, float]] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._drain()
+        except BaseException as exc:  # reported by floor_phase
+            self.error = exc
+
+    def _drain(self) -> None:
+        sent = begin = 0.0
+        last_status = time.monotonic()
+        while not self.stop.is_set():
+            data = self.stream.read_raw(0.1)
+            if data is None or data[0] != _XLOGDATA:
+                continue
+            kind = data[XLOG_HEADER_SIZE]
+            if kind == _BEGIN:
+                begin = time.time()
+                sent = struct.unpack_from("!q", data, 17)[0] / 1e6 + _PG_EPOCH_UNIX
+            elif kind == _COMMIT:
+                received = time.time()
+                commit = pgoutput.decode(bytes(data[XLOG_HEADER_SIZE:]))
+                assert isinstance(commit, pgoutput.Commit)
+                self.times.append(
+                    (commit.commit_time / 1e6 + _PG_EPOCH_UNIX, sent, begin, received)
+                )
+                if time.monotonic() - last_status >= 1.0:
+                    self.stream.send_status(commit.end_lsn, commit.end_lsn)
+                    last_status = time.monotonic()
+
+
+def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float) -> dict[str, Any]:
+    """Writers offer ``rate`` events/s in transactions of ``TXN_ROWS`` for ``warmup_s`` (not
+    measured), then for ``seconds``, into a fresh table and slot read by a raw drain."""
+    compare_bench._fresh(settings)
+    dsn, columns = settings.postgres_dsn(), settings.column_names()
+    stream = ReplicationStream(dsn, compare_bench.SLOT, settings.publication_name)
+    stream.open(0)
+    drain = _Drain(stream)
+    drain.start()
+    try:
+        warm = compare_bench._spec(rate, warmup_s, (TXN_ROWS,)) if warmup_s > 0 else None
+        if warm is not None:
+            compare_bench._run_writers(dsn, warm, columns, None)
+        spec = compare_bench._spec(rate, seconds, (TXN_ROWS,))
+        compare_bench._run_writers(dsn, spec, columns, None)
+        expected = (spec.events + (warm.events if warm else 0)) // TXN_ROWS
+        deadline = time.monotonic() + 60
+        while len(drain.times) < expected and drain.error is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the drain received {len(drain.times)} of {expected} commits")
+            time.sleep(0.01)
+    finally:
+        drain.stop.set()
+        drain.join(5)
+        stream.close()
+    if drain.error is not None:
+        raise drain.error
+    measured = drain.times[-(spec.events // TXN_ROWS) :]
+    return {
+        "transactions": len(measured),
+        "legs_ms": {
+            leg: {
+                name: round(1000 * percentile([(t[i] - t[0], 1) for t in measured], q), 1)
+                for name, q in QUANTILES.items()
+            }
+            | {"max": round(1000 * max(t[i] - t[0] for t in measured), 1)}
+            for i, leg in enumerate(LEGS, 1)
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency_floor")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--warmup-seconds", type=float, default=10.0)
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/latency-floor.json"))
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.seconds <= 0 or args.warmup_seconds < 0:
+        print(
+            "latency_floor: --rounds must be >= 1, --seconds > 0, --warmup-seconds >= 0",
+            file=sys.stderr,
+        )
+        return 2
+    rounds = []
+    with services(None, None) as (dsn, bootstrap, _cpu):
+        for number in range(args.rounds):
+            settings = compare_bench._settings(dsn, bootstrap, "cdc", f"floor.{number}")
+            phase = floor_phase(settings, TXNS_PER_S * TXN_ROWS, args.seconds, args.warmup_seconds)
+            rounds.append(phase)
+            print(f"round {number + 1}: {phase['transactions']} transactions")
+            for leg, q in phase["legs_ms"].items():
+                print(f"  {leg:<16} " + " ".join(f"{k} {v:>6}" for k, v in q.items()))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"seconds": args.seconds, "rounds": rounds}, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
