@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 import threading
 import time
@@ -31,9 +30,13 @@ from benchmarks.relay_bench import services
 from cdc_outbox.cdc.replication_stream import ReplicationStream
 from cdc_outbox.config import Settings
 from cdc_outbox.pgwire import pgoutput
-from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE
+from cdc_outbox.pgwire.walproto import (
+    XLOG_HEADER_SIZE,
+    XLogData,
+    parse_copy_data,
+    pg_clock_to_unix,
+)
 
-_PG_EPOCH_UNIX = 946_684_800.0
 _XLOGDATA, _BEGIN, _COMMIT = 0x77, 0x42, 0x43
 LEGS = ("sent", "begin_received", "commit_received")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -65,14 +68,14 @@ class _Drain(threading.Thread):
             kind = data[XLOG_HEADER_SIZE]
             if kind == _BEGIN:
                 begin = time.time()
-                sent = struct.unpack_from("!q", data, 17)[0] / 1e6 + _PG_EPOCH_UNIX
+                frame = parse_copy_data(data)
+                assert isinstance(frame, XLogData)
+                sent = pg_clock_to_unix(frame.server_clock)
             elif kind == _COMMIT:
                 received = time.time()
                 commit = pgoutput.decode(bytes(data[XLOG_HEADER_SIZE:]))
                 assert isinstance(commit, pgoutput.Commit)
-                self.times.append(
-                    (commit.commit_time / 1e6 + _PG_EPOCH_UNIX, sent, begin, received)
-                )
+                self.times.append((pg_clock_to_unix(commit.commit_time), sent, begin, received))
                 if time.monotonic() - last_status >= 1.0:
                     self.stream.send_status(commit.end_lsn, commit.end_lsn)
                     last_status = time.monotonic()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 import time
 from pathlib import Path
@@ -29,8 +28,13 @@ from benchmarks import compare_bench
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc import message_router, replication_stream, txn_handle
+from cdc_outbox.pgwire.walproto import (
+    XLOG_HEADER_SIZE,
+    XLogData,
+    parse_copy_data,
+    pg_clock_to_unix,
+)
 
-_PG_EPOCH_UNIX = 946_684_800.0
 #: Per measured transaction: commit, sent, begin read, commit read, first ack, last ack (unix s).
 _TIMES: list[tuple[float, float, float, float, float, float]] = []
 _LAST_SENT = [0.0]
@@ -42,8 +46,11 @@ def _instrument() -> None:
 
     def timed_read(self: replication_stream.ReplicationStream, timeout: float) -> Any:
         data = read_raw(self, timeout)
-        if data is not None and data[0] == 0x77:  # 'w': XLogData, send time at offset 17
-            _LAST_SENT[0] = struct.unpack_from("!q", data, 17)[0] / 1e6 + _PG_EPOCH_UNIX
+        # A Begin (in an XLogData frame): its send time, for the TxnHandle made next.
+        if data is not None and data[0] == 0x77 and data[XLOG_HEADER_SIZE] == 0x42:
+            frame = parse_copy_data(data)
+            assert isinstance(frame, XLogData)
+            _LAST_SENT[0] = pg_clock_to_unix(frame.server_clock)
         return data
 
     class TimedTxn(txn_handle.TxnHandle):

@@ -30,13 +30,17 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
-from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, parse_copy_data
+from cdc_outbox.pgwire.walproto import (
+    XLOG_HEADER_SIZE,
+    Keepalive,
+    parse_copy_data,
+    pg_clock_to_unix,
+)
 from cdc_outbox.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
 _BEGIN, _COMMIT, _INSERT, _RELATION, _MESSAGE = ord("B"), ord("C"), ord("I"), ord("R"), ord("M")
-_PG_EPOCH_UNIX = 946_684_800.0  # 2000-01-01 UTC: PostgreSQL timestamps count from here
 _XLOGDATA = ord("w")
 _FRAMES_PER_TURN = 2000
 _decode_insert = pgoutput.decode_insert
@@ -164,7 +168,7 @@ class MessageRouter:
             if self.eos is not None and not self._skipping:
                 self.eos.on_commit(msg.end_lsn, self._txn)
             self._skipping = False
-            self._txn.commit_unix = msg.commit_time / 1e6 + _PG_EPOCH_UNIX
+            self._txn.commit_unix = pg_clock_to_unix(msg.commit_time)
             self._note_written(msg.end_lsn)
             self.stats.transactions += 1
         elif kind == _RELATION:

@@ -22,11 +22,13 @@ __all__ = [
     "pg_clock_from_datetime",
     "pg_clock_now",
     "pg_clock_to_datetime",
+    "pg_clock_to_unix",
     "standby_status_update",
 ]
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _PG_EPOCH_UNIX_US = 946_684_800_000_000  # 2000-01-01 in µs since the Unix epoch
+_PG_EPOCH_UNIX_S = _PG_EPOCH_UNIX_US / 1_000_000
 
 _XLOG_HEADER = struct.Struct("!QQq")  # after the 'w' byte: start, end, clock
 _KEEPALIVE = struct.Struct("!Qq?")  # after the 'k' byte: end, clock, reply requested
@@ -116,6 +118,12 @@ def pg_clock_now() -> int:
 def pg_clock_to_datetime(us: int) -> datetime:
     """A PostgreSQL TimestampTz (µs since 2000-01-01) as an aware UTC ``datetime``."""
     return PG_EPOCH + timedelta(microseconds=us)
+
+
+def pg_clock_to_unix(us: int) -> float:
+    """A PostgreSQL TimestampTz (µs since 2000-01-01) as seconds since the Unix epoch, the
+    scale of ``time.time()`` (cheaper than a ``datetime`` on a per-transaction path)."""
+    return us / 1e6 + _PG_EPOCH_UNIX_S
 
 
 def pg_clock_from_datetime(dt: datetime) -> int:

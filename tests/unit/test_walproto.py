@@ -20,6 +20,7 @@ from cdc_outbox.pgwire.walproto import (
     pg_clock_from_datetime,
     pg_clock_now,
     pg_clock_to_datetime,
+    pg_clock_to_unix,
     standby_status_update,
 )
 
@@ -159,3 +160,9 @@ def test_pg_clock() -> None:
 @given(st.integers(min_value=-(10**16), max_value=10**17))
 def test_pg_clock_round_trip(us: int) -> None:
     assert pg_clock_from_datetime(pg_clock_to_datetime(us)) == us
+
+
+@given(st.integers(min_value=-(10**15), max_value=4 * 10**15))  # 1968-2126: µs fit a float
+def test_pg_clock_to_unix_is_the_datetime_s_timestamp(us: int) -> None:
+    assert pg_clock_to_unix(us) == pytest.approx(pg_clock_to_datetime(us).timestamp(), abs=1e-6)
+    assert pg_clock_to_unix(0) == 946_684_800.0
