@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -23,6 +22,7 @@ from benchmarks import (
     relay_bench,
     relay_report,
 )
+from benchmarks.output import write_json
 
 
 def _save(
@@ -32,8 +32,7 @@ def _save(
     write_results: Callable[[dict[str, Any], Path, str], None] | None = None,
 ) -> None:
     """Write ``result`` to ``--json`` and, with ``write_results``, its section to ``--results``."""
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     if write_results is None:
         print(f"wrote {args.json}")
         return

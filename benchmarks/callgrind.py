@@ -5,7 +5,6 @@ callgrind (repeatable whatever the host's load), and the command line of such a 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -13,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.output import write_json
 
 
 def instructions(module: str, what: str, n: int) -> int:
@@ -77,7 +78,6 @@ def main(
         return 2
     result = measure(args.events)
     print(report(result))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(f"wrote {args.json}")
     return 0

@@ -16,7 +16,6 @@ phase per round, in the same run as the relay's phases.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from benchmarks import compare_bench
 from benchmarks.costs import percentile
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
+from benchmarks.output import write_json
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc.replication_stream import ReplicationStream
 from cdc_outbox.config import Settings
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {number + 1}: {phase['transactions']} transactions")
             for leg, q in phase["legs_ms"].items():
                 print(f"  {leg:<16} " + " ".join(f"{k} {v:>6}" for k, v in q.items()))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"seconds": args.seconds, "rounds": rounds}, indent=2) + "\n")
+    write_json(args.json, {"seconds": args.seconds, "rounds": rounds})
     print(f"wrote {args.json}")
     return 0
 

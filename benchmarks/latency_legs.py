@@ -18,7 +18,6 @@ Quantiles p50, p90, p99 and max over the measured transactions, in milliseconds.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from benchmarks import compare_bench
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
+from benchmarks.output import write_json
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc import message_router, replication_stream, txn_handle
 from cdc_outbox.pgwire.walproto import (
@@ -140,10 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {number + 1}: {result['latency_ms']}")
             for name, q in result["legs_ms"].items():
                 print(f"  {name:<12} p50 {q[0]:>6} p90 {q[1]:>6} p99 {q[2]:>6} max {q[3]:>6}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"mark": args.mark, "seconds": args.seconds, "rounds": rounds}, indent=2) + "\n"
-    )
+    write_json(args.json, {"mark": args.mark, "seconds": args.seconds, "rounds": rounds})
     print(f"wrote {args.json}")
     return 0
 

@@ -11,7 +11,6 @@ target.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from benchmarks.costs import percentile
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
+from benchmarks.output import write_json
 from cdc_outbox.kafka.producer_config import producer_config
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 q = {k: round(percentile(ms, p), 2) for k, p in (("p50", 0.5), ("p99", 0.99))}
                 rounds.append({"round": number + 1, args.setting: value, "flush_ms": q})
                 print(f"round {number + 1} {args.setting}={value}: {q}", flush=True)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"batches": args.batches, "rounds": rounds}, indent=2) + "\n")
+    write_json(args.json, {"batches": args.batches, "rounds": rounds})
     print(f"wrote {args.json}")
     return 0
 
