@@ -91,12 +91,14 @@ def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float
     drain = _Drain(stream)
     drain.start()
     try:
-        warm = compare_bench._spec(rate, warmup_s, (TXN_ROWS,)) if warmup_s > 0 else None
-        if warm is not None:
-            compare_bench._run_writers(dsn, warm, columns, None)
+        written = 0
+        if warmup_s > 0:
+            warmup = compare_bench._spec(rate, warmup_s, (TXN_ROWS,))
+            compare_bench._run_writers(dsn, warmup, columns, None)
+            written += warmup.events
         spec = compare_bench._spec(rate, seconds, (TXN_ROWS,))
         compare_bench._run_writers(dsn, spec, columns, None)
-        expected = (spec.events + (warm.events if warm else 0)) // TXN_ROWS
+        expected = (written + spec.events) // TXN_ROWS
         deadline = time.monotonic() + 60
         while len(drain.times) < expected and drain.error is None:
             if time.monotonic() > deadline:
