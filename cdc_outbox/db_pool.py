@@ -21,7 +21,8 @@ time, so ``db_pool_max_size`` (default 4) covers them without waiting.
 Not pooled, on purpose (they need session state or are already one connection per component):
 the leader's advisory-lock connection, the replication stream, the published-marker and
 failed-row connections, the polling relay's connection, and the CLI commands (one connection
-per process run).
+per process run). Those on the relay's path connect through :func:`connect` (or
+:func:`connect_kwargs`), so no connect or dead peer blocks them without a bound.
 """
 
 from __future__ import annotations
@@ -41,7 +42,16 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import DatabaseUnavailable
 from cdc_outbox.redaction import redact_dsn
 
-__all__ = ["BORROW_TIMEOUT_S", "CONNECT_TIMEOUT_S", "close_all", "hold", "pool_kwargs", "pooled"]
+__all__ = [
+    "BORROW_TIMEOUT_S",
+    "CONNECT_TIMEOUT_S",
+    "close_all",
+    "connect",
+    "connect_kwargs",
+    "hold",
+    "pool_kwargs",
+    "pooled",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +86,36 @@ _pools: dict[tuple[str, int], _Pool] = {}
 _holders: dict[tuple[str, int], int] = {}
 
 
+#: libpq keepalives of every connection the relay makes (unless the DSN sets them): a server
+#: that vanished without closing the connection (power loss, partition) is noticed in about
+#: 25 s instead of the kernel's two hours.
+KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
+def connect_kwargs(dsn: str) -> dict[str, Any]:
+    """libpq parameters that bound the blocking calls of a connection on the relay's path:
+    ``connect_timeout`` (:data:`CONNECT_TIMEOUT_S`) and :data:`KEEPALIVES`, each only where the
+    DSN does not set it."""
+    given = conninfo_to_dict(dsn)
+    wanted: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES}
+    return {name: value for name, value in wanted.items() if name not in given}
+
+
+def connect(dsn: str, **kwargs: Any) -> Conn:
+    """``psycopg.connect`` with :func:`connect_kwargs` (a dedicated, non-pooled connection)."""
+    return psycopg.connect(dsn, **connect_kwargs(dsn), **kwargs)
+
+
 def pool_kwargs(settings: Settings) -> dict[str, Any]:
     """The ``ConnectionPool`` arguments for ``settings`` (besides ``open`` and the class)."""
     dsn = settings.postgres_dsn()
     given = conninfo_to_dict(dsn)
-    kwargs: dict[str, Any] = {"autocommit": True}
-    if "connect_timeout" not in given:
-        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    kwargs: dict[str, Any] = {"autocommit": True, **connect_kwargs(dsn)}
     if "application_name" not in given:
         kwargs["application_name"] = APPLICATION_NAME
     return {

@@ -24,8 +24,13 @@ transition before it takes effect:
   status columns) relays by CDC only. With ``delivery = "exactly_once"`` polling stays
   at-least-once (a WARNING line and ``cdc_outbox_delivery_guarantee`` say so).
 
-Contract: :meth:`Service.run` returns after :meth:`Service.request_stop` once the current relay
-has flushed and confirmed; it raises what the relays raise (e.g. RelayHalted).
+Contract: :meth:`Service.run` returns only after :meth:`Service.request_stop`, once the current
+relay has flushed and confirmed; every other end raises its reason (what the relays raise, e.g.
+RelayHalted; :class:`RelayEnded` for a relay that returned although no stop was requested), so
+``cdc-outbox run`` exits non-zero and a supervisor restarts it. A lost leadership is not an end:
+the instance stands by again. The lease follows the main loop: a loop that has not turned for
+``health.loop_stale_s`` stops renewing it (``/healthz`` fails at the same moment), so a standby
+takes over from a hung leader.
 """
 
 from __future__ import annotations
@@ -76,6 +81,13 @@ from cdc_outbox.store.relay_state import NotLeader, Phase
 
 logger = logging.getLogger(__name__)
 
+#: How long the auto-mode fallback waits for the polling thread past the shutdown grace.
+_POLLING_JOIN_MARGIN_S = 30.0
+
+
+class RelayEnded(CdcOutboxError):
+    """A relay's ``run`` returned although no stop was requested (exit 1)."""
+
 
 class Service:
     """The configured relay(s) plus monitoring; ``request_stop`` is signal-handler safe."""
@@ -115,7 +127,9 @@ class Service:
             if not check_before_run(self.settings, self._stop):
                 return
             ensure_state_table(self.settings)
-            leadership = self._leadership = Leadership(self.settings)
+            leadership = self._leadership = Leadership(
+                self.settings, progressing=self._loop_stalled
+            )
             stack.callback(leadership.release)
             while not self._stop.is_set():
                 self.stats.role = "standby"
@@ -125,6 +139,7 @@ class Service:
                 self.stats.role = "leader"
                 try:
                     self._lead(leadership)
+                    self._must_be_stopping("the leader's phase machine")
                     return
                 except NotLeader as exc:
                     logger.error("no longer the leader (%s); standing by", exc)
@@ -151,6 +166,7 @@ class Service:
                 if mode == "polling":
                     self._write_phase(lead, Phase.POLLING)
                     self._run_polling(lead, probe=False)
+                    self._must_be_stopping("the polling relay")
                     return
                 if mode == "cdc":
                     publication_must_fit(settings)
@@ -163,12 +179,13 @@ class Service:
                 relay = self._relay(lead) if reason is None else self._catch_up(lead, reason)
                 logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
                 relay.run()
+                self._must_be_stopping("the CDC relay")
                 return
             except RelayHalted as exc:
                 if self.stats.fatal == str(exc):  # the delivery engine's missing topic
                     raise TopicMissing(str(exc)) from None
                 raise
-            except (NotLeader, PreflightError):
+            except (NotLeader, PreflightError, RelayEnded):
                 raise
             except (CdcOutboxError, psycopg.Error) as exc:
                 raise_if_cannot_heal(exc)
@@ -182,6 +199,20 @@ class Service:
                 if mode == "auto" and (unusable or failures >= 2):
                     fall_back_because = str(exc)
                 self._stop.wait(doubling(failures, 0.5, 30.0))
+
+    def _must_be_stopping(self, what: str) -> None:
+        """Only a stop request ends the service with 0: refuse any other return."""
+        if not self._stop.is_set():
+            raise RelayEnded(f"{what} ended although no stop was requested; exiting with an error")
+
+    def _loop_stalled(self) -> str | None:
+        """Why the lease must not be renewed: the main loop has not turned for
+        ``health.loop_stale_s`` (the rule ``/healthz`` applies)."""
+        idle = time.time() - self.stats.last_loop_unix
+        limit = self.settings.health.loop_stale_s
+        if self.stats.last_loop_unix and idle > limit:
+            return f"the main loop has not turned for {idle:.0f} s (health.loop_stale_s {limit:g})"
+        return None
 
     def _relay(self, lead: Leadership) -> Relay:
         relay = Relay(self.settings, self.stats, is_leader=lead.is_leader)
@@ -301,7 +332,8 @@ class Service:
             except BaseException as exc:
                 errors.append(exc)
 
-        thread = threading.Thread(target=target, name="polling-relay")
+        # A daemon: a thread stuck past its join timeout must not keep the process alive.
+        thread = threading.Thread(target=target, name="polling-relay", daemon=True)
         thread.start()
         next_probe = time.monotonic() + self.settings.cdc_probe_interval_s
         while thread.is_alive() and not self._stop.wait(0.2):
@@ -313,7 +345,10 @@ class Service:
                     logger.info("CDC is usable again; stopping the polling relay")
                     break
         polling.request_stop()
-        thread.join()
+        bound = self.settings.shutdown_grace_s + _POLLING_JOIN_MARGIN_S
+        thread.join(bound)
+        if thread.is_alive():
+            raise RelayEnded(f"the polling relay did not stop within {bound:g} s of being asked")
         if errors:
             raise errors[0]
         if not lead.is_leader():

@@ -34,6 +34,7 @@ from collections import deque
 import psycopg
 from psycopg import sql
 
+from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.store.inspection import ColumnType, id_column_type
@@ -123,7 +124,7 @@ class PublishedMarker:
             try:
                 if self._ids:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
+                        conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
                     if self._statement is None:
                         self._prepare(conn)
                     self._flush(conn)

@@ -23,7 +23,10 @@ Delivery contract (at-least-once, per-aggregate order):
 - Memory is bounded by ``max_in_flight`` unacknowledged events whatever the transaction size:
   past it the relay stops reading the slot and keeps the connection alive with status updates.
 - The relay runs only while ``is_leader()`` holds; otherwise it drops everything unconfirmed
-  and raises :class:`~cdc_outbox.store.relay_state.NotLeader`.
+  and raises :class:`~cdc_outbox.store.relay_state.NotLeader`. A lost leadership is latched
+  where it is first seen: a later ``True`` (a renew that came in late) does not revive it.
+- :meth:`Relay.run` returns only after :meth:`Relay.request_stop`; every other end raises
+  its reason (``RelayHalted``, ``NotLeader``, ``CdcUnavailable``, a permanent error).
 - ``delivery = "exactly_once"``: Kafka transactions, see :mod:`cdc_outbox.cdc.eos`.
 """
 
@@ -34,7 +37,9 @@ import time
 from collections.abc import Callable
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
+from cdc_outbox import db_pool
 from cdc_outbox.backoff import Backoff
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
@@ -50,7 +55,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.delivery.policy import guarantee_in_effect
-from cdc_outbox.errors import CdcOutboxError, RelayHalted
+from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
@@ -71,6 +76,11 @@ class _Restart(Exception):
     """Tear the stream down and re-stream from the confirmed position."""
 
 
+class _Ended(Exception):
+    """The session loop cannot go on (halted, leadership lost): :meth:`Relay.run` raises
+    the reason after closing."""
+
+
 class Relay:
     """Streams one slot into Kafka until :meth:`request_stop`; see the module contract."""
 
@@ -84,7 +94,9 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.stats = stats or RelayStats()
-        self._is_leader = is_leader
+        self._leader_check = is_leader
+        #: Why leadership ended, latched where first seen (a lapsed term cannot come back).
+        self.lost_leadership: str | None = None
         ports = ports or RelayPorts()
         self._stream: ReplicationPort = ports.stream or ReplicationStream(
             settings.postgres_dsn(),
@@ -191,12 +203,16 @@ class Relay:
                     logger.warning("relay restarting in %.1fs: %s", delay, exc, extra=extra)
                     self._teardown(flush_s=0.0 if kafka_side or self.eos else 10.0)
                     self._sleep(delay)
+        except _Ended:
+            pass
         finally:
             self.close()
         if self.delivery.halt_reason is not None:
             raise RelayHalted(self.delivery.halt_reason)
-        if not self._is_leader():
-            raise NotLeader("leadership lost; stopped relaying")
+        if self.lost_leadership is not None:
+            raise NotLeader(f"leadership lost ({self.lost_leadership}); stopped relaying")
+        if not self._stop_requested:  # the loop ends on a stop request only: never silently
+            raise CdcOutboxError("the relay loop ended without a stop request")
 
     def close(self) -> None:
         """Drop the stream and the producer (unacknowledged records are re-sent later)."""
@@ -206,6 +222,15 @@ class Relay:
             logger.warning("%d records were not acknowledged; they will be re-sent", left)
         if self.marker is not None:
             self.marker.stop()
+
+    def _is_leader(self) -> bool:
+        """``is_leader()``, latched: once False in this relay's life, always False."""
+        if self.lost_leadership is not None:
+            return False
+        if self._leader_check():
+            return True
+        self.lost_leadership = "lease not renewed in time"
+        return False
 
     def _start(self) -> None:
         if not self._started and self.marker is not None:
@@ -217,6 +242,12 @@ class Relay:
             exc.permanent or failures >= self.settings.cdc_max_failures
         ):
             raise CdcUnavailable(str(exc)) from exc
+        if exc.permanent and exc.missing_privilege:
+            role = conninfo_to_dict(self.settings.postgres_dsn()).get("user") or "<role>"
+            raise PrivilegeMissing(
+                f"privileges: role '{role}' lacks REPLICATION ({exc}) (fix: as a superuser:"
+                f' ALTER ROLE "{role}" REPLICATION)'
+            ) from exc
         if exc.permanent:
             raise exc
 
@@ -245,8 +276,7 @@ class Relay:
         delivery = self.delivery
         eos = self.eos
         if not self._is_leader():  # never hold the leader's slot, never fence its producer
-            self._stop_requested = True
-            return
+            raise _Ended("leadership lost")
         delivery.new_session()
         history = self._stream.connect()
         if eos is not None:
@@ -280,14 +310,12 @@ class Relay:
             self.stats.beat()
             if delivery.halt_reason is not None:
                 self._finish()
-                self._stop_requested = True
-                return
+                raise _Ended("halted")
             if delivery.restart_reason is not None:
                 raise _Restart(delivery.restart_reason)
             if not self._is_leader():
                 logger.error("leadership lost: dropping the stream without confirming more")
-                self._stop_requested = True
-                return
+                raise _Ended("leadership lost")
             if self._stop_requested:
                 reason = self._interrupted()
                 if tracker.open_txn is None or reason is not None:
@@ -367,7 +395,7 @@ class Relay:
         return not self._ledger.keeps or self._ledger.kept(self._keep(lsn))
 
     def _parked_in_table(self) -> list[tuple[str, str]]:
-        with psycopg.connect(self.settings.postgres_dsn()) as conn:
+        with db_pool.connect(self.settings.postgres_dsn()) as conn:
             return parked_aggregates(conn, self.settings)
 
     def _require_checkpoint(self) -> Checkpointer:

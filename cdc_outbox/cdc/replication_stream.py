@@ -24,6 +24,7 @@ from typing import NoReturn
 from psycopg import conninfo, pq, sql
 
 from cdc_outbox.cdc.history import History, parse_timeline_history
+from cdc_outbox.db_pool import connect_kwargs
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
@@ -40,9 +41,17 @@ class ReplicationError(CdcOutboxError):
     is transient (server restarting, network, slot still held by a dying connection).
     """
 
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
+    def __init__(
+        self, message: str, *, permanent: bool = False, sqlstate: str | None = None
+    ) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.sqlstate = sqlstate
+
+    @property
+    def missing_privilege(self) -> bool:
+        """The role may not replicate (REPLICATION attribute missing or revoked)."""
+        return self.sqlstate == "42501" or any(t in str(self) for t in _NO_REPLICATION_TEXT)
 
 
 #: SQLSTATEs after which streaming cannot work until the server is changed.
@@ -56,8 +65,13 @@ _PERMANENT_SQLSTATES = frozenset(
         "3D000",  # invalid_catalog_name: database missing
     }
 )
-_PERMANENT_CONNECT_TEXT = (
+#: A walsender refused for want of the REPLICATION attribute (15; 16+) at connect.
+_NO_REPLICATION_TEXT = (
     "must be superuser or replication role",
+    "permission denied to start WAL sender",
+)
+_PERMANENT_CONNECT_TEXT = (
+    *_NO_REPLICATION_TEXT,
     "password authentication failed",
     "no pg_hba.conf entry",
     "does not exist",
@@ -94,7 +108,8 @@ class ReplicationStream:
     """One walsender connection streaming one slot. Not thread-safe; one reader at a time."""
 
     def __init__(self, dsn: str, slot: str, publication: str, *, failover: bool = False) -> None:
-        self._dsn = conninfo.make_conninfo(dsn, replication="database")
+        # connect_timeout and keepalives: no connect or dead peer blocks without a bound
+        self._dsn = conninfo.make_conninfo(dsn, replication="database", **connect_kwargs(dsn))
         self._slot = slot
         self._publication = publication
         self._failover = failover
@@ -148,9 +163,13 @@ class ReplicationStream:
         result = conn.exec_(command)
         if result.status != pq.ExecStatus.COPY_BOTH:
             msg = _error_text(conn)
-            permanent = _sqlstate(result) in _PERMANENT_SQLSTATES
+            state = _sqlstate(result)
             conn.finish()
-            raise ReplicationError(f"START_REPLICATION failed: {msg}", permanent=permanent)
+            raise ReplicationError(
+                f"START_REPLICATION failed: {msg}",
+                permanent=state in _PERMANENT_SQLSTATES,
+                sqlstate=state,
+            )
         conn.nonblocking = 1
         self._conn = conn
         self._selector = selectors.DefaultSelector()

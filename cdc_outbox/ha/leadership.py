@@ -9,7 +9,12 @@ Contract:
   lost at once and the connection is closed (which frees the lock).
 - Self-fencing: :meth:`Leadership.is_leader` is False once ``lease/2`` passed (monotonic clock)
   since the start of the last successful renew, so a stopped or partitioned leader stops before
-  a standby may take over (at lease expiry). Callers check it before each side effect.
+  a standby may take over (at lease expiry). Callers check it before each side effect. A lapsed
+  term is over for good: the renew thread ends it (closing the lock connection) instead of
+  renewing, and the renew statement itself refuses an expired lease; only :meth:`acquire`
+  starts a new term.
+- With ``progressing``, the lease follows the caller's main loop: a renew finds it stalled
+  (False) and ends the term, so a standby takes over from a leader whose loop hangs.
 - A standby retries the lock every ``min(0.5, lease/5)`` s. When the holder's lease expired and
   its session did nothing for over half a lease (SIGSTOP, partition), the standby ends that
   session. Once leader, a walsender that started streaming the slot before this leadership is
@@ -25,6 +30,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -80,8 +86,10 @@ _SQL: dict[str, sql.SQL] = {
         " FROM pg_replication_slots r JOIN pg_stat_activity a ON a.pid = r.active_pid"
         " WHERE r.slot_name = %(slot)s AND coalesce(a.query_start, a.backend_start) < %(since)s"
     ),
+    # never revives a lapsed lease: the row must still name us and its lease must not be over
     "renew": sql.SQL(
         "UPDATE {t} SET lease_until = {lease} WHERE slot_name = %(slot)s AND leader_id = %(me)s"
+        " AND lease_until >= now()"
     ),
     "clear": sql.SQL(
         "UPDATE {t} SET leader_id = NULL, leader_pid = NULL, lease_until = NULL"
@@ -99,7 +107,16 @@ class Leadership:
     """Leader election for ``settings.slot_name`` (see the module contract). Thread-safe; one
     thread at a time calls :meth:`acquire`."""
 
-    def __init__(self, settings: Settings, instance_id: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        instance_id: str | None = None,
+        *,
+        progressing: Callable[[], str | None] | None = None,
+    ) -> None:
+        """``progressing()``: None while the leader's main loop turns, else why it is stalled
+        (checked before each renew; a stalled loop ends the term)."""
+        self._progressing = progressing
         self.instance_id = (
             instance_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         )
@@ -210,6 +227,7 @@ class Leadership:
             self._seen_leader = self.instance_id if got else prev_id
             if got:
                 self._leader = True
+                self._fence.reset()  # a new term
                 self._fence.renewed(sent)
         if not got:
             stuck = holder_is_stuck(prev_left, holder_idle, self._lease)
@@ -258,9 +276,16 @@ class Leadership:
                 with self._conn_lock:
                     if stop.is_set() or conn is not self._conn:
                         return
+                    with self._state_lock:
+                        lapsed = not self._fence.valid()
+                    stalled = self._progressing() if self._progressing is not None else None
+                    if lapsed or stalled is not None:
+                        lapse = f"the lease lapsed (no renew for over {self._lease / 2:g} s)"
+                        self._lose(conn, stalled or lapse)
+                        return
                     sent = time.monotonic()
                     if conn.execute(self._sql["renew"], self._args).rowcount != 1:
-                        self._lose(conn, "the state row names another leader")
+                        self._lose(conn, "the state row's lease expired or names another leader")
                         return
                     with self._state_lock:
                         self._fence.renewed(sent)

@@ -68,18 +68,30 @@ def holder_is_stuck(
 
 
 class LeaseClock:
-    """Self-fencing: valid for ``margin_s`` after the start of the last successful renew."""
+    """Self-fencing: valid for ``margin_s`` after the start of the last successful renew.
+
+    Latched: once :meth:`valid` has found the margin passed, the term is over: a renew that
+    completes later (a slow statement, a process that was paused) does not revive it; only
+    :meth:`reset` (a new term) does."""
 
     def __init__(self, margin_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.margin_s = margin_s
         self.clock = clock
         self._renewed: float | None = None
+        self._lapsed = False
 
     def renewed(self, started_at: float) -> None:
-        self._renewed = started_at
+        if not self._lapsed:
+            self._renewed = started_at
 
     def reset(self) -> None:
         self._renewed = None
+        self._lapsed = False
 
     def valid(self) -> bool:
-        return self._renewed is not None and self.clock() - self._renewed <= self.margin_s
+        if self._lapsed or self._renewed is None:
+            return False
+        if self.clock() - self._renewed <= self.margin_s:
+            return True
+        self._lapsed = True
+        return False

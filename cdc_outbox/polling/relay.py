@@ -42,6 +42,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_outbox import db_pool
 from cdc_outbox.backoff import Backoff
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
@@ -354,7 +355,7 @@ class PollingRelay:
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.settings.postgres_dsn(), autocommit=True)
+            self._conn = db_pool.connect(self.settings.postgres_dsn(), autocommit=True)
         return self._conn
 
     def _close_connection(self) -> None:

@@ -176,6 +176,12 @@ class FakeStream:
         self._session = server
         self.starts: list[int] = []
         self.slot_confirmed = 0
+        self._refusal: str | None = None
+
+    def refuse_connect(self, message: str) -> None:
+        """From now on the server refuses the connection for good (e.g. REPLICATION revoked):
+        ``connect`` raises a permanent :class:`ReplicationError` with ``message``."""
+        self._refusal = message
 
     def kill(self) -> None:
         """The server ends this stream: the next read raises."""
@@ -192,6 +198,8 @@ class FakeStream:
         self.close()
         if self.server.down:
             raise ReplicationError("replication connection failed: server down")
+        if self._refusal is not None:
+            raise ReplicationError(self._refusal, permanent=True)
         self._connected = True
         self._session = self.server  # a connection is to one server
         return self._session.history()

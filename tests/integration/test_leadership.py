@@ -209,9 +209,11 @@ def test_sigstopped_leader_is_replaced_and_fences_itself(pg_dsn: str) -> None:
         child.close()
 
 
-def test_short_stop_fences_by_the_clock_before_any_renew(pg_dsn: str) -> None:
-    # Stopped for longer than the margin (lease/2) but less than a lease: no takeover, yet the
-    # old leader must report False on waking, before its renew thread runs again.
+def test_short_stop_fences_by_the_clock_and_ends_the_term(pg_dsn: str) -> None:
+    # Stopped for longer than the margin (lease/2) but less than a lease: the old leader must
+    # report False on waking, before its renew thread runs again, and stay False (issue 37,
+    # item 0: a lapsed term never comes back); its renew thread ends the term instead of
+    # renewing, which frees the lock: the standby takes over at once, not a lease later.
     settings = _settings(pg_dsn)
     child = Child(settings)
     try:
@@ -219,18 +221,44 @@ def test_short_stop_fences_by_the_clock_before_any_renew(pg_dsn: str) -> None:
             time.sleep(1.0)
             child.signal(signal.SIGSTOP)
             time.sleep(settings.leader_lease_s / 2 + 1)
+            assert not won
             t_cont = time.monotonic()
             child.signal(signal.SIGCONT)
+            wait_until(lambda: won, 5.0, message="the lapsed leader kept its lock")
             wait_until(lambda: child.states_after(t_cont + 1.5), 5.0)
             after = child.states_after(t_cont)
             assert after[0][1] == 0, after[:5]
-            back = next(ts for ts, v in after if v == 1)  # the renew succeeded: still leader
-            print(f"\nshort stop: False on waking, leader again {back - t_cont:.3f} s later")
-            assert back - t_cont < 0.5
-            assert not won and not lead.is_leader()
+            assert all(v == 0 for _, v in after), [p for p in after if p[1]][:5]
+            print(f"\nshort stop: the standby led {won[0] - t_cont:.3f} s after SIGCONT")
+            assert lead.is_leader() and _row(pg_dsn, settings).leader_id == "standby"
     finally:
         child.signal(signal.SIGCONT)
         child.close()
+
+
+def test_a_renew_late_past_the_margin_ends_the_term_for_good(pg_dsn: str) -> None:
+    # Any renew slower than lease/2 (a slow statement, a row lock, a paused thread) lapses the
+    # term. Before issue 37 the late renew brought is_leader() back to True.
+    settings = _settings(pg_dsn, lease=2.0)
+    a = Leadership(settings, "a")
+    assert a.acquire(threading.Event())
+    try:
+        with a._conn_lock:  # the renew thread waits here, as behind a slow statement
+            wait_until(lambda: not a.is_leader(), 3.0, message="no self-fencing after lease/2")
+        t = time.monotonic()
+        while time.monotonic() - t < 2 * settings.leader_lease_s:  # several renew periods
+            assert not a.is_leader(), "a lapsed term came back"
+            time.sleep(0.01)
+        assert a._conn is None, "the lapsed term's lock connection is still open"
+        b = Leadership(settings, "b")
+        try:
+            assert b.acquire(threading.Event()) and b.is_leader()
+        finally:
+            b.release()
+        assert a.acquire(threading.Event())  # a new term is a new acquire
+        assert a.is_leader()
+    finally:
+        a.release()
 
 
 def test_leader_whose_backend_is_terminated_steps_down(pg_dsn: str) -> None:

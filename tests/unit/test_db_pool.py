@@ -22,6 +22,7 @@ def test_pool_parameters_default() -> None:
     assert kw["kwargs"] == {
         "autocommit": True,
         "connect_timeout": db_pool.CONNECT_TIMEOUT_S,
+        **db_pool.KEEPALIVES,
         "application_name": "cdc-outbox",
     }
     assert (kw["min_size"], kw["max_size"]) == (1, 4)
@@ -31,10 +32,16 @@ def test_pool_parameters_default() -> None:
 
 def test_dsn_wins_and_size_is_configurable() -> None:
     settings = _settings(
-        "host=db dbname=shop application_name=mine connect_timeout=3", db_pool_max_size=2
+        "host=db dbname=shop application_name=mine connect_timeout=3 keepalives_idle=30",
+        db_pool_max_size=2,
     )
     kw = db_pool.pool_kwargs(settings)
-    assert kw["kwargs"] == {"autocommit": True}
+    assert kw["kwargs"] == {
+        "autocommit": True,
+        "keepalives": 1,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }
     assert kw["max_size"] == 2
 
 
@@ -50,6 +57,10 @@ def test_constructed_pool_carries_the_parameters() -> None:
     assert pool.kwargs == {
         "autocommit": True,
         "connect_timeout": 10,
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
         "application_name": "cdc-outbox",
     }
     assert pool.closed
@@ -84,3 +95,16 @@ def test_hold_closes_the_pool_when_the_last_holder_leaves() -> None:
         assert not pool.closed
     assert pool.closed
     assert db_pool._key(settings) not in db_pool._pools
+
+
+def test_connect_kwargs_bound_every_connection_on_the_relay_path() -> None:
+    assert db_pool.connect_kwargs("host=db") == {
+        "connect_timeout": db_pool.CONNECT_TIMEOUT_S,
+        **db_pool.KEEPALIVES,
+    }
+    given = "host=db connect_timeout=3 keepalives=0"
+    assert db_pool.connect_kwargs(given) == {
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }

@@ -61,17 +61,32 @@ def test_lease_clock_self_fences_after_the_margin() -> None:
     clock = LeaseClock(2.5, clock=lambda: now[0])
     assert not clock.valid()  # never renewed
     clock.renewed(100.0)
-    now[0] = 102.5
+    now[0] = 102.0
     assert clock.valid()
-    now[0] = 102.51  # e.g. the process was stopped: invalid before any renew runs again
-    assert not clock.valid()
-    clock.renewed(102.0)  # a renew that *started* at 102.0 counts from then, not from its end
+    clock.renewed(101.9)  # a renew that *started* at 101.9 counts from then, not from its end
+    now[0] = 104.4
     assert clock.valid()
-    now[0] = 104.6
+    now[0] = 104.41  # e.g. the process was stopped: invalid before any renew runs again
     assert not clock.valid()
-    clock.renewed(104.6)
     clock.reset()
     assert not clock.valid()
+
+
+def test_a_lapsed_lease_clock_stays_lapsed_until_a_new_term() -> None:
+    # Issue 37, item 0: a renew that completes after the lapse was seen (it started in time, or
+    # the renew thread ran late) must not revive the term: whoever saw False has acted on it.
+    now = [100.0]
+    clock = LeaseClock(2.5, clock=lambda: now[0])
+    clock.renewed(100.0)
+    now[0] = 102.51
+    assert not clock.valid()
+    clock.renewed(102.0)
+    assert not clock.valid()
+    clock.renewed(102.51)
+    assert not clock.valid()
+    clock.reset()  # acquire: a new term
+    clock.renewed(102.51)
+    assert clock.valid()
 
 
 def test_new_instance_is_standby_without_io() -> None:
