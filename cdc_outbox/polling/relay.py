@@ -15,10 +15,11 @@ Contract (at-least-once, per-aggregate order):
   rows of that aggregate are parked (dead-lettered ``blocked_by <id>``, FAILED) until
   ``cdc-outbox redrive``. Aggregates with a FAILED row are parked from the table at each
   claim. With ``on_permanent_error = "halt"`` the relay stops instead. A retried failure
-  (not authorised, broker trouble) re-queues the row after a backoff
-  (:func:`~cdc_outbox.polling.outcomes.backoff_delay`) without using an attempt; the later
-  rows of its aggregate are not sent before it, whatever their topic
-  (:mod:`~cdc_outbox.polling.waves`). While the broker is down rows stay PROCESSING (lease renewed).
+  (not authorised, broker trouble) re-queues the row after a backoff that doubles per retry
+  of that row, from ``backoff_base_s`` up to ``backoff_max_s``
+  (:mod:`~cdc_outbox.polling.outcomes`), without using an attempt; the later rows of its
+  aggregate are not sent before it, whatever their topic (:mod:`~cdc_outbox.polling.waves`).
+  While the broker is down rows stay PROCESSING (lease renewed).
 - Crash: a dead worker's rows stay PROCESSING until the lease (``lease_s`` after the last
   renewal) expires; every worker sweeps such rows back to PENDING about every ``lease_s / 2``
   (one attempt counted, so a row that keeps killing workers ends FAILED at ``max_attempts``).
@@ -50,7 +51,7 @@ from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.polling import sql as polling_sql
-from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, outcome_params
+from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, outcome_params
 from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
@@ -140,6 +141,7 @@ class PollingRelay:
         self._unmarked: list[_Row] = []
         self._next_sweep = 0.0
         self._rng = random.Random()
+        self._retries = RetryCounts()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -357,10 +359,13 @@ class PollingRelay:
                 )
                 marked = cur.rowcount
             if others:
+                polling = self.settings.polling
+                failures = self._retries.failures(others)
                 conn.execute(
                     self._sql.mark_outcomes,
-                    outcome_params(others, self.settings.polling, self.worker_id, self._rng),
+                    outcome_params(others, polling, self.worker_id, self._rng, failures),
                 )
+        self._retries.settle(rows)
         self._unmarked = []
         if marked < len(published):
             logger.warning("lease lost for %d published rows", len(published) - marked)

@@ -3,7 +3,10 @@ checks) and one batch published into the in-memory Kafka of tests/fakes."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, backoff_delay
+from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, backoff_delay
 from cdc_outbox.polling.relay import PollingRelay, _Row
 from cdc_outbox.polling.sql import advisory_namespace, build, gap_free
 from tests.fakes.kafka import FakeCluster
@@ -165,3 +168,52 @@ def test_rows_of_one_aggregate_on_several_topics_all_go_when_nothing_fails() -> 
     sent = [(r.topic, r.key, r.value) for r in cluster.read_committed("ev.")]
     a_values = [v for _t, k, v in sent if k == b"a"]
     assert a_values == [b'{"n": 0}', b'{"n": 1}', b'{"n": 3}', b'{"n": 4}']  # in row order
+
+
+class _Conn:
+    """What ``PollingRelay._write_outcomes`` uses of a connection: records each statement's
+    parameters."""
+
+    def __init__(self) -> None:
+        self.params: list[dict[str, Any]] = []
+
+    def transaction(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def execute(self, statement: object, params: dict[str, Any]) -> SimpleNamespace:
+        self.params.append(params)
+        return SimpleNamespace(rowcount=len(params["ids"]))
+
+
+def _given_back(relay: PollingRelay, conn: _Conn, outcome: str) -> float | None:
+    """Row ``id-0`` claimed again and settled with ``outcome``: the delay written for it."""
+    (row,) = _rows(relay, [("a", "Created")])
+    row.outcome, row.error = outcome, "not authorised"
+    conn.params.clear()
+    relay._write_outcomes(conn, [row])  # type: ignore[arg-type]
+    delays = [p["delays"][0] for p in conn.params if "delays" in p]
+    return delays[0] if delays else None
+
+
+def test_a_row_retried_again_and_again_backs_off_up_to_backoff_max_s() -> None:
+    """Issue 35: every retry of a row waited ``backoff_base_s`` (the first failure's delay),
+    whatever ``backoff_max_s`` said. The delay doubles per retry of the same row, up to the
+    cap (jitter pinned at its top), and starts over once the row is published."""
+    relay = PollingRelay(_settings(polling={"backoff_base_s": 1.0, "backoff_max_s": 5.0}))
+    relay._rng = SimpleNamespace(random=lambda: 1.0 - 1e-12)  # type: ignore[assignment]
+    conn = _Conn()
+    delays = [_given_back(relay, conn, RETRY) for _ in range(6)]
+    assert delays == pytest.approx([1.0, 2.0, 4.0, 5.0, 5.0, 5.0])
+    assert _given_back(relay, conn, BACK) is None  # given back unsent: no delay, no count
+    assert _given_back(relay, conn, RETRY) == pytest.approx(5.0)
+    assert _given_back(relay, conn, OK) is None
+    assert _given_back(relay, conn, RETRY) == pytest.approx(1.0)  # published: starts over
+
+
+def test_retry_counts_forget_the_oldest_row_past_their_limit() -> None:
+    counts = RetryCounts(limit=2)
+    rows = [SimpleNamespace(id=i, outcome=RETRY, error=None) for i in range(3)]
+    counts.settle(rows[:2])
+    counts.settle(rows[:1])  # row 0 retried again: now the newest
+    counts.settle(rows[2:])
+    assert counts.failures(rows) == {0: 3, 1: 1, 2: 2}  # row 1 was forgotten
