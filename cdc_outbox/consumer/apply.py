@@ -18,8 +18,10 @@
   serialization failure) is attributed to the record that caused it.
 
 Errors: :class:`HandlerFailed` (the fast path's handler of record ``index`` raised),
-:class:`CommitFailed` (the fast path's COMMIT failed, the server rolled it back), and
-:data:`INFRA_ERRORS` for trouble that is not the records' fault (retried, never dead-letters).
+:class:`CommitFailed` (the fast path's COMMIT failed, the server rolled it back),
+:data:`INFRA_ERRORS` for trouble that is not the records' fault (retried, never dead-letters),
+and :class:`HandlerAborted` (the handler raised a ``BaseException`` such as ``SystemExit``:
+rolled back, never retried, the consumer stops; ``KeyboardInterrupt`` is re-raised as is).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.event_types import DecodeUnavailable, Event
 from cdc_outbox.consumer.metrics import PROCESSED, ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings
+from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
 from cdc_outbox.store.processed_events import ConsumerStore
 from cdc_outbox.tracing import handler_span, handler_span_wanted, tracer_provider_set
@@ -52,6 +55,7 @@ __all__ = [
     "PROCESSED",
     "Applier",
     "CommitFailed",
+    "HandlerAborted",
     "HandlerFailed",
     "Item",
     "Outcome",
@@ -82,6 +86,24 @@ class CommitFailed(Exception):
     def __init__(self, count: int) -> None:
         super().__init__(count)
         self.count = count
+
+
+class HandlerAborted(CdcOutboxError):
+    """The handler raised a ``BaseException`` that is not an ``Exception`` nor a stop request
+    (``KeyboardInterrupt``, re-raised as is), e.g. ``SystemExit``: the consumer stops (exit
+    code 1), its transaction rolled back, the event's offset not stored."""
+
+    def __init__(self, exc: BaseException, event: Event) -> None:
+        super().__init__(
+            f"consumer: the handler raised {exc!r} on {event.topic}[{event.partition}]"
+            f"@{event.offset} (event {event.event_id}); stopped without committing that"
+            " event (the next run reads it again)"
+        )
+
+
+def _aborted(exc: BaseException, event: Event) -> BaseException:
+    """What a handler's ``BaseException`` (not an ``Exception``) is re-raised as."""
+    return exc if isinstance(exc, KeyboardInterrupt) else HandlerAborted(exc, event)
 
 
 class ConnectionLost(psycopg.OperationalError):
@@ -151,6 +173,8 @@ class Applier:
                                 if isinstance(exc, INFRA_ERRORS) and conn.broken:
                                     raise
                                 raise HandlerFailed(index) from exc
+                            except BaseException as exc:
+                                raise _aborted(exc, event) from exc
                             outcomes.append(PROCESSED)
                             continue
                         outcomes.append(
@@ -195,6 +219,8 @@ class Applier:
             if isinstance(exc, INFRA_ERRORS) and conn.broken:
                 raise
             raise HandlerFailed(index) from exc
+        except BaseException as exc:
+            raise _aborted(exc, event) from exc
         return PROCESSED
 
     def _handle(self, conn: psycopg.Connection[Any], event: Event) -> None:
@@ -259,6 +285,8 @@ class Applier:
                     if isinstance(exc, INFRA_ERRORS) and conn.broken:
                         raise
                     raise HandlerFailed(0) from exc
+                except BaseException as exc:
+                    raise _aborted(exc, event) from exc
                 outcome = "processed", ""
         except BaseException:
             _rollback(conn)

@@ -35,6 +35,10 @@ lost connection loses its open transaction: the events handled in it are handled
 
 :meth:`request_stop` (SIGTERM) ends the loop after the current record (an unfinished retry is
 abandoned): what is done is committed, offsets are committed, the group is left.
+A handler raising a ``BaseException`` that is not an ``Exception`` (``SystemExit``...) ends
+:meth:`~IdempotentConsumer.run` with :class:`~cdc_outbox.consumer.apply.HandlerAborted`
+(``KeyboardInterrupt`` as is): its transaction rolled back, its offset not stored, what was
+finished before it committed.
 """
 
 from __future__ import annotations
