@@ -26,3 +26,11 @@ def count_but_fail_poison(conn: psycopg.Connection[Any], event: Event) -> None:
 
 def noop(conn: psycopg.Connection[Any], event: Event) -> None:
     """Does nothing (throughput baseline)."""
+
+
+def count_but_exit(conn: psycopg.Connection[Any], event: Event) -> None:
+    """Like :func:`count`, but an event with ``"exit": true`` raises ``SystemExit(0)`` (what
+    ``sys.exit()`` in a handler does)."""
+    if event.payload.get("exit"):
+        raise SystemExit(0)
+    count(conn, event)

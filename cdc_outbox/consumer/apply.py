@@ -12,14 +12,16 @@
   connection's socket is checked (no round trip): a connection the server closed stops the
   batch instead of running the rest of its handlers in a transaction that cannot commit.
 * :meth:`Applier.one`: one record in a transaction of its own, retried with doubling backoff
-  up to ``max_attempts`` when its handler or its COMMIT fails, then dead-lettered and its key
-  parked. Used only for records the fast path could not finish (see
-  :mod:`cdc_outbox.consumer.loop`), so an error raised at COMMIT (a deferred constraint, a
-  serialization failure) is attributed to the record that caused it.
+  when its handler or its COMMIT fails, up to ``max_attempts`` attempts counting the one its
+  batch made, then dead-lettered and its key parked. Used only for records the fast path
+  could not finish (see :mod:`cdc_outbox.consumer.loop`), so an error raised at COMMIT (a
+  deferred constraint, a serialization failure) is attributed to the record that caused it.
 
 Errors: :class:`HandlerFailed` (the fast path's handler of record ``index`` raised),
-:class:`CommitFailed` (the fast path's COMMIT failed, the server rolled it back), and
-:data:`INFRA_ERRORS` for trouble that is not the records' fault (retried, never dead-letters).
+:class:`CommitFailed` (the fast path's COMMIT failed, the server rolled it back),
+:data:`INFRA_ERRORS` for trouble that is not the records' fault (retried, never dead-letters),
+and :class:`HandlerAborted` (the handler raised a ``BaseException`` such as ``SystemExit``:
+rolled back, never retried, the consumer stops; ``KeyboardInterrupt`` is re-raised as is).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.event_types import DecodeUnavailable, Event
 from cdc_outbox.consumer.metrics import PROCESSED, ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings
+from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
 from cdc_outbox.store.processed_events import ConsumerStore
 from cdc_outbox.tracing import handler_span, handler_span_wanted, tracer_provider_set
@@ -52,6 +55,7 @@ __all__ = [
     "PROCESSED",
     "Applier",
     "CommitFailed",
+    "HandlerAborted",
     "HandlerFailed",
     "Item",
     "Outcome",
@@ -82,6 +86,24 @@ class CommitFailed(Exception):
     def __init__(self, count: int) -> None:
         super().__init__(count)
         self.count = count
+
+
+class HandlerAborted(CdcOutboxError):
+    """The handler raised a ``BaseException`` that is not an ``Exception`` nor a stop request
+    (``KeyboardInterrupt``, re-raised as is), e.g. ``SystemExit``: the consumer stops (exit
+    code 1), its transaction rolled back, the event's offset not stored."""
+
+    def __init__(self, exc: BaseException, event: Event) -> None:
+        super().__init__(
+            f"consumer: the handler raised {exc!r} on {event.topic}[{event.partition}]"
+            f"@{event.offset} (event {event.event_id}); stopped without committing that"
+            " event (the next run reads it again)"
+        )
+
+
+def _aborted(exc: BaseException, event: Event) -> BaseException:
+    """What a handler's ``BaseException`` (not an ``Exception``) is re-raised as."""
+    return exc if isinstance(exc, KeyboardInterrupt) else HandlerAborted(exc, event)
 
 
 class ConnectionLost(psycopg.OperationalError):
@@ -151,6 +173,8 @@ class Applier:
                                 if isinstance(exc, INFRA_ERRORS) and conn.broken:
                                     raise
                                 raise HandlerFailed(index) from exc
+                            except BaseException as exc:
+                                raise _aborted(exc, event) from exc
                             outcomes.append(PROCESSED)
                             continue
                         outcomes.append(
@@ -195,6 +219,8 @@ class Applier:
             if isinstance(exc, INFRA_ERRORS) and conn.broken:
                 raise
             raise HandlerFailed(index) from exc
+        except BaseException as exc:
+            raise _aborted(exc, event) from exc
         return PROCESSED
 
     def _handle(self, conn: psycopg.Connection[Any], event: Event) -> None:
@@ -216,24 +242,24 @@ class Applier:
             self.handler(conn, event)
 
     # -- the slow path ---------------------------------------------------------------------
-    def one(self, item: Item) -> tuple[Outcome, bool] | None:
-        """Finish ``item`` in transactions of its own: (its outcome, whether an attempt
-        failed); None when stopping first (an unfinished retry is abandoned).
+    def one(
+        self, item: Item, *, tried: int = 0, failure: HandlerFailed | CommitFailed | None = None
+    ) -> tuple[Outcome, bool] | None:
+        """Finish ``item`` in transactions of its own: (its outcome, whether an attempt made
+        here failed); None when stopping first (an unfinished retry is abandoned). ``tried``:
+        its attempts already made in a batch, ``failure`` the last one's error when it was
+        this record's (the backoff after it is then waited here first). At most
+        ``max_attempts`` attempts in all, ``doubling`` backoff after each failed one.
         Raises :data:`INFRA_ERRORS`."""
         record, event = item
         if isinstance(event, str):
             return self._give_up_alone(record, None, event), True
         s = self.settings
-        attempt = 0
+        attempt = tried
         while True:
-            try:
-                with self.pool.connection() as conn:
-                    outcome = self._attempt(conn, record, event)
-                return outcome, attempt > 0
-            except (HandlerFailed, CommitFailed) as exc:
-                attempt += 1
-                cause = exc.__cause__
-                what = "handler" if isinstance(exc, HandlerFailed) else "commit"
+            if failure is not None:
+                cause = failure.__cause__
+                what = "handler" if isinstance(failure, HandlerFailed) else "commit"
                 why = (f"{what} failed after {attempt} attempt(s):"
                        f" {type(cause).__name__}: {cause}")  # fmt: skip
                 extra = {"event_id": event.event_id}
@@ -244,6 +270,13 @@ class Applier:
                 logger.warning("%s; retrying", why, extra=extra)
                 if self.stop.wait(doubling(attempt, s.retry_backoff_s, s.retry_backoff_max_s)):
                     return None
+            try:
+                with self.pool.connection() as conn:
+                    outcome = self._attempt(conn, record, event)
+                return outcome, attempt > tried
+            except (HandlerFailed, CommitFailed) as exc:
+                attempt += 1
+                failure = exc
 
     def _attempt(self, conn: psycopg.Connection[Any], record: RawRecord, event: Event) -> Outcome:
         self._tracing = tracer_provider_set()
@@ -259,6 +292,8 @@ class Applier:
                     if isinstance(exc, INFRA_ERRORS) and conn.broken:
                         raise
                     raise HandlerFailed(0) from exc
+                except BaseException as exc:
+                    raise _aborted(exc, event) from exc
                 outcome = "processed", ""
         except BaseException:
             _rollback(conn)

@@ -16,13 +16,16 @@ otherwise ``handler(conn, event)`` runs. Then COMMIT.
 
 When a handler raises there, the transaction is rolled back; the records before it are redone
 on the fast path, and that record on the slow path (:meth:`~cdc_outbox.consumer.apply.Applier.one`:
-a transaction of its own, retried with doubling backoff up to ``max_attempts``, then the record
+a transaction of its own, retried with doubling backoff, ``max_attempts`` handler calls in all
+counting the batch's: ``retry_backoff_s`` after the batch's, twice that after the next, up to
+``retry_backoff_max_s``; then the record
 goes to ``dead_letter_topic`` with headers ``cdc_outbox.error`` = reason,
 ``cdc_outbox.consumer``, ``cdc_outbox.original_topic`` / ``_partition`` / ``_offset``, its
 ``processed_events`` row is written and its key parked in ``consumer_parked_keys``). When the
 COMMIT fails (a deferred constraint, a serialization failure), the batch's records are redone
-one transaction each until the one whose COMMIT fails has been retried and finished the same
-way; then the fast path goes on. A record without a valid ``id`` header or with an undecodable
+one transaction each, after ``retry_backoff_s``, until the one whose COMMIT fails has been
+retried and finished the same way (the batch's COMMIT counted as its first attempt); then the
+fast path goes on. A record without a valid ``id`` header or with an undecodable
 value is dead-lettered at once. A dead letter is acknowledged by Kafka before the transaction
 recording it commits (a crash in between re-sends it: dead letters are at-least-once).
 
@@ -35,6 +38,10 @@ lost connection loses its open transaction: the events handled in it are handled
 
 :meth:`request_stop` (SIGTERM) ends the loop after the current record (an unfinished retry is
 abandoned): what is done is committed, offsets are committed, the group is left.
+A handler raising a ``BaseException`` that is not an ``Exception`` (``SystemExit``...) ends
+:meth:`~IdempotentConsumer.run` with :class:`~cdc_outbox.consumer.apply.HandlerAborted`
+(``KeyboardInterrupt`` as is): its transaction rolled back, its offset not stored, what was
+finished before it committed.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.apply import INFRA_ERRORS, Applier, CommitFailed, HandlerFailed, Item
 from cdc_outbox.consumer.event_types import BadRecord, DecodeUnavailable, Event, ValueDecoder
 from cdc_outbox.consumer.events import decoder_for, event_of
@@ -154,7 +162,9 @@ class IdempotentConsumer:
         items: list[Item] = []  # items[i] is records[i], decoded
         pos = 0
         suspect: int | None = None  # its handler raised on the fast path: goes alone
+        failure: HandlerFailed | None = None  # the suspect's (its first attempt)
         alone_until = 0  # a COMMIT failed: records before this index go one by one
+        s = self.settings
         while pos < len(records) and not self._stop.is_set():
             if len(items) == pos:
                 try:
@@ -165,7 +175,10 @@ class IdempotentConsumer:
                         continue
             try:
                 if pos == suspect or pos < alone_until:
-                    result = applier.one(items[pos])
+                    if pos == suspect:  # the batch made its first attempt
+                        result = applier.one(items[pos], tried=1, failure=failure)
+                    else:  # the batch's COMMIT was its first attempt (waited for below)
+                        result = applier.one(items[pos], tried=1)
                     if result is None:
                         return
                     outcomes, trouble = [result[0]], None
@@ -175,12 +188,14 @@ class IdempotentConsumer:
                     end = len(items) if suspect is None else suspect
                     outcomes, trouble = applier.fast(items[pos:end])
             except HandlerFailed as exc:
-                suspect = pos + exc.index
+                suspect, failure = pos + exc.index, exc
                 continue
             except CommitFailed as exc:
                 logger.warning("consumer: COMMIT failed: %s; redoing %d record(s) one by one",
                                exc.__cause__, exc.count)  # fmt: skip
                 alone_until = pos + exc.count
+                self.metrics.retried()
+                self._stop.wait(doubling(1, s.retry_backoff_s, s.retry_backoff_max_s))
                 continue
             except INFRA_ERRORS as exc:
                 self._trouble(exc, records[pos])

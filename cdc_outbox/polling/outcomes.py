@@ -1,16 +1,32 @@
 """What becomes of a claimed row: the outcome names, the retry backoff, and the parameters
-with which :mod:`cdc_outbox.polling.sql`'s ``mark_outcomes`` writes rows given back. Pure."""
+with which :mod:`cdc_outbox.polling.sql`'s ``mark_outcomes`` writes rows given back. Pure.
+
+A retried row waits :func:`backoff_delay` of its failures in a row: :class:`RetryCounts`
+counts them per row id, in the worker's memory (a retry does not use one of the row's
+``attempts``, which count expired leases). A row published or dead-lettered is forgotten;
+one given back unsent keeps its count. A row another worker claims next (or after a restart)
+starts again at ``backoff_base_s``.
+"""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cdc_outbox.backoff import doubling
 from cdc_outbox.config_models import PollingSettings
 
-__all__ = ["BACK", "DEAD", "OK", "RETRY", "GivenBack", "backoff_delay", "outcome_params"]
+__all__ = [
+    "BACK",
+    "DEAD",
+    "OK",
+    "RETRY",
+    "GivenBack",
+    "RetryCounts",
+    "backoff_delay",
+    "outcome_params",
+]
 
 #: Row outcomes: acknowledged, dead-lettered (already FAILED), retried, given back unsent.
 OK, DEAD, RETRY, BACK = "ok", "dead", "retry", "back"
@@ -30,15 +46,48 @@ def backoff_delay(failures: int, base: float, cap: float, rand: float) -> float:
     return doubling(failures, base, cap) * (0.5 + 0.5 * rand)
 
 
+class RetryCounts:
+    """Per row id, the retried failures in a row this worker wrote (at most ``limit`` rows
+    remembered, the oldest forgotten first)."""
+
+    __slots__ = ("_counts", "_limit")
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._counts: dict[Any, int] = {}
+        self._limit = limit
+
+    def failures(self, rows: Sequence[GivenBack]) -> dict[Any, int]:
+        """The failures in a row of each retried row in ``rows``, this one included."""
+        return {r.id: self._counts.get(r.id, 0) + 1 for r in rows if r.outcome == RETRY}
+
+    def settle(self, rows: Sequence[GivenBack]) -> None:
+        """``rows``' outcomes are written: count the retried, forget the published and
+        dead-lettered."""
+        counts = self._counts
+        for r in rows:
+            if r.outcome == RETRY:
+                counts[r.id] = counts.pop(r.id, 0) + 1  # re-inserted: now the newest
+            elif r.outcome in (OK, DEAD):
+                counts.pop(r.id, None)
+        while len(counts) > self._limit:
+            del counts[next(iter(counts))]
+
+
 def outcome_params(
-    rows: Sequence[GivenBack], polling: PollingSettings, worker_id: str, rng: random.Random
+    rows: Sequence[GivenBack],
+    polling: PollingSettings,
+    worker_id: str,
+    rng: random.Random,
+    failures: Mapping[Any, int] | None = None,
 ) -> dict[str, Any]:
-    """Parameters of ``mark_outcomes``: backoff and error per row given back."""
+    """Parameters of ``mark_outcomes``: backoff and error per row given back; a retried row
+    waits the delay of its ``failures`` in a row (default 1)."""
     delays: list[float | None] = []
     for r in rows:
         delay = None
         if r.outcome == RETRY:
-            delay = backoff_delay(1, polling.backoff_base_s, polling.backoff_max_s, rng.random())
+            n = failures.get(r.id, 1) if failures is not None else 1
+            delay = backoff_delay(n, polling.backoff_base_s, polling.backoff_max_s, rng.random())
         delays.append(delay)
     return {
         "ids": [r.id for r in rows],

@@ -15,9 +15,11 @@ Contract (at-least-once, per-aggregate order):
   rows of that aggregate are parked (dead-lettered ``blocked_by <id>``, FAILED) until
   ``cdc-outbox redrive``. Aggregates with a FAILED row are parked from the table at each
   claim. With ``on_permanent_error = "halt"`` the relay stops instead. A retried failure
-  (topic missing, not authorised, broker trouble) re-queues the row after a backoff
-  (:func:`~cdc_outbox.polling.outcomes.backoff_delay`) without using an attempt. While the
-  broker is down rows stay PROCESSING (lease renewed).
+  (not authorised, broker trouble) re-queues the row after a backoff that doubles per retry
+  of that row, from ``backoff_base_s`` up to ``backoff_max_s``
+  (:mod:`~cdc_outbox.polling.outcomes`), without using an attempt; the later rows of its
+  aggregate are not sent before it, whatever their topic (:mod:`~cdc_outbox.polling.waves`).
+  While the broker is down rows stay PROCESSING (lease renewed).
 - Crash: a dead worker's rows stay PROCESSING until the lease (``lease_s`` after the last
   renewal) expires; every worker sweeps such rows back to PENDING about every ``lease_s / 2``
   (one attempt counted, so a row that keeps killing workers ends FAILED at ``max_attempts``).
@@ -50,7 +52,9 @@ from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.polling import sql as polling_sql
-from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, outcome_params
+from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, outcome_params
+from cdc_outbox.polling.waves import held_back, next_wave
+from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store.relay_state import NotLeader
 
@@ -138,6 +142,7 @@ class PollingRelay:
         self._unmarked: list[_Row] = []
         self._next_sweep = 0.0
         self._rng = random.Random()
+        self._retries = RetryCounts()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -256,19 +261,32 @@ class PollingRelay:
     # -- publish -----------------------------------------------------------------------------
 
     def _publish(self, rows: list[_Row]) -> None:
-        """Submit the rows in order and wait for every outcome (or the shutdown grace)."""
+        """Submit the rows in order, in waves (:mod:`cdc_outbox.polling.waves`: no row goes
+        before an earlier row of its aggregate on another topic is published), and wait for
+        every outcome (or the shutdown grace); rows not sent are given back."""
         delivery = self._require_delivery()
-        self._outstanding = len(rows)
+        items: list[tuple[_Row, str | None]] = []
+        results: dict[int, OutboxRecord | DeadLetter] = {}
+        for row in rows:
+            values = [row.id_text, row.agg_type, row.aggregate_id, row.event_type, row.payload]
+            if self._with_headers:
+                values.append(row.headers)
+            if self._with_tracing:
+                values.append(row.tracing)
+            values.extend(row.extra)
+            result = self._mapper.map_row(values)
+            results[id(row)] = result
+            items.append((row, result.topic if type(result) is OutboxRecord else None))
         try:
-            for row in rows:
-                values = [row.id_text, row.agg_type, row.aggregate_id, row.event_type, row.payload]
-                if self._with_headers:
-                    values.append(row.headers)
-                if self._with_tracing:
-                    values.append(row.tracing)
-                values.extend(row.extra)
-                delivery.submit(self._mapper.map_row(values), row)
-            self._await(rows, delivery)
+            while items:
+                wave, items = next_wave(items)
+                self._outstanding = len(wave)
+                for row in wave:
+                    delivery.submit(results[id(row)], row)
+                self._await(rows, delivery)
+                if self._outstanding or self._stop or delivery.restart_reason is not None:
+                    break  # interrupted, stopping, or a session to drop: the rest goes back
+                items, _back = held_back(items, wave, (OK, DEAD))
         except ProduceInterrupted as exc:
             logger.warning("polling batch interrupted: %s", exc.args[0])
             delivery.abandon()
@@ -292,6 +310,8 @@ class PollingRelay:
         return None
 
     def _await(self, rows: list[_Row], delivery: Delivery) -> None:
+        """Serve the producer until the wave is settled; renews the lease of ``rows`` not
+        settled yet (those waiting for a later wave too)."""
         lease = self.settings.polling.lease_s
         last_renew = time.monotonic()
         while self._outstanding > 0:
@@ -340,10 +360,13 @@ class PollingRelay:
                 )
                 marked = cur.rowcount
             if others:
+                polling = self.settings.polling
+                failures = self._retries.failures(others)
                 conn.execute(
                     self._sql.mark_outcomes,
-                    outcome_params(others, self.settings.polling, self.worker_id, self._rng),
+                    outcome_params(others, polling, self.worker_id, self._rng, failures),
                 )
+        self._retries.settle(rows)
         self._unmarked = []
         if marked < len(published):
             logger.warning("lease lost for %d published rows", len(published) - marked)

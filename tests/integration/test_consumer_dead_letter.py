@@ -4,14 +4,17 @@ the parked key is persisted in PostgreSQL)."""
 
 from __future__ import annotations
 
+import itertools
+import time
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import psycopg
 from prometheus_client import generate_latest
 from psycopg_pool import ConnectionPool
 
-from cdc_outbox.consumer import ConsumerSettings, IdempotentConsumer
+from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.consumer_handlers import count_but_fail_poison
 from tests.consumer_support import OutboxEvent, applied_rows, counter_topics, produce_events
@@ -27,6 +30,18 @@ def _events(keys: list[str], ns: range, poison: set[tuple[str, int]]) -> list[Ou
     ]
 
 
+class _TimedPoison:
+    """:func:`count_but_fail_poison`, noting when each call for a poison event came."""
+
+    def __init__(self) -> None:
+        self.poison_calls: list[float] = []
+
+    def __call__(self, conn: psycopg.Connection[Any], event: Event) -> None:
+        if event.payload.get("poison"):
+            self.poison_calls.append(time.monotonic())
+        count_but_fail_poison(conn, event)
+
+
 def test_failing_event_is_retried_then_dead_lettered_and_its_key_stays_blocked(
     pg_dsn: str, kafka_broker: LocalKafka, kafka_topic_prefix: str
 ) -> None:
@@ -40,10 +55,16 @@ def test_failing_event_is_retried_then_dead_lettered_and_its_key_stays_blocked(
         retry_backoff_s=0.05,
     )  # fmt: skip
     with ConnectionPool(pg_dsn, min_size=1, max_size=2) as pool:
-        consumer = IdempotentConsumer(settings, pool, count_but_fail_poison)
+        timed = _TimedPoison()
+        consumer = IdempotentConsumer(settings, pool, timed)
         with running(consumer):
             wait_until(lambda: consumer.metrics.counts["dead_lettered"] == 4, timeout=60)
             wait_until(lambda: consumer.metrics.counts["processed"] == 11, timeout=30)
+        # max_attempts calls in all (the batch's is the first), the gaps at least the
+        # doubling delays 0.05 s, 0.1 s (before: 4 calls, the first two back to back).
+        gaps = [b - a for a, b in itertools.pairwise(timed.poison_calls)]
+        assert len(timed.poison_calls) == 3, gaps
+        assert gaps[0] >= 0.05 and gaps[1] >= 0.1, gaps
         assert consumer.metrics.counts == {
             "processed": 11, "duplicate": 0, "dead_lettered": 4, "retried": 2,
         }  # fmt: skip
