@@ -342,7 +342,8 @@ class EosCommitter:
             raise
         # Committed: every record is acknowledged. Serve the reports still queued (each a
         # success now, no broker round trip), whatever interrupts, so that every id reaches
-        # the published-marker (a row left PENDING would be published again by a catch-up).
+        # the published-marker (a row left PENDING would be published again by a catch-up);
+        # a report served after this wait hands its id itself (RecordReport).
         publisher = delivery.publisher
         deadline = time.monotonic() + _REPORTS_AFTER_COMMIT_S
         while publisher.unacknowledged and time.monotonic() < deadline:

@@ -156,6 +156,8 @@ class Relay:
         try:
             if self.eos is not None:
                 self.eos.settle_last_catch_up(self._stream.connect())
+                if not self._is_leader():  # lapsed while registering: see _stream_session
+                    raise NotLeader("leadership lost while registering the transactional id")
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
             rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper, self.eos)
@@ -284,6 +286,13 @@ class Relay:
                 eos.start_session(history)
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
+            if not self._is_leader():
+                # Frozen between the check above and init_transactions, the lease lapsed: the
+                # registration may have fenced the new leader's producer (it registers again
+                # on its next session; docs/exactly-once.md). Hold no slot, produce nothing.
+                logger.error("leadership lost while registering the transactional id")
+                self._stop_requested = True
+                return
         ledger = self._ledger
         start = self._stream.start(ledger.restart_from(history, self._kept()))
         confirmed = self._stream.slot_confirmed

@@ -2,8 +2,9 @@
 
 - :class:`RecordReport`: an event's record on its topic. Acknowledged: its key leaves the
   in-flight set, it is counted, its id goes to the published-marker (exactly-once: only after
-  the Kafka commit) and ``handle.published``. Failed: :meth:`Delivery.record_failed` applies
-  the policy.
+  the Kafka commit, with the other ids of the transaction; a report served after its
+  transaction committed, even in a later session, hands its id at once) and
+  ``handle.published``. Failed: :meth:`Delivery.record_failed` applies the policy.
 - :class:`DeadLetterReport`: a dead-letter record. Acknowledged: queued to mark its row
   ``FAILED`` (the event is dead-lettered only once that is durable). Failed: the dead-letter
   topic rejecting a record halts; anything else restarts and the event is retried.
@@ -55,15 +56,21 @@ class RecordReport(ReportingListener):
         self.key = key
         self.event_id = event_id
         self.epoch = delivery.epoch
+        self.txn = None  # stamped by the producer (not when a tracing span wraps this)
 
     def delivered(self, topic: str, headers: Headers) -> None:
         d = self.delivery
+        # Served after its Kafka transaction committed (the commit's wait for the last reports
+        # ran out): the transaction no longer hands it to the marker, so this report does.
+        late = self.txn is not None and self.txn.committed
         if self.epoch != d.epoch:
+            if late and d.marker is not None:
+                d.marker.add(headers[0][1])
             return
         d.keys.done(self.key)
         d.stats.count_published(topic)
         if d.marker is not None:
-            if d.eos:  # only once the Kafka transaction has committed
+            if d.eos and not late:  # only once the Kafka transaction has committed
                 d.marks.append(headers[0][1])
             else:
                 d.marker.add(headers[0][1])  # the mapper puts the event id first

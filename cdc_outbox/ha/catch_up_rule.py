@@ -13,6 +13,15 @@ Pure: no I/O. Contract of :func:`catch_up_reason` (None: stream the slot as it i
   keep positions (``keeps_position`` false: a table made by an older ``init``) this check is
   not possible and the slot is streamed, as before.
 
+  On a promoted standby (17+) a synchronized copy of our own slot can be past the replicated
+  ``confirmed_lsn`` too: the copy follows the primary's slot as far as the standby has
+  flushed WAL, while the ``confirmed_lsn`` update for that position was committed after the
+  position itself and may not have reached the standby. Nothing on the promoted server tells
+  that copy from a slot someone else recreated on the old primary (also synchronized, also
+  ``synced``), nor bounds how far ahead a genuine copy can be, so the rule stays as it is: a
+  catch-up (safe: 0 lost, the duplicates of a failover without a failover slot) rather than
+  streaming a slot that may skip rows (docs/failover.md).
+
 ``init`` writes ``STREAMING`` at the consistent point of the slot it creates when the table had
 no unpublished row once the slot existed (every row committed before the consistent point was
 published, so the slot alone delivers everything): the first ``run`` streams that slot
@@ -48,6 +57,8 @@ def catch_up_reason(
     if flushed > recorded:
         return (
             f"the slot is confirmed up to {Lsn(flushed)}, past every position this relay"
-            f" recorded for it ({Lsn(recorded)}): it was recreated by someone else"
+            f" recorded for it ({Lsn(recorded)}): it was recreated by someone else, or it is"
+            " a synchronized copy promoted before the standby had the recorded position"
+            " (docs/failover.md)"
         )
     return None

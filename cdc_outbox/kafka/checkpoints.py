@@ -17,9 +17,10 @@ error log, never trusted.
 Contract: :func:`ensure_topic` creates the topic (1 partition, ``cleanup.policy=compact``) if
 it is missing and raises ``ConnectionError`` if Kafka cannot be asked; :func:`read_last`
 returns the newest committed, valid :class:`Checkpoint` for a key (``None`` if there is none),
-reading backwards from the end; it raises ``ConnectionError`` when Kafka answers with an error
-(a broker restarting: ``NOT_LEADER_FOR_PARTITION``, a timeout), which callers retry, and
-``TimeoutError`` when reading takes too long.
+reading backwards from the end, and never an older one hidden behind another producer's open
+transaction (it waits for that to end); it raises ``ConnectionError`` when Kafka answers with
+an error (a broker restarting: ``NOT_LEADER_FOR_PARTITION``, a timeout), which callers retry,
+and ``TimeoutError`` when reading (or that wait) takes too long.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Compacted; small segments so that compaction (which skips the active segment) keeps up.
 TOPIC_CONFIG = {
@@ -178,22 +181,35 @@ def read_last(
     valid: Callable[[Checkpoint], bool] = lambda cp: True,
 ) -> Checkpoint | None:
     """The newest committed checkpoint with ``key`` (read_committed) that decodes and is
-    ``valid``, or ``None`` (see the module contract for what is raised).
+    ``valid``, or ``None`` (see the module contract for what is raised). Call it once our own
+    transactions are settled (after ``init_transactions``).
 
-    Reads backwards from the end in growing windows (``window``, then 4x, ...), so the time
-    does not grow with the topic's uncompacted history."""
+    A read_committed read ends at the partition's last stable offset (LSO), the first offset
+    of the oldest open transaction, and another producer's transaction may be open there (the
+    topic is shared: every relay's transactions open with a checkpoint record). So it first
+    looks (read_uncommitted) for records under ``key`` between the LSO and the high
+    watermark: if there is one, committed or aborted (only read_committed can tell), it waits
+    until the LSO has passed it, raising ``TimeoutError`` at the deadline; it never answers
+    with a checkpoint older than one hidden there. Then it reads backwards from the LSO in
+    growing windows (``window``, then 4x, ...), so the time does not grow with the topic's
+    uncompacted history."""
     deadline = time.monotonic() + timeout
     try:
-        marks = _watermarks(config, topic, timeout)
-        for p, (low, end) in marks.items():  # our key's records are all in one partition
-            size = window
-            while end > low:
-                start = max(low, end - size)
-                tp = TopicPartition(topic, p, start)
-                found = _last_in_range(config, tp, end, key, deadline, valid)
-                if found is not None:
-                    return found
-                end, size = start, size * 4
+        for p in _partitions(config, topic, timeout):  # our key's records are all in one
+            tp = TopicPartition(topic, p)
+            low, end = _stable_end(config, tp, key, deadline, window)
+            found = _scan_back(
+                config,
+                tp,
+                low,
+                end,
+                deadline,
+                window,
+                committed=True,
+                pick=lambda msg: _ours(msg, key, topic, valid),
+            )
+            if found is not None:
+                return found
     except KafkaException as exc:
         raise ConnectionError(f"reading checkpoint topic {topic} failed: {_reason(exc)}") from exc
     return None
@@ -204,60 +220,148 @@ def _reason(exc: KafkaException) -> str:
     return str(err.str()) if hasattr(err, "str") else str(exc)
 
 
-def _watermarks(config: Mapping[str, Any], topic: str, timeout: float) -> dict[int, Any]:
+def _partitions(config: Mapping[str, Any], topic: str, timeout: float) -> list[int]:
     consumer = _consumer(config)
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
-        partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            for p in partitions
-        }
+        return sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
     finally:
         consumer.close()
 
 
-def _consumer(config: Mapping[str, Any]) -> Consumer:
+def _marks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """(low, end) of ``tp``: the end is the LSO for a read_committed ``consumer``, else the
+    high watermark."""
+    timeout = max(0.1, deadline - time.monotonic())
+    low, end = consumer.get_watermark_offsets(tp, timeout=timeout)
+    return int(low), int(end)
+
+
+def _stable_end(
+    config: Mapping[str, Any], tp: TopicPartition, key: bytes, deadline: float, window: int
+) -> tuple[int, int]:
+    """(low, end) of ``tp`` where ``end`` is a last stable offset past every record under
+    ``key`` (see :func:`read_last`); raises ``TimeoutError`` at ``deadline``."""
+    committed = _consumer(config)
+    try:
+        low, stable = _marks(committed, tp, deadline)
+        uncommitted = _consumer(config, committed=False)
+        try:
+            high = _marks(uncommitted, tp, deadline)[1]
+        finally:
+            uncommitted.close()
+        if stable >= high:
+            return low, stable
+        hidden = _scan_back(
+            config,
+            tp,
+            stable,
+            high,
+            deadline,
+            window,
+            committed=False,
+            pick=lambda msg: msg.offset() if msg.error() is None and msg.key() == key else None,
+        )
+        if hidden is None:
+            return low, stable
+        logger.info(
+            "checkpoint topic %s: a record under our key at offset %d is behind an open"
+            " transaction (last stable offset %d): waiting until it ends",
+            tp.topic,
+            hidden,
+            stable,
+        )
+        while stable <= hidden:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"checkpoint topic {tp.topic}: our record at offset {hidden} is still"
+                    f" behind another producer's open transaction (last stable offset"
+                    f" {stable})"
+                )
+            time.sleep(_STABLE_POLL_S)
+            low, stable = _marks(committed, tp, deadline)
+        return low, stable
+    finally:
+        committed.close()
+
+
+#: How often the last stable offset is asked for while an open transaction hides our record.
+_STABLE_POLL_S = 0.1
+
+
+def _consumer(config: Mapping[str, Any], *, committed: bool = True) -> Consumer:
     return Consumer(
         {
             **config,
             "group.id": "cdc-outbox-checkpoint-reader",
             "enable.auto.commit": "false",
             "enable.partition.eof": "false",
-            "isolation.level": "read_committed",
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
             "error_cb": _quiet,
         }
     )
 
 
+def _scan_back(
+    config: Mapping[str, Any],
+    tp: TopicPartition,
+    low: int,
+    end: int,
+    deadline: float,
+    window: int,
+    *,
+    committed: bool,
+    pick: Callable[[Any], T | None],
+) -> T | None:
+    """The last non-``None`` ``pick(record)`` in ``[low, end)``, read backwards in growing
+    windows (``end`` must not be past what the consumer can read: the LSO if ``committed``)."""
+    size = window
+    while end > low:
+        start = max(low, end - size)
+        found = _last_in_range(config, tp, start, end, deadline, committed, pick)
+        if found is not None:
+            return found
+        end, size = start, size * 4
+    return None
+
+
 def _last_in_range(
     config: Mapping[str, Any],
-    first: TopicPartition,
+    tp: TopicPartition,
+    start: int,
     end: int,
-    key: bytes,
     deadline: float,
-    valid: Callable[[Checkpoint], bool],
-) -> Checkpoint | None:
-    """The last committed record with ``key`` in ``[first.offset, end)``: a fresh consumer
-    per range, so its position is never one left over from another range."""
-    consumer = _consumer(config)
+    committed: bool,
+    pick: Callable[[Any], T | None],
+) -> T | None:
+    """The last non-``None`` ``pick(record)`` in ``[start, end)``: a fresh consumer per range,
+    so its position is never one left over from another range."""
+    consumer = _consumer(config, committed=committed)
     try:
-        consumer.assign([first])
-        last: Checkpoint | None = None
+        consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
+        last: T | None = None
         while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"reading checkpoint topic {first.topic} took too long")
+                raise TimeoutError(f"reading checkpoint topic {tp.topic} took too long")
             for msg in consumer.consume(1000, 0.2):
                 offset = msg.offset()
-                ours = msg.error() is None and msg.key() == key
-                if ours and offset is not None and offset < end:
-                    last = _decoded(msg.value(), first.topic, offset, valid) or last
+                if offset is not None and offset < end and (got := pick(msg)) is not None:
+                    last = got
             # The position steps over transaction markers and aborted records too.
-            [position] = consumer.position([TopicPartition(first.topic, first.partition)])
+            [position] = consumer.position([TopicPartition(tp.topic, tp.partition)])
             if position.offset >= end:
                 return last
     finally:
         consumer.close()
+
+
+def _ours(
+    msg: Any, key: bytes, topic: str, valid: Callable[[Checkpoint], bool]
+) -> Checkpoint | None:
+    """The checkpoint in a read_committed record under ``key``, or ``None``."""
+    if msg.error() is not None or msg.key() != key:
+        return None
+    return _decoded(msg.value(), topic, msg.offset(), valid)
 
 
 def _decoded(

@@ -72,15 +72,27 @@ class DeliveryListener(Protocol):
     def failed(self, failure: DeliveryFailure) -> None: ...
 
 
+class TxnOutcome:
+    """One Kafka transaction of a transactional producer: ``committed`` once its commit
+    succeeded (every record in it is then delivered, reported or not)."""
+
+    __slots__ = ("committed",)
+
+    def __init__(self) -> None:
+        self.committed = False
+
+
 class ReportingListener:
     """A listener that is its record's delivery callback itself, so the producer wraps it in
     nothing (one object less per record on the hot path): a subclass defines ``delivered``
-    and ``failed`` (:class:`DeliveryListener`); ``headers`` is set when the record is
-    produced. One record per listener object."""
+    and ``failed`` (:class:`DeliveryListener`); ``headers`` and ``txn`` (the transaction the
+    record went into, ``None`` without one) are set when the record is produced. One record
+    per listener object."""
 
-    __slots__ = ("headers",)
+    __slots__ = ("headers", "txn")
 
     headers: Headers
+    txn: TxnOutcome | None
 
     def delivered(self, topic: str, headers: Headers) -> None:
         raise NotImplementedError

@@ -51,6 +51,7 @@ from cdc_outbox.kafka.delivery_failure import (
     DeliveryListener,
     Headers,
     ReportingListener,
+    TxnOutcome,
     failure_of,
 )
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
@@ -140,6 +141,8 @@ class KafkaPublisher:
         self.transactional = transactional_id is not None
         #: Records produced in the open transaction (transactional only).
         self.txn_records = 0
+        #: The open transaction (transactional only), stamped on each ReportingListener.
+        self._txn: TxnOutcome | None = None
         #: Records held for the next transaction while the open one commits (see :meth:`defer`).
         self._deferred: deque[tuple[str, bytes | None, bytes | None, Headers, Any]] | None = None
         for key, value in required.items():
@@ -178,6 +181,7 @@ class KafkaPublisher:
             return
         if isinstance(listener, ReportingListener):
             listener.headers = headers
+            listener.txn = self._txn
             report: Any = listener
         else:
             report = _DeliveryReport(listener, headers)
@@ -272,6 +276,7 @@ class KafkaPublisher:
         """Open the next transaction (local: the broker learns of it at the first record)."""
         self._txn_call(self._producer.begin_transaction)
         self.txn_records = 0
+        self._txn = TxnOutcome()
 
     def commit(self, timeout: float) -> None:
         """Flush and commit the open transaction (retried while retriable, up to ``timeout``),
@@ -286,6 +291,8 @@ class KafkaPublisher:
             except TransactionFailed as exc:
                 if exc.fatal or exc.abortable or time.monotonic() >= deadline:
                     raise
+        if self._txn is not None:
+            self._txn.committed = True
         self.begin()
 
     def defer(self) -> None:

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -28,8 +29,8 @@ from hypothesis import strategies as st
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config import Settings
-from cdc_outbox.store.relay_state import KeepOutcome
-from tests.fakes.kafka import FakeCheckpoints, FakeCluster, Record
+from cdc_outbox.store.relay_state import KeepOutcome, NotLeader
+from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient, Record
 from tests.fakes.replication import FakePostgres, FakeStream
 from tests.helpers import wait_until
 
@@ -376,3 +377,65 @@ def test_random_restarts_keep_the_guarantee(
         everything = Counter(_Seen(r).headers_id for r in h.visible())
         assert all(c == 1 for c in everything.values()), "a phantom or event twice"
     assert not broken, broken[:5]
+
+
+class _LeaseLapsesAtRegistration(FakeProducerClient):
+    """A leader frozen between its lease check and ``init_transactions``: when it registers
+    the transactional id, its lease has lapsed (a successor took over meanwhile)."""
+
+    def __init__(self, cluster: FakeCluster, config: dict[str, Any], lease: list[bool]) -> None:
+        super().__init__(cluster, config)
+        self.lease = lease
+
+    def init_transactions(self, timeout: float) -> None:
+        self.lease[0] = False
+        super().init_transactions(timeout)
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a zombie produced")
+
+
+def _zombie(h: Harness, lease: list[bool]) -> tuple[Relay, FakeStream]:
+    stream = FakeStream(h.pg)
+    ports = RelayPorts(
+        stream=stream,
+        producer_client=lambda config: _LeaseLapsesAtRegistration(h.cluster, config, lease),
+        checkpoints=FakeCheckpoints(h.cluster, CHECKPOINTS),
+        kept=lambda: h.pg.kept,
+        keep=lambda lsn: "kept",
+        parked=lambda: [],
+    )
+    relay = Relay(h.settings, is_leader=lambda: lease[0], ports=ports)
+    relay._sleep = lambda seconds: None  # type: ignore[method-assign]
+    return relay, stream
+
+
+def test_a_leader_frozen_before_registering_its_id_stands_by_and_its_heir_recovers() -> None:
+    """Issue 37 item 6a. The lease is checked before ``init_transactions``, and nothing makes
+    the two atomic: a leader frozen in between wakes without its lease and registers the id
+    all the same, fencing its successor's producer. Once registered it checks again and
+    stands by (NotLeader) before it starts the slot's stream or produces; the successor, fenced
+    on its next produce, registers again and loses nothing, duplicates nothing."""
+    h = Harness("exactly_once")
+    _write(h.pg, 30)
+    successor = h.relay()
+    lease = [True]
+    zombie, zombie_stream = _zombie(h, lease)
+    with h.running(successor) as caught_up:
+        caught_up()
+        with pytest.raises(NotLeader):
+            zombie.run()
+        assert zombie_stream.starts == [], "a zombie started the slot's stream"
+        _write(h.pg, 30, seed=1)
+        caught_up()
+    assert successor.stats.restarts >= 1  # it was fenced and registered again
+    _assert_exactly_once(h)
+
+
+def test_a_catch_up_whose_lease_lapsed_at_registration_creates_no_slot() -> None:
+    """Issue 37 item 6a, catch-up: after registering the id without its lease it raises
+    NotLeader before it creates the slot (the fake's create_slot would raise)."""
+    h = Harness("exactly_once")
+    zombie, _ = _zombie(h, [True])
+    with pytest.raises(NotLeader):
+        zombie.catch_up()
