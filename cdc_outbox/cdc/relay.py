@@ -291,8 +291,7 @@ class Relay:
                 # registration may have fenced the new leader's producer (it registers again
                 # on its next session; docs/exactly-once.md). Hold no slot, produce nothing.
                 logger.error("leadership lost while registering the transactional id")
-                self._stop_requested = True
-                return
+                raise _Ended("leadership lost")
         ledger = self._ledger
         start = self._stream.start(ledger.restart_from(history, self._kept()))
         confirmed = self._stream.slot_confirmed
