@@ -269,14 +269,14 @@ class Settings(BaseSettings):
         if self.tracing_relay_span and importlib.util.find_spec("opentelemetry") is None:
             raise ValueError("tracing_relay_span needs opentelemetry-api: pip install"
                              " 'cdc-outbox[otel]'")  # fmt: skip
-        if self.delivery == "exactly_once" and self.columns.preset != "default":
+        if self.delivery == "exactly_once" and not self.columns.has_status:
             raise ValueError(
                 'delivery = "exactly_once" needs the status columns of the default column preset'
                 " (its catch-up marks rows as each Kafka transaction commits)"
             )
         if self.delivery == "exactly_once" and self.mode == "polling":
             raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
-        if self.columns.preset != "default":
+        if not self.columns.has_status:
             preset = self.columns.preset
             if self.on_permanent_error == "dead_letter":
                 if "on_permanent_error" in explicit:

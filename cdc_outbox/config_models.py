@@ -40,6 +40,10 @@ COLUMN_PRESETS: dict[str, dict[str, str | None]] = {
 }
 
 
+#: The column presets whose layout has the status columns.
+_STATUS_LAYOUTS = frozenset({"default"})
+
+
 def check_ident(what: str, value: str) -> str:
     """``value`` if it is a valid SQL identifier, else ``ValueError`` naming ``what``."""
     if not IDENT_RE.fullmatch(value):
@@ -81,6 +85,13 @@ class ColumnSettings(_Strict):
     #: ``{header name = column}``: each row's column value is also sent in that header
     #: (Debezium's ``column:header:alias``); empty (default): none.
     header_columns: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def has_status(self) -> bool:
+        """The layout keeps row states (status, attempts, ...): the default preset does, the
+        Debezium preset does not. The one definition; everything else asks
+        :class:`cdc_outbox.store.outbox_table.OutboxTable` (or this, inside the settings)."""
+        return self.preset in _STATUS_LAYOUTS
 
     @model_validator(mode="before")
     @classmethod

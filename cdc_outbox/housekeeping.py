@@ -17,6 +17,7 @@ from cdc_outbox.admin import bootstrap
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PreflightError, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.store import relay_state, schema
+from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = [
     "cdc_problem",
@@ -84,7 +85,7 @@ def statusless_catch_up_must_be_safe(settings: Settings, reason: str) -> None:
     """Raise ``PreflightError`` (exit 3) before a catch-up that would publish every row again:
     a layout without a status column keeps published rows only with ``cdc_mark_published =
     "off"``, and then nothing tells them from unpublished ones. An empty table is fine."""
-    if settings.columns.preset == "default" or settings.cdc_mark_published != "off":
+    if OutboxTable.of(settings).has_status or settings.cdc_mark_published != "off":
         return
     with db_pool.pooled(settings) as conn:
         rows = bootstrap.unpublished_rows(conn, settings)

@@ -77,6 +77,7 @@ from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.startup import check_before_run, check_kafka_config
 from cdc_outbox.store import relay_state
 from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader, Phase
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class Service:
     def _lead(self, lead: Leadership) -> None:
         settings = self.settings
         mode = settings.mode
-        if mode == "auto" and settings.columns.preset != "default":
+        if mode == "auto" and not OutboxTable.of(settings).has_status:
             logger.warning(
                 "auto mode: the %s table layout has no polling columns; relaying by CDC only",
                 settings.columns.preset,

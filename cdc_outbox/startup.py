@@ -32,6 +32,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
 from cdc_outbox.store.inspection import DatabaseState, inspect_database
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.schema import POLLING_COLUMNS, outbox_ident
 
 __all__ = ["LOG_EVERY_S", "check_before_run", "check_kafka_config"]
@@ -83,7 +84,7 @@ def check_before_run(settings: Settings, stop: threading.Event) -> bool:
 
 
 def _needs_polling_columns(settings: Settings) -> bool:
-    return settings.mode in ("auto", "polling") and settings.columns.preset == "default"
+    return settings.mode in ("auto", "polling") and OutboxTable.of(settings).has_status
 
 
 def _needed_privileges(settings: Settings) -> list[str]:

@@ -47,6 +47,7 @@ from cdc_outbox.store.inspection import (
     inspect_database,
     inspect_standby,
 )
+from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = [
     "MIN_SERVER_VERSION",
@@ -201,11 +202,7 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
 
 def unpublished_rows(conn: Conn, settings: Settings) -> int:
     """Rows a catch-up would publish (all rows for a layout without a status column)."""
-    where = sql.SQL(" WHERE status IN ('PENDING', 'PROCESSING')")
-    if settings.columns.preset != "default":
-        where = sql.SQL("")
-    query = sql.SQL("SELECT count(*) FROM {}{}").format(schema.outbox_ident(settings), where)
-    row = conn.execute(query).fetchone()
+    row = conn.execute(OutboxTable.of(settings).count_unpublished()).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -243,13 +240,9 @@ def status(settings: Settings) -> StatusReport:
     with connect(settings) as conn:
         st = inspect_database(conn, settings)
         pending = failed = parked = None
-        if st.table_oid is not None and "status" in st.table_columns:
-            query = sql.SQL(
-                "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
-                " count(*) FILTER (WHERE status = 'FAILED'),"
-                " count(DISTINCT {}) FILTER (WHERE status = 'FAILED') FROM {}"
-            ).format(sql.Identifier(settings.columns.aggregate_id), schema.outbox_ident(settings))
-            row = conn.execute(query).fetchone()
+        outbox = OutboxTable.of(settings)
+        if st.table_oid is not None and outbox.has_status and "status" in st.table_columns:
+            row = conn.execute(outbox.status_counts()).fetchone()
             if row is not None:
                 pending, failed, parked = (int(v) for v in row)
         relay = None

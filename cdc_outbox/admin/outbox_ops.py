@@ -3,7 +3,7 @@
 Contract:
 - :func:`redrive` releases the aggregates of the FAILED rows (dead letters, in any mode)
   matching a filter: every FAILED row of those aggregates is published again in its original
-  order (:mod:`cdc_outbox.delivery.redrive`); ``last_error`` is kept for the record.
+  order (:mod:`cdc_outbox.store.redrive`); ``last_error`` is kept for the record.
 - :func:`cleanup` deletes PUBLISHED rows whose ``published_at`` is older than a cutoff fixed
   at the start, in batches of ``batch_size`` rows, each its own short transaction (locks and
   WAL stay bounded; it can run next to the relay). Other statuses are never deleted.
@@ -22,8 +22,9 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.config import Settings
-from cdc_outbox.delivery.redrive import redrive_aggregates
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.store.outbox_table import OutboxTable
+from cdc_outbox.store.redrive import redrive_aggregates
 from cdc_outbox.store.schema import outbox_ident
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -85,7 +86,7 @@ class FailedRow:
 
 
 def _require_polling_columns(settings: Settings, what: str) -> None:
-    if settings.columns.preset != "default":
+    if not OutboxTable.of(settings).has_status:
         raise ConfigError(
             f"config: {what} needs the status columns of the default column preset;"
             f" the {settings.columns.preset} preset has none"
@@ -102,7 +103,7 @@ def _canonical_id(text: str) -> str:
 def _matching(settings: Settings, flt: RedriveFilter) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT of the ids of FAILED rows matching ``flt``, oldest first."""
     cols = settings.column_names()
-    conds: list[sql.Composable] = [sql.SQL("status = 'FAILED'")]
+    conds: list[sql.Composable] = [OutboxTable.of(settings).failed()]
     params: dict[str, Any] = {}
     if flt.ids:
         conds.append(sql.SQL("{}::text = ANY(%(ids)s::text[])").format(sql.Identifier(cols.id)))
@@ -149,7 +150,7 @@ def failed_rows(settings: Settings, flt: RedriveFilter, sample: int = 20) -> lis
 
 def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) -> int:
     """Redrive the aggregates of the FAILED rows ``flt`` matches: every FAILED row of each is
-    published again, in order (:mod:`cdc_outbox.delivery.redrive`); returns rows (that would
+    published again, in order (:mod:`cdc_outbox.store.redrive`); returns rows (that would
     be) moved."""
     _require_polling_columns(settings, "redrive")
     matching, params = _matching(settings, flt)
@@ -164,8 +165,9 @@ def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) ->
         aggregates = [str(r[0]) for r in conn.execute(aggregates_of, params).fetchall()]
         if dry_run:
             row = conn.execute(
-                sql.SQL("SELECT count(*) FROM {} WHERE status = 'FAILED' AND {} = ANY(%s)").format(
+                sql.SQL("SELECT count(*) FROM {} WHERE {} AND {} = ANY(%s)").format(
                     outbox_ident(settings),
+                    OutboxTable.of(settings).failed(),
                     sql.Identifier(cols.aggregate_id),
                 ),
                 (aggregates,),
@@ -188,7 +190,8 @@ def cleanup(
         raise ConfigError("cleanup --batch-size must be > 0")
     table = outbox_ident(settings)
     id_col = sql.Identifier(settings.columns.id)
-    old = sql.SQL("status = 'PUBLISHED' AND published_at < %(cutoff)s")
+    published = OutboxTable.of(settings).published()
+    old = sql.SQL("{} AND published_at < %(cutoff)s").format(published)
     with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
         row = conn.execute("SELECT now() - %s::interval", (older_than,)).fetchone()
         assert row is not None

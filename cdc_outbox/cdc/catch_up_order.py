@@ -31,6 +31,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from cdc_outbox.config import Settings
+from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["COMMIT_TS_SETTING", "order_by", "order_key"]
 
@@ -42,10 +43,9 @@ _TAIL = sql.SQL("age(xmin) DESC, cmin::text::bigint, ctid")  # cid has no orderi
 
 def order_key(settings: Settings, commit_timestamps: bool) -> str | None:
     """A description of the primary key (see the module contract); None when there is none."""
-    if settings.columns.sequence is not None:
-        return f"column {settings.columns.sequence}"
-    if settings.columns.preset == "default":
-        return "column created_at"
+    column = OutboxTable.of(settings).order_column
+    if column is not None:
+        return f"column {column}"
     if commit_timestamps:
         return "commit timestamps (track_commit_timestamp)"
     return None
@@ -53,10 +53,9 @@ def order_key(settings: Settings, commit_timestamps: bool) -> str | None:
 
 def order_by(settings: Settings, commit_timestamps: bool) -> sql.Composed:
     """The ``ORDER BY`` list of the catch-up's backlog query."""
-    if settings.columns.sequence is not None:
-        key: sql.Composable = sql.Identifier(settings.columns.sequence)
-    elif settings.columns.preset == "default":
-        key = sql.Identifier("created_at")
+    column = OutboxTable.of(settings).order_column
+    if column is not None:
+        key: sql.Composable = sql.Identifier(column)
     elif commit_timestamps:
         key = sql.SQL("pg_xact_commit_timestamp(xmin) NULLS FIRST")
     else:

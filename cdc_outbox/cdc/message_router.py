@@ -27,7 +27,6 @@ from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery import pacing
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.redrive import parse_redrive_message
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.pgwire.walproto import (
@@ -37,6 +36,7 @@ from cdc_outbox.pgwire.walproto import (
     pg_clock_to_unix,
 )
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store.redrive import parse_redrive_message
 
 logger = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.store.inspection import ColumnType, id_column_type
 from cdc_outbox.store.mark_published import marking_statement
+from cdc_outbox.store.outbox_table import OutboxTable
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
         ids = sql.SQL("%s::text[]::{}").format(id_type.array())
     match = sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
     if settings.cdc_mark_published == "delete" or (
-        settings.cdc_mark_published == "update" and settings.columns.preset == "default"
+        settings.cdc_mark_published == "update" and OutboxTable.of(settings).has_status
     ):
         return marking_statement(settings, match)
     return None

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.store import schema
+from cdc_outbox.store.outbox_table import OutboxTable
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -138,24 +138,10 @@ def read_polling(
     Needs the ``status`` and ``attempts`` columns (age also ``created_at``); without them the
     fields stay ``None``.
     """
-    if not columns >= POLLING_NEEDS:
+    outbox = OutboxTable.of(settings)
+    if not outbox.has_status or not columns >= POLLING_NEEDS:
         return
-    status, attempts = sql.Identifier("status"), sql.Identifier("attempts")
-    age: sql.Composable = sql.SQL("NULL::float8")
-    if "created_at" in columns:
-        age = sql.SQL(
-            "extract(epoch FROM now() - min({}) FILTER (WHERE {} IN ('PENDING', 'PROCESSING')))"
-            "::float8"
-        ).format(sql.Identifier("created_at"), status)
-    query = sql.SQL(
-        "SELECT count(*) FILTER (WHERE {s} = 'PENDING'),"
-        " count(*) FILTER (WHERE {s} = 'PROCESSING'),"
-        " count(*) FILTER (WHERE {s} = 'FAILED'),"
-        " count(*) FILTER (WHERE {s} = 'PENDING' AND {a} > 0),"
-        " coalesce(sum({a}) FILTER (WHERE {s} = 'PENDING' AND {a} > 0), 0)::bigint,"
-        " {age}"
-        " FROM {t} WHERE {s} IN ('PENDING', 'PROCESSING', 'FAILED')"
-    ).format(s=status, a=attempts, age=age, t=schema.outbox_ident(settings))
+    query = outbox.polling_counts(with_age="created_at" in columns)
     row = conn.execute(query).fetchone()
     assert row is not None
     pending, processing, failed, retrying, attempts_sum = (int(v) for v in row[:5])

@@ -1,5 +1,5 @@
 """What becomes of a claimed row: the outcome names, the retry backoff, and the parameters
-with which :mod:`cdc_outbox.polling.sql`'s ``mark_outcomes`` writes rows given back. Pure.
+with which :mod:`cdc_outbox.store.polling_sql`'s ``mark_outcomes`` writes rows given back. Pure.
 
 A retried row waits :func:`backoff_delay` of its failures in a row: :class:`RetryCounts`
 counts them per row id, in the worker's memory (a retry does not use one of the row's

@@ -2,7 +2,7 @@
 
 Contract (at-least-once, per-aggregate order):
 
-- Claim (:mod:`cdc_outbox.polling.sql`): rows go PENDING -> PROCESSING (``locked_by``,
+- Claim (:mod:`cdc_outbox.store.polling_sql`): rows go PENDING -> PROCESSING (``locked_by``,
   ``locked_at``). Per aggregate only the leading run of unpublished rows (by ``created_at``,
   then physical position) that are all PENDING and due, and only while no row of the aggregate
   is PROCESSING anywhere; a per-aggregate advisory lock held while claiming makes that check
@@ -51,11 +51,12 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
-from cdc_outbox.polling import sql as polling_sql
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, outcome_params
 from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store import polling_sql
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class PollingRelay:
         *,
         is_leader: Callable[[], bool] | None = None,
     ) -> None:
-        if settings.columns.preset != "default":
+        if not OutboxTable.of(settings).has_status:
             raise ConfigError(
                 "config: polling mode needs the status columns of the default column preset"
                 f" (status, attempts, available_at, ...); the {settings.columns.preset} preset"

@@ -117,7 +117,7 @@ def test_keys_in_flight_reports_later_records_of_the_same_key(
 
 
 def test_redrive_messages_are_parsed_only_when_transactional_and_ours() -> None:
-    from cdc_outbox.delivery.redrive import REDRIVE_MESSAGE_PREFIX, parse_redrive_message
+    from cdc_outbox.store.redrive import REDRIVE_MESSAGE_PREFIX, parse_redrive_message
 
     body = b'{"table": "public.outbox", "aggregates": ["a", "b"], "ids": ["e1", "e2"]}'
     request = parse_redrive_message(REDRIVE_MESSAGE_PREFIX, True, body)

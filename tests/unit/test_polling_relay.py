@@ -18,7 +18,7 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, backoff_delay
 from cdc_outbox.polling.relay import PollingRelay, _Row
-from cdc_outbox.polling.sql import advisory_namespace, build, gap_free
+from cdc_outbox.store.polling_sql import advisory_namespace, build, gap_free
 from tests.fakes.kafka import FakeCluster
 
 

@@ -153,8 +153,7 @@ def build(settings: Settings) -> PollingSql:
     # final = give up now (FAILED) whatever the count.
     mark_outcomes = sql.SQL(
         "UPDATE {t} AS o SET attempts = o.attempts + f.bump,"
-        " status = CASE WHEN f.final OR (f.bump > 0 AND o.attempts + f.bump >= %(max)s)"
-        "  THEN 'FAILED' ELSE 'PENDING' END,"
+        " status = {after_failure},"
         " available_at = CASE WHEN f.delay IS NULL THEN o.available_at"
         "  ELSE now() + f.delay * interval '1 second' END,"
         " last_error = coalesce(f.error, o.last_error), locked_by = NULL "
@@ -162,17 +161,28 @@ def build(settings: Settings) -> PollingSql:
         " %(finals)s::bool[]) AS f(id, bump, delay, error, final) "
         "WHERE {oid} = f.id AND o.status = 'PROCESSING' AND o.locked_by = %(me)s "
         "RETURNING {oid}, o.status"
-    ).format(**fields)
+    ).format(
+        after_failure=_after_failure(
+            sql.SQL("f.final OR (f.bump > 0 AND o.attempts + f.bump >= %(max)s)")
+        ),
+        **fields,
+    )
     sweep = sql.SQL(
         "UPDATE {t} SET attempts = attempts + 1,"
-        " status = CASE WHEN attempts + 1 >= %(max)s THEN 'FAILED' ELSE 'PENDING' END,"
+        " status = {after_expiry},"
         " last_error = 'lease of ' || coalesce(locked_by, '?') || ' expired (worker gone?)',"
         " locked_by = NULL "
         "WHERE status = 'PROCESSING' AND locked_at < now() - %(lease)s * interval '1 second'"
         " AND locked_by IS DISTINCT FROM %(me)s "
         "RETURNING status"
-    ).format(**fields)
+    ).format(after_expiry=_after_failure(sql.SQL("attempts + 1 >= %(max)s")), **fields)
     return PollingSql(lock_aggregates, claim, unclaim, renew, mark_published, mark_outcomes, sweep)
+
+
+def _after_failure(gives_up: sql.Composable) -> sql.Composed:
+    """The one FAILED rule: a failed or expired claim becomes FAILED (a dead letter) when
+    ``gives_up`` (``max_attempts`` reached, or a permanent error), else PENDING again."""
+    return sql.SQL("CASE WHEN {} THEN 'FAILED' ELSE 'PENDING' END").format(gives_up)
 
 
 class Ranked(Protocol):

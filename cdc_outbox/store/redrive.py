@@ -29,6 +29,7 @@ from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.store import schema
+from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = [
     "REDRIVE_MESSAGE_PREFIX",
@@ -95,7 +96,7 @@ def redrive_aggregates(
     cols = settings.column_names()
     table = schema.outbox_ident(settings)
     agg = sql.Identifier(cols.aggregate_id)
-    failed = sql.SQL("status = 'FAILED' AND {} = ANY(%(aggs)s)").format(agg)
+    failed = sql.SQL("{} AND {} = ANY(%(aggs)s)").format(OutboxTable.of(settings).failed(), agg)
     params = {"aggs": list(aggregates)}
     with conn.transaction():
         locked = conn.execute(
