@@ -1,6 +1,7 @@
 # Entry points; each first runs scripts/bootstrap.sh (idempotent, fast once set up).
 #   make demo   - the end-to-end demo on local PostgreSQL + Kafka
 #   make test   - the full test suite (real PostgreSQL and Kafka, no Docker)
+#   make unit   - the unit tests only (pure cores and fakes, no servers; under a minute)
 #   make test-versions - the relay, fault and failover tests (VERSION_TESTS) on each of
 #                 PG_VERSIONS (CDC_OUTBOX_PG_VERSION; all run, non-zero exit if any failed)
 #   make lint   - ruff + mypy --strict + lint-imports (the layer contracts in pyproject.toml)
@@ -21,7 +22,7 @@ VERSION_TESTS := \
 	tests/integration/test_failover_slots.py \
 	--deselect tests/integration/test_relay_faults.py::test_memory_stays_bounded_on_a_huge_transaction
 
-.PHONY: bootstrap demo test test-versions lint bench
+.PHONY: bootstrap demo test unit test-versions lint bench
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -31,6 +32,9 @@ demo: bootstrap
 
 test: bootstrap
 	$(VENV)/bin/pytest -p no:cacheprovider -q $(PYTEST_ARGS)
+
+unit: bootstrap
+	$(VENV)/bin/pytest -p no:cacheprovider -q tests/unit $(PYTEST_ARGS)
 
 test-versions: bootstrap
 	@status=0; for v in $(PG_VERSIONS); do \
