@@ -84,3 +84,7 @@ def test_a_run_writes_the_tracked_results_only_when_asked(
     output.save("relay", {"x": 2}, args)
     assert (tmp_path / "results" / "relay.json").read_text() == '{\n  "x": 2\n}\n'
 
+
+def test_results_hold_one_json_per_benchmark() -> None:
+    files = {p.name for p in (ROOT / "benchmarks" / "results").iterdir()}
+    assert files <= {f"{name}.json" for name in NAMES}, sorted(files)
