@@ -88,3 +88,12 @@ def test_a_run_writes_the_tracked_results_only_when_asked(
 def test_results_hold_one_json_per_benchmark() -> None:
     files = {p.name for p in (ROOT / "benchmarks" / "results").iterdir()}
     assert files <= {f"{name}.json" for name in NAMES}, sorted(files)
+
+
+def test_results_md_has_one_row_per_benchmark() -> None:
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    # One row per benchmark ("| `NAME` |"), and rows for a part of one ("| `NAME` (`--opt`) |")
+    # name a benchmark too.
+    rows = re.findall(r"^\| `([a-z-]+)` \|", text, re.MULTILINE)
+    assert sorted(rows) == sorted(NAMES)
+    assert set(re.findall(r"^\| `([^`]+)`", text, re.MULTILINE)) == NAMES
