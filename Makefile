@@ -6,7 +6,8 @@
 #                 PG_VERSIONS (CDC_OUTBOX_PG_VERSION; all run, non-zero exit if any failed)
 #   make lint   - ruff + mypy --strict + lint-imports (the layer contracts in pyproject.toml)
 #                 + scripts/import_cycles.py (no import cycle, function-level imports counted)
-#   make bench  - both benchmarks (relay vs raw slot drain; CDC vs polling), JSON in benchmarks/out
+#   make bench  - the relay (vs raw slot drain) and compare (CDC vs polling) benchmarks, JSON in
+#                 benchmarks/out; `python -m benchmarks --help` lists every benchmark
 VENV := .venv
 PYTEST_ARGS ?=
 PG_VERSIONS ?= 16 17 18
@@ -50,5 +51,5 @@ lint: bootstrap
 	$(VENV)/bin/python scripts/import_cycles.py
 
 bench: bootstrap
-	$(VENV)/bin/python -m benchmarks relay --events 100000 --txn-size 100 --json benchmarks/out/relay.json
-	$(VENV)/bin/python -m benchmarks compare --events 20000 --json benchmarks/out/compare.json
+	$(VENV)/bin/python -m benchmarks relay --events 100000 --txn-size 100
+	$(VENV)/bin/python -m benchmarks compare --events 20000

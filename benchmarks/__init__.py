@@ -1,4 +1,4 @@
-"""cdc-outbox benchmarks: ``python -m benchmarks relay|compare ...``.
+"""cdc-outbox benchmarks: ``python -m benchmarks NAME [options]`` (:mod:`benchmarks.cli`).
 
-Each command prints a table and writes JSON; figures are ratios measured in the same run.
+Each benchmark prints a table and writes JSON; figures are ratios measured in the same run.
 """

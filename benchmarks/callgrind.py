@@ -1,5 +1,5 @@
-"""Instruction counts of a benchmark module's ``--child WHAT --events N`` run under valgrind's
-callgrind (repeatable whatever the host's load), and the command line of such a module
+"""Instruction counts of a benchmark's ``--child WHAT --events N`` run under valgrind's
+callgrind (repeatable whatever the host's load), and the command line of such a benchmark
 (:func:`main`), shared by :mod:`benchmarks.encode_cost` and :mod:`benchmarks.relay_cost`."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from benchmarks.output import write_json
+from benchmarks import output
 
 
-def instructions(module: str, what: str, n: int) -> int:
-    """Instructions of ``python -m module --child what --events n`` (start-up included)."""
+def instructions(name: str, what: str, n: int) -> int:
+    """Instructions of ``python -m benchmarks name --child what --events n`` (start-up
+    included; its ``--json`` goes to the untracked default, unused)."""
     done = subprocess.run(
         [
             "valgrind",
@@ -25,7 +25,8 @@ def instructions(module: str, what: str, n: int) -> int:
             "--callgrind-out-file=/dev/null",
             sys.executable,
             "-m",
-            module,
+            "benchmarks",
+            name,
             "--child",
             what,
             "--events",
@@ -41,30 +42,29 @@ def instructions(module: str, what: str, n: int) -> int:
     return int(found.group(1))
 
 
-def marginal(module: str, what: str, n: int) -> int:
+def marginal(name: str, what: str, n: int) -> int:
     """Instructions of ``5 * n`` more events: the run of ``6 * n`` less the run of ``n``, so
     start-up and set-up cancel out."""
-    return instructions(module, what, 6 * n) - instructions(module, what, n)
+    return instructions(name, what, 6 * n) - instructions(name, what, n)
 
 
 def main(
-    argv: list[str] | None,
+    argv: list[str],
     *,
-    module: str,
+    name: str,
+    description: str,
     children: Sequence[str],
     child: Callable[[str, int], None],
     measure: Callable[[int], dict[str, Any]],
     report: Callable[[dict[str, Any]], str],
 ) -> int:
-    """``python -m module [--events N] [--json PATH]``: ``measure(N)`` under callgrind, its
-    ``report`` printed and the result written as JSON (default ``benchmarks/out/<name>.json``);
-    run by :func:`instructions` as ``--child WHAT`` (``none`` or one of ``children``), it is
-    ``child(WHAT, N)``. Exit 2 for a bad ``--events`` or without valgrind."""
-    name = module.rsplit(".", 1)[-1]
-    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    """``python -m benchmarks name [--events N] [--json PATH] [--write-results]``:
+    ``measure(N)`` under callgrind, its ``report`` printed and the result saved
+    (:func:`benchmarks.output.save`); run by :func:`instructions` as ``--child WHAT`` (``none``
+    or one of ``children``), it is ``child(WHAT, N)``. Exit 2 for a bad ``--events`` or
+    without valgrind."""
+    parser = output.parser(name, description)
     parser.add_argument("--events", type=int, default=2000)
-    default_json = Path(f"benchmarks/out/{name.replace('_', '-')}.json")
-    parser.add_argument("--json", type=Path, default=default_json)
     parser.add_argument("--child", choices=["none", *children], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.events < 1:
@@ -78,6 +78,5 @@ def main(
         return 2
     result = measure(args.events)
     print(report(result))
-    write_json(args.json, result)
-    print(f"wrote {args.json}")
+    output.save(name, result, args)
     return 0

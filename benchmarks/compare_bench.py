@@ -18,8 +18,8 @@ fresh outbox table filled by the same workload:
 
 Costs per event: outbox row writes (``n_tup_ins + n_tup_upd + n_tup_del`` of the outbox table)
 and WAL bytes (``pg_current_wal_lsn`` delta, the whole server: business rows included, the
-same for both modes), each split into the writers' part and the relay's part. The table and
-``benchmarks/RESULTS.md`` come from :mod:`benchmarks.compare_report`.
+same for both modes), each split into the writers' part and the relay's part. The printed
+table and the Markdown report (``--results PATH``) come from :mod:`benchmarks.compare_report`.
 """
 
 from __future__ import annotations

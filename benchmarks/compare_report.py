@@ -1,4 +1,4 @@
-"""Report of ``python -m benchmarks compare``: machine description, table, RESULTS.md."""
+"""Report of ``python -m benchmarks compare``: machine description, table, Markdown report."""
 
 from __future__ import annotations
 
@@ -121,14 +121,14 @@ def print_table(result: dict[str, Any]) -> None:
         latency_report.print_section(result["eos_latency"])
 
 
-#: RESULTS.md from this line on holds other benchmarks' sections (Avro vs JSON, the
-#: consumer): kept.
+#: A report file from this line on holds other sections (written by hand, or the consumer's):
+#: kept.
 KEEP_MARKER = "<!-- sections below are kept when `compare` regenerates this file -->"
 
 
 def write_results(result: dict[str, Any], path: Path, command: str) -> None:
-    """benchmarks/RESULTS.md: machine, command, the table, targets and method (anything from
-    :data:`KEEP_MARKER` on is kept)."""
+    """The Markdown report at ``path`` (``compare --results PATH``): machine, command, the
+    table, targets and method (anything from :data:`KEEP_MARKER` on in the file is kept)."""
     m, p, t = result["machine"], result["params"], result["targets"]
     e = result["eos"]
     lines = [

@@ -11,10 +11,10 @@ A run's rate counts the records after its first poll's, from the moment those we
 group join and the first fetch are left out alike. A round's ratios compare it to that
 round's bare run; the figures are medians over the rounds.
 
-``python -m benchmarks consume --events 20000 --json benchmarks/results/consume.json`` writes
-the JSON (top-level ``bare_eps``, ``dedupe_eps``, ``no_dedupe_eps``: median events/s, and the
-median ratios) and the "Consumer throughput" section of benchmarks/RESULTS.md (kept when the
-compare benchmark rewrites the rest of the file).
+``python -m benchmarks consume --events 20000`` writes the JSON (top-level ``bare_eps``,
+``dedupe_eps``, ``no_dedupe_eps``: median events/s, and the median ratios;
+:mod:`benchmarks.output`) and, with ``--results PATH``, the Markdown "Consumer throughput"
+section (as in docs/performance.md) at the end of that file.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Instructions per Avro encode of the relay benchmark's event, counted by callgrind.
 
-    python -m benchmarks.encode_cost [--events N] [--json PATH]
+    python -m benchmarks encode-cost [--events N] [--json PATH] [--write-results]
 
 Wall-clock timings of a 3 µs call scatter by a third on a shared 2-core machine; callgrind's
 instruction counts do not (the same total for the same build, inputs and environment). Each
@@ -14,14 +14,13 @@ Needs valgrind (Debian's package); exit 2 without it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks import callgrind
 
 SCHEMA = Path(__file__).resolve().parent.parent / "cdc_outbox_dev" / "schemas" / "OrderPlaced.avsc"
-_MODULE = "benchmarks.encode_cost"
+_NAME = "encode-cost"
 _WHAT = ("serializer", "encode")
 
 
@@ -65,18 +64,20 @@ def _child(what: str, n: int) -> None:
 
 def measure(n: int) -> dict[str, Any]:
     """Instructions per call of each measured function (see the module docstring)."""
-    base = callgrind.marginal(_MODULE, "none", n)
+    base = callgrind.marginal(_NAME, "none", n)
     result: dict[str, Any] = {"events": n, "schema": SCHEMA.name}
     for what in _WHAT:
-        spent = callgrind.marginal(_MODULE, what, n)
+        spent = callgrind.marginal(_NAME, what, n)
         result[f"{what}_instructions"] = round((spent - base) / (5 * n))
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks encode-cost`` (see the module docstring)."""
     return callgrind.main(
         argv,
-        module=_MODULE,
+        name=_NAME,
+        description=(__doc__ or "").split("\n", 1)[0],
         children=_WHAT,
         child=_child,
         measure=measure,
@@ -85,7 +86,3 @@ def main(argv: list[str] | None = None) -> int:
             for what in _WHAT
         ),
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 same outbox table, the slot read by a raw drain that does nothing with what it receives, no
 relay and no producer (the broker, when running, idles).
 
-    python -m benchmarks.latency_floor [--rounds N] [--seconds S] [--json PATH]
+    python -m benchmarks latency-floor [--rounds N] [--seconds S] [--json PATH] [--write-results]
 
 Per transaction, from its commit timestamp (PostgreSQL's clock; the same host): ``sent``, the
 walsender stamped its Begin (the XLogData send time); ``begin_received`` / ``commit_received``,
@@ -15,17 +15,14 @@ phase per round, in the same run as the relay's phases.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench
+from benchmarks import compare_bench, output
 from benchmarks.costs import percentile
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
-from benchmarks.output import write_json
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc.replication_stream import ReplicationStream
 from cdc_outbox.config import Settings
@@ -124,16 +121,16 @@ def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency_floor")
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks latency-floor`` (see the module docstring)."""
+    parser = output.parser("latency-floor", (__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warmup-seconds", type=float, default=10.0)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/latency-floor.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0 or args.warmup_seconds < 0:
         print(
-            "latency_floor: --rounds must be >= 1, --seconds > 0, --warmup-seconds >= 0",
+            "latency-floor: --rounds must be >= 1, --seconds > 0, --warmup-seconds >= 0",
             file=sys.stderr,
         )
         return 2
@@ -146,10 +143,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {number + 1}: {phase['transactions']} transactions")
             for leg, q in phase["legs_ms"].items():
                 print(f"  {leg:<16} " + " ".join(f"{k} {v:>6}" for k, v in q.items()))
-    write_json(args.json, {"seconds": args.seconds, "rounds": rounds})
-    print(f"wrote {args.json}")
+    output.save("latency-floor", {"seconds": args.seconds, "rounds": rounds}, args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,8 @@
 """Where commit->ack latency goes at 20 transactions/s x 100 rows (issue 25's latency load),
 at-least-once: a diagnostic, not a target.
 
-    python -m benchmarks.latency_legs [--rounds N] [--mark update|delete|off] [--json PATH]
+    python -m benchmarks latency-legs [--rounds N] [--mark update|delete|off] [--json PATH]
+        [--write-results]
 
 Runs :func:`benchmarks.compare_bench.latency_phase` on local services with the relay's own
 classes wrapped (in this process only) to time every transaction's legs, from its commit
@@ -17,15 +18,12 @@ Quantiles p50, p90, p99 and max over the measured transactions, in milliseconds.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks import compare_bench
+from benchmarks import compare_bench, output
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
-from benchmarks.output import write_json
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc import message_router, replication_stream, txn_handle
 from cdc_outbox.pgwire.walproto import (
@@ -111,15 +109,15 @@ def legs(times: list[tuple[float, float, float, float, float, float]]) -> dict[s
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency_legs")
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks latency-legs`` (see the module docstring)."""
+    parser = output.parser("latency-legs", (__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--mark", choices=["update", "delete", "off"], default="update")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/latency-legs.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0:
-        print("latency_legs: --rounds must be >= 1 and --seconds > 0", file=sys.stderr)
+        print("latency-legs: --rounds must be >= 1 and --seconds > 0", file=sys.stderr)
         return 2
     _instrument()
     rounds: list[dict[str, Any]] = []
@@ -140,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {number + 1}: {result['latency_ms']}")
             for name, q in result["legs_ms"].items():
                 print(f"  {name:<12} p50 {q[0]:>6} p90 {q[1]:>6} p99 {q[2]:>6} max {q[3]:>6}")
-    write_json(args.json, {"mark": args.mark, "seconds": args.seconds, "rounds": rounds})
-    print(f"wrote {args.json}")
+    output.save(
+        "latency-legs", {"mark": args.mark, "seconds": args.seconds, "rounds": rounds}, args
+    )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,8 +8,9 @@ from typing import Any
 
 #: At-least-once commit->ack p99 at 20 transactions/s x 100 rows on main 4cb93bb (before the
 #: adaptive linger), measured on the quiet benchmark machine: the median of its 2 rounds in
-#: ``benchmarks/results/latency-20x100-before-4cb93bb-2026-12-04-quiet.json`` (40.3, 42.2 ms;
-#: on the shared, loaded host earlier that day the median of 5 rounds was 54.2, see RESULTS.md).
+#: ``latency-20x100-before-4cb93bb-2026-12-04-quiet.json`` (40.3, 42.2 ms; in git history, see
+#: docs/performance.md; on the shared, loaded host earlier that day the median of 5 rounds was
+#: 54.2).
 #: The ALO target is half of it; on another machine measure main first and put its figure here.
 BEFORE_ALO_P99_MS = 41.2
 #: Exactly-once commit->visible p99 at most this times the at-least-once p99 of the same run.
@@ -96,7 +97,7 @@ def print_section(section: dict[str, Any]) -> None:
 
 
 def markdown(section: dict[str, Any]) -> list[str]:
-    """The RESULTS.md section."""
+    """The Markdown report's section."""
     p = section["params"]
     return [
         "## Latency at moderate load: exactly-once vs at-least-once",

@@ -203,7 +203,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-    """The RESULTS.md section."""
+    """The Markdown report's section."""
     table = rows(result)
     t = result["target"]
     return [

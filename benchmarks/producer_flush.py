@@ -4,24 +4,22 @@ and times each flush (its last delivery report). Rounds alternate a librdkafka s
 two values, on one local broker and nothing else: an A/B of that setting, a diagnostic, not a
 target.
 
-    python -m benchmarks.producer_flush [--setting socket.nagle.disable] [--values false,true]
-        [--rounds 4] [--batches 400] [--json PATH]
+    python -m benchmarks producer-flush [--setting socket.nagle.disable] [--values false,true]
+        [--rounds 4] [--batches 400] [--json PATH] [--write-results]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from benchmarks import output
 from benchmarks.costs import percentile
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
-from benchmarks.output import write_json
 from cdc_outbox.kafka.producer_config import producer_config
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 
@@ -46,17 +44,17 @@ def flush_times(config: dict[str, Any], batches: int) -> list[float]:
     return times
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.producer_flush")
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks producer-flush`` (see the module docstring)."""
+    parser = output.parser("producer-flush", (__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--setting", default="socket.nagle.disable")
     parser.add_argument("--values", default="false,true", help="two values, comma-separated")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batches", type=int, default=400)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/out/producer-flush.json"))
     args = parser.parse_args(argv)
     values = args.values.split(",")
     if len(values) != 2 or args.rounds < 1 or args.batches < 1:
-        print("producer_flush: --values takes 2 values; --rounds, --batches >= 1", file=sys.stderr)
+        print("producer-flush: --values takes 2 values; --rounds, --batches >= 1", file=sys.stderr)
         return 2
     rounds: list[dict[str, Any]] = []
     with LocalKafka() as kafka:
@@ -71,10 +69,5 @@ def main(argv: list[str] | None = None) -> int:
                 q = {k: round(percentile(ms, p), 2) for k, p in (("p50", 0.5), ("p99", 0.99))}
                 rounds.append({"round": number + 1, args.setting: value, "flush_ms": q})
                 print(f"round {number + 1} {args.setting}={value}: {q}", flush=True)
-    write_json(args.json, {"batches": args.batches, "rounds": rounds})
-    print(f"wrote {args.json}")
+    output.save("producer-flush", {"batches": args.batches, "rounds": rounds}, args)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Instructions per event of the relay's Python hot path, counted by callgrind.
 
-    python -m benchmarks.relay_cost [--events N] [--json PATH]
+    python -m benchmarks relay-cost [--events N] [--json PATH] [--write-results]
 
 What the relay thread does per event, without a server: the pgoutput payloads of the relay
 benchmark's rows (the outbox table of the default layout, 100-row transactions, the
@@ -18,13 +18,12 @@ machine). Needs valgrind (Debian's package); exit 2 without it.
 from __future__ import annotations
 
 import struct
-import sys
 import uuid
 from typing import Any, cast
 
 from benchmarks import callgrind
 
-_MODULE = "benchmarks.relay_cost"
+_NAME = "relay-cost"
 _OID = 16400
 _COLUMNS = (
     ("id", 2950),
@@ -183,15 +182,17 @@ def _child(what: str, n: int) -> None:
 
 def measure(n: int) -> dict[str, Any]:
     """Instructions per event (see the module docstring)."""
-    base = callgrind.marginal(_MODULE, "none", n)
-    spent = callgrind.marginal(_MODULE, "relay", n)
+    base = callgrind.marginal(_NAME, "none", n)
+    spent = callgrind.marginal(_NAME, "relay", n)
     return {"events": n, "relay_instructions_per_event": round((spent - base) / (5 * n))}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks relay-cost`` (see the module docstring)."""
     return callgrind.main(
         argv,
-        module=_MODULE,
+        name=_NAME,
+        description=(__doc__ or "").split("\n", 1)[0],
         children=["relay"],
         child=_child,
         measure=measure,
@@ -199,7 +200,3 @@ def main(argv: list[str] | None = None) -> int:
             f"relay hot path {result['relay_instructions_per_event']:>8,} instructions per event"
         ),
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
