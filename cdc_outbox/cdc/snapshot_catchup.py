@@ -7,7 +7,11 @@ here through the same :class:`~cdc_outbox.delivery.engine.Delivery` as the strea
 must be acknowledged or durably dead-lettered before streaming starts from the consistent
 point: so nothing falls between the two and per-aggregate order holds (backlog first, each
 aggregate's rows in commit order as :mod:`cdc_outbox.cdc.catch_up_order` defines it, then the
-stream). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere.
+stream). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere, but only
+from that row's place in the aggregate's order on: the query returns the ``FAILED`` rows too,
+in the same order, and each parks its aggregate where it comes (it is not published again);
+unpublished rows before it (a re-stream's leftovers: published, not yet marked) are
+published as the first time.
 
 Contract: :func:`publish_backlog` returns the number of rows once every outcome is known (and,
 at least once, every published row is marked PUBLISHED by the published-marker), or
@@ -41,11 +45,11 @@ from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.failed_rows import parked_aggregates
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
+from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store.mark_published import UNPUBLISHED, marking_statement
 from cdc_outbox.store.schema import outbox_ident
 
@@ -103,7 +107,9 @@ def backlog_query(
 ) -> sql.Composed:
     """The rows a catch-up publishes, as text in ``mapper.row_columns`` order, each
     aggregate's in commit order (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``:
-    the server has ``track_commit_timestamp`` on."""
+    the server has ``track_commit_timestamp`` on. The default layout's query also returns the
+    ``FAILED`` rows (they park their aggregate from there on), with ``status`` as one more
+    last column."""
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
@@ -115,7 +121,7 @@ def backlog_query(
         return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, table, order)
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
-    return sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {}").format(
+    return sql.SQL("SELECT {}, status FROM {} WHERE {} OR status = 'FAILED' ORDER BY {}").format(
         columns, table, UNPUBLISHED, order
     )
 
@@ -175,8 +181,8 @@ def publish_backlog(
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                if settings.columns.preset == "default":
-                    delivery.parking.load(parked_aggregates(conn, settings))
+                bookkept = settings.columns.preset == "default"
+                delivery.parking.load(())  # FAILED rows park their aggregate where they come
                 commit_ts = _commit_timestamps(conn)
                 progress = _start_progress(conn, settings, delivery)
                 logger.info(
@@ -187,6 +193,11 @@ def publish_backlog(
                     cur.itersize = _FETCH
                     cur.execute(backlog_query(settings, mapper, commit_ts))
                     for values in cur:
+                        if bookkept:
+                            status, values = values[-1], values[:-1]
+                            if status == "FAILED":
+                                _park(delivery, mapper.map_row(values))
+                                continue
                         backlog.pending += 1
                         record = mapper.map_row(values)
                         if eos is not None and record.event_id is not None:
@@ -223,6 +234,12 @@ def publish_backlog(
         delivery.stats.catch_up_progress = None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
+
+
+def _park(delivery: Delivery, row: OutboxRecord | DeadLetter) -> None:
+    """A ``FAILED`` row of the backlog: its aggregate is parked from here on."""
+    if row.event_id is not None:
+        delivery.parking.park(row.key, row.event_id)
 
 
 def _commit_timestamps(conn: psycopg.Connection[tuple[object, ...]]) -> bool:

@@ -17,7 +17,10 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
   produced until :meth:`new_session`: later events get ``handle.retry`` at once, so none
   overtakes it.
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
-  :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
+  :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table. Loaded
+  with :meth:`~cdc_outbox.delivery.policy.Parking.load_from_position` (CDC streaming), an
+  aggregate is parked only from its FAILED event on: events before it (re-streamed) are
+  sent as the first time (``FailedRows.precedes``: one query per such event).
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
 - With ``tracing_relay_span``, a record carrying a ``traceparent`` is produced inside a relay
   span (:class:`cdc_outbox.tracing.RelaySpans`) whose context its headers then carry.
@@ -45,7 +48,7 @@ import psycopg
 
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
-from cdc_outbox.delivery.failed_rows import FailedRows
+from cdc_outbox.delivery.failed_rows import FailedRowsStore
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
     FailureAction,
@@ -82,7 +85,7 @@ class Delivery:
         stats: RelayStats,
         *,
         marker: PublishListener | None = None,
-        failed_rows: FailedRows | None = None,
+        failed_rows: FailedRowsStore | None = None,
         transactional_id: str | None = None,
         producer_client: ProducerFactory | None = None,
         interrupted: Callable[[], str | None] = lambda: None,
@@ -220,7 +223,11 @@ class Delivery:
             return
         if type(result) is OutboxRecord:
             key = result.key
-            blocker = self.parking.blocked_by(key) if len(self.parking) else None
+            blocker = (
+                self.parking.blocked_by(key, result.event_id, self._precedes)
+                if len(self.parking)
+                else None
+            )
             if blocker is None:
                 value = result.value
                 wire_key = key
@@ -267,6 +274,14 @@ class Delivery:
                 result = dead_letter_of(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
+
+    def _precedes(self, event_id: str, blocker_id: str) -> bool:
+        """Whether ``event_id`` comes before the FAILED ``blocker_id`` (see
+        :meth:`~cdc_outbox.delivery.failed_rows.FailedRows.precedes`); raises
+        ``psycopg.Error`` (the mode restarts)."""
+        if self.failed_rows is None:
+            return False
+        return self.failed_rows.precedes(event_id, blocker_id)
 
     def reject(self, handle: EventHandle, problem: DeadLetter) -> None:
         """An event that cannot be published: halt, or dead-letter it and park its aggregate."""

@@ -8,6 +8,9 @@ Contract:
   caller, who keeps the batch and tries again.
 - :func:`parked_aggregates` lists ``(aggregate_id, first FAILED event id)``, oldest first per
   aggregate, optionally only for some aggregates.
+- :meth:`FailedRows.precedes` says whether an event comes before a FAILED one of its
+  aggregate in the aggregate's order (``columns.sequence``, else ``created_at``: the order
+  the catch-up and redrive use): a re-stream publishes such events as the first time.
 - Ids are compared in the id column's own type (uuid, text, bigint, ...), never via ``::text``.
 - Needs the status columns of the default column preset.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -53,6 +56,23 @@ def parked_aggregates(
     return [(str(a), str(i)) for a, i in conn.execute(query, params).fetchall()]
 
 
+class FailedRowsStore(Protocol):
+    """What :class:`~cdc_outbox.delivery.engine.Delivery` needs of the FAILED rows (a test
+    passes a fake table)."""
+
+    def mark(self, items: Sequence[tuple[str, str]]) -> None: ...
+
+    def precedes(self, event_id: str, blocker_id: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def order_key(settings: Settings) -> sql.Identifier:
+    """The column giving an aggregate's order in the table (``columns.sequence`` or
+    ``created_at``)."""
+    return sql.Identifier(settings.columns.sequence or "created_at")
+
+
 class FailedRows:
     """Marks dead-lettered rows FAILED on its own connection (opened on first use)."""
 
@@ -60,6 +80,7 @@ class FailedRows:
         self._settings = settings
         self._conn: Conn | None = None
         self._statement: sql.Composed | None = None
+        self._precedes: sql.Composed | None = None
         self.marked = 0
 
     def mark(self, items: Sequence[tuple[str, str]]) -> None:
@@ -77,6 +98,24 @@ class FailedRows:
             raise
         self.marked += max(cur.rowcount, 0)
 
+    def precedes(self, event_id: str, blocker_id: str) -> bool:
+        """Whether event ``event_id`` comes before the FAILED event ``blocker_id`` in their
+        aggregate's order (strictly: a tie is not before). An event whose row is gone was
+        published (only published rows are deleted): before. A blocker whose row is gone
+        (redriven meanwhile): not before (the key stays parked until the redrive message
+        releases it). Raises ``psycopg.Error``."""
+        conn = self._connect()
+        try:
+            query = self._require_precedes(conn)
+            row = conn.execute(query, (event_id, blocker_id)).fetchone()
+        except psycopg.Error:
+            self.close()
+            raise
+        if row is None:
+            return False
+        before, gone = row
+        return bool(gone or before)
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -86,6 +125,21 @@ class FailedRows:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
         return self._conn
+
+    def _require_precedes(self, conn: Conn) -> sql.Composed:
+        if self._precedes is None:
+            settings = self._settings
+            ids = id_column_type(conn, settings)
+            self._precedes = sql.SQL(
+                "SELECT e.{key} < b.{key}, e.{id} IS NULL FROM {t} AS b LEFT JOIN {t} AS e"
+                " ON e.{id} = %s::text::{ids} WHERE b.{id} = %s::text::{ids}"
+            ).format(
+                key=order_key(settings),
+                id=sql.Identifier(settings.column_names().id),
+                t=schema.outbox_ident(settings),
+                ids=sql.Identifier(ids.schema, ids.type_name),
+            )
+        return self._precedes
 
     def _require_statement(self, conn: Conn) -> sql.Composed:
         if self._statement is None:

@@ -11,6 +11,7 @@ per-aggregate order, and the slot never confirmed past what Kafka committed.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -30,11 +31,15 @@ from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config import Settings
 from cdc_outbox.store.relay_state import KeepOutcome
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, Record
+from tests.fakes.outbox import FakeOutbox
 from tests.fakes.replication import FakePostgres, FakeStream
 from tests.helpers import wait_until
 
 PREFIX = "t.event"
 CHECKPOINTS = "t.checkpoints"
+DEAD_LETTERS = "cdc_outbox.dead_letter"  # the default dead_letter_topic
+MAX_RECORD_BYTES = 4096
+POISON = {1: 2 * MAX_RECORD_BYTES}  # pad of commit(): the 2nd event is too large
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.stream = FakeStream(self.pg)
+        self.outbox = FakeOutbox(lambda: self.pg.events())
         self.settings = Settings.model_validate(
             {
                 "dsn": "postgresql://fake@127.0.0.1:1/db",
@@ -55,6 +61,7 @@ class Harness:
                 "cdc_mark_published": "off",
                 "topic_template": PREFIX + ".{aggregate_type}",
                 "status_interval_s": 1.0,
+                "max_record_bytes": MAX_RECORD_BYTES,
                 "eos": {"checkpoint_topic": CHECKPOINTS, "commit_interval_ms": 5},
                 "kafka": {"bootstrap_servers": "fake:9092"},
             }
@@ -81,7 +88,8 @@ class Harness:
             checkpoints=FakeCheckpoints(self.cluster, CHECKPOINTS),
             kept=lambda: self.pg.kept,
             keep=keep,
-            parked=lambda: [],
+            parked=self.outbox.parked,
+            failed_rows=self.outbox,
         )
         relay = Relay(self.settings, ports=ports)
         relay._sleep = lambda seconds: None  # type: ignore[method-assign]
@@ -92,12 +100,21 @@ class Harness:
             return self.cluster.read_committed(PREFIX)
         return self.cluster.read_uncommitted(PREFIX)
 
+    def dead_letters(self) -> list[Record]:
+        if self.delivery == "exactly_once":
+            return self.cluster.read_committed(DEAD_LETTERS)
+        return self.cluster.read_uncommitted(DEAD_LETTERS)
+
     def caught_up(self) -> bool:
+        """Every event of the current history is visible (on its topic or, dead-lettered,
+        on the dead-letter topic with its row FAILED) and the slot confirmed past it."""
         pg = self.pg
         if pg.txns and pg.confirmed < pg.txns[-1].end_lsn:
             return False
         seen = {r.headers_id for r in map(_Seen, self.visible())}
-        return all(e.id in seen for e in pg.events())
+        dead = {r.headers_id for r in map(_Seen, self.dead_letters())}
+        failed = self.outbox.failed
+        return all(e.id in seen or (e.id in dead and e.id in failed) for e in pg.events())
 
     @contextmanager
     def running(self, relay: Relay) -> Iterator[Callable[[], None]]:
@@ -148,7 +165,7 @@ class Harness:
         visible = [r for r in self.visible() if _Seen(r).headers_id in ours]
         first = {_Seen(r).headers_id: r for r in reversed(visible)}
         for r in sorted(first.values(), key=visible.index):
-            seq = int((r.value or b"").split(b":")[1].strip(b" }"))
+            seq = int(json.loads(r.value or b"{}")["seq"])
             key = r.key or b""
             if seq < last.get(key, 0):
                 broken.append(f"{key!r}: {seq} after {last[key]}")
