@@ -24,11 +24,13 @@ redo re-sends at most about ``2 * UNMARKED_WINDOW + 1000`` rows, whatever the ba
 
 Exactly-once (``eos`` given): the rows go in Kafka transactions of about ``eos.max_events``
 rows (fewer if their ids would exceed 400 kB); each carries a checkpoint record with the ids
-of its rows, and after each commit those rows are marked PUBLISHED (on a helper thread,
-while the next batch is produced) before the next batch commits. A crash loses at most the
-marking of
-the last committed batch: :func:`mark_published` of the last checkpoint's ids, before the
-next catch-up takes its snapshot, makes the redo skip them (no duplicates).
+of its rows (and the reasons of its dead letters), and after each commit those rows are
+marked, dead letters FAILED and the others PUBLISHED (on a helper thread, while the next
+batch is produced), before the next batch commits. A dead-lettered row stays unpublished
+until then, so a batch that does not commit (an abort, a crash) leaves it to the redo,
+which dead-letters it again: each dead letter is committed once. A crash loses at most the
+marking of the last committed batch: :func:`mark_committed_batch` of the last checkpoint,
+before the next catch-up takes its snapshot, makes the redo skip its rows (no duplicates).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.failed_rows import mark_failed
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
@@ -60,7 +63,11 @@ class CatchUpCommitter(Protocol):
     """What a catch-up needs of :class:`cdc_outbox.cdc.eos.EosCommitter` (which imports this
     module, so it is named by shape, not imported)."""
 
-    def commit(self, catch_up_ids: list[str] | None = None) -> None: ...
+    def commit(
+        self,
+        catch_up_ids: list[str] | None = None,
+        dead_letters: list[tuple[str, str]] | None = None,
+    ) -> None: ...
 
 
 def _marker(delivery: Delivery) -> PublishedMarker | None:
@@ -170,6 +177,7 @@ def publish_backlog(
     ids: list[str] = []
     id_bytes = 0
     delivery.new_session()
+    delivery.defer_failed = eos is not None  # FAILED only once the dead letter is committed
     try:
         if eos is not None:
             delivery.ensure_transactions()
@@ -212,7 +220,8 @@ def publish_backlog(
                             if eos is None:
                                 _bound_unmarked(delivery, backlog)
                             if eos is not None and (
-                                len(ids) >= settings.eos.max_events or id_bytes >= _MAX_ID_BYTES
+                                len(ids) >= settings.eos.max_events
+                                or id_bytes + _reason_bytes(delivery) >= _MAX_ID_BYTES
                             ):
                                 _commit(delivery, backlog, eos, ids, marks, marking)
                                 id_bytes = 0
@@ -231,9 +240,15 @@ def publish_backlog(
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
     finally:
+        delivery.defer_failed = False
         delivery.stats.catch_up_progress = None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
+
+
+def _reason_bytes(delivery: Delivery) -> int:
+    """The checkpoint bytes the reasons of the batch's dead letters take so far."""
+    return sum(len(reason) + 6 for _, reason in delivery.failed_after_commit)
 
 
 def _park(delivery: Delivery, row: OutboxRecord | DeadLetter) -> None:
@@ -280,14 +295,20 @@ def _commit(
     marking: _Marking,
 ) -> None:
     """Exactly-once: commit the rows so far with their ids in the checkpoint (once the
-    previous batch is marked), then start marking them."""
+    previous batch is marked), the dead-lettered ones with their reasons, then start marking
+    them: FAILED (only now: were the commit aborted, the redo would dead-letter them again),
+    then PUBLISHED."""
     _settle(delivery, backlog)
     marking.wait()
+    dead = list(delivery.failed_after_commit)
+    failed = {i for i, _ in dead}
+    published = [i for i in ids if i not in failed]
     try:
-        eos.commit(catch_up_ids=ids)
+        eos.commit(catch_up_ids=published, dead_letters=dead)
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka commit failed: {exc}") from None
-    marking.start(marks, list(ids))
+    delivery.failed_after_commit.clear()
+    marking.start(marks, published, dead)
     ids.clear()
 
 
@@ -300,11 +321,17 @@ class _Marking:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def start(self, conn: psycopg.Connection[tuple[object, ...]], ids: list[str]) -> None:
+    def start(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        ids: list[str],
+        dead_letters: list[tuple[str, str]],
+    ) -> None:
         self.wait()
 
         def mark() -> None:
             try:
+                mark_failed(conn, self.settings, dead_letters)
                 mark_published(conn, self.settings, ids)
             except BaseException as exc:  # re-raised by wait()
                 self._error = exc
@@ -342,6 +369,23 @@ def mark_published(
         sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
     )
     return conn.execute(marking_statement(settings, match), (ids,)).rowcount
+
+
+def mark_committed_batch(
+    conn: psycopg.Connection[tuple[object, ...]],
+    settings: Settings,
+    ids: list[str],
+    dead_letters: list[tuple[str, str]],
+) -> None:
+    """Mark the rows of a committed catch-up batch (the last checkpoint's, before the next
+    catch-up takes its snapshot): its dead letters FAILED (only rows never marked since: a
+    row redriven meanwhile keeps its ``last_error`` and is left alone), its other rows
+    PUBLISHED; idempotent."""
+    failed = mark_failed(conn, settings, dead_letters, only_unmarked=True)
+    marked = mark_published(conn, settings, ids)
+    logger.info(
+        "marked the last committed catch-up batch: %d rows published, %d FAILED", marked, failed
+    )
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:

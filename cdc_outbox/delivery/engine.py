@@ -30,10 +30,11 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
 Exactly-once (``delivery = "exactly_once"``): the producer is transactional and everything,
 dead letters included, goes into the open Kafka transaction; outcomes then mean "written in
 the transaction". The mode waits until nothing is :attr:`busy` (so dead-lettered rows are
-already FAILED in PostgreSQL), then commits (:mod:`cdc_outbox.cdc.eos`) and calls
-:meth:`committed`: only then are ids handed to the ``marker`` (a ``PublishListener``). Any
-failure aborts (:meth:`abandon`): a record the broker rejected is remembered and
-dead-lettered up front when it is re-sent.
+already FAILED in PostgreSQL; with ``defer_failed``, the catch-up's wait in
+``failed_after_commit`` for its checkpoint and marking), then commits
+(:mod:`cdc_outbox.cdc.eos`) and calls :meth:`committed`: only then are ids handed to the
+``marker`` (a ``PublishListener``). Any failure aborts (:meth:`abandon`): a record the
+broker rejected is remembered and dead-lettered up front when it is re-sent.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ class Delivery:
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
         self.to_mark: list[DeadLetterReport] = []
+        #: Exactly-once catch-up: ``(event id, reason)`` of acknowledged dead letters, marked
+        #: FAILED by the catch-up only after the Kafka commit (the redo of an aborted batch
+        #: dead-letters them again).
+        self.defer_failed = False
+        self.failed_after_commit: list[tuple[str, str]] = []
         self.interrupted = interrupted  # the produce loop's stop question (see the contract)
         self.idle = idle  # called while the producer queue is full
         self._halt_policy = settings.on_permanent_error == "halt"
@@ -136,6 +142,7 @@ class Delivery:
         self._dead.clear()
         self.dead_in_flight = 0
         self.to_mark.clear()
+        self.failed_after_commit.clear()
         self.keys.clear()
         self.marks.clear()
         if self.publisher.fatal_error or self._replace_producer:
@@ -362,7 +369,9 @@ class Delivery:
     def _mark_failed(self) -> None:
         batch = self.to_mark
         rows = [(d.event_id, d.reason) for d in batch if d.event_id is not None]
-        if self.failed_rows is not None:
+        if self.defer_failed:
+            self.failed_after_commit += rows
+        elif self.failed_rows is not None:
             try:
                 self.failed_rows.mark(rows)
             except psycopg.Error as exc:

@@ -6,6 +6,8 @@ Contract:
   ids and returns only once that is committed; a dead letter counts as handled (the slot may
   pass it, the polling row is settled) only after that. ``psycopg.Error`` is raised to the
   caller, who keeps the batch and tries again.
+- :func:`mark_failed` does the same on the caller's connection (the exactly-once catch-up
+  marks a batch's dead letters only after its Kafka commit).
 - :func:`parked_aggregates` lists ``(aggregate_id, first FAILED event id)``, oldest first per
   aggregate, optionally only for some aggregates.
 - :meth:`FailedRows.precedes` says whether an event comes before a FAILED one of its
@@ -143,16 +145,39 @@ class FailedRows:
 
     def _require_statement(self, conn: Conn) -> sql.Composed:
         if self._statement is None:
-            settings = self._settings
-            self._statement = sql.SQL(
-                # A row dead-lettered again after a restart keeps its first reason.
-                "UPDATE {t} AS o SET status = 'FAILED', last_error = CASE WHEN o.status ="
-                " 'FAILED' THEN coalesce(o.last_error, f.reason) ELSE f.reason END,"
-                " locked_by = NULL, locked_at = NULL"
-                " FROM unnest(%s::text[]::{ids}, %s::text[]) AS f(id, reason) WHERE o.{id} = f.id"
-            ).format(
-                t=schema.outbox_ident(settings),
-                ids=id_column_type(conn, settings).array(),
-                id=sql.Identifier(settings.columns.id),
-            )
+            self._statement = _mark_statement(conn, self._settings)
         return self._statement
+
+
+def _mark_statement(conn: Conn, settings: Settings, only_unmarked: bool = False) -> sql.Composed:
+    only = sql.SQL(
+        " AND o.status IN ('PENDING', 'PROCESSING') AND o.last_error IS NULL"
+        if only_unmarked
+        else ""
+    )
+    return sql.SQL(
+        # A row dead-lettered again after a restart keeps its first reason.
+        "UPDATE {t} AS o SET status = 'FAILED', last_error = CASE WHEN o.status ="
+        " 'FAILED' THEN coalesce(o.last_error, f.reason) ELSE f.reason END,"
+        " locked_by = NULL, locked_at = NULL"
+        " FROM unnest(%s::text[]::{ids}, %s::text[]) AS f(id, reason) WHERE o.{id} = f.id{only}"
+    ).format(
+        t=schema.outbox_ident(settings),
+        ids=id_column_type(conn, settings).array(),
+        id=sql.Identifier(settings.column_names().id),
+        only=only,
+    )
+
+
+def mark_failed(
+    conn: Conn, settings: Settings, items: Sequence[tuple[str, str]], *, only_unmarked: bool = False
+) -> int:
+    """Mark ``(event_id, reason)`` rows FAILED on ``conn`` (as :meth:`FailedRows.mark`);
+    ``only_unmarked``: only rows still unpublished and never given a reason (a committed
+    batch's dead letters marked after a crash: never a row redriven since, which keeps its
+    ``last_error``). Returns the rows changed."""
+    if not items:
+        return 0
+    statement = _mark_statement(conn, settings, only_unmarked)
+    cur = conn.execute(statement, ([i for i, _ in items], [r for _, r in items]))
+    return max(cur.rowcount, 0)
