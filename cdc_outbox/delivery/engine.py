@@ -230,11 +230,11 @@ class Delivery:
             return
         if type(result) is OutboxRecord:
             key = result.key
-            blocker = (
-                self.parking.blocked_by(key, result.event_id, self._precedes)
-                if len(self.parking)
-                else None
-            )
+            blocker = None
+            if len(self.parking):  # the comparison may raise psycopg.Error: the mode restarts
+                rows = self.failed_rows
+                precedes = rows.precedes if rows is not None else None
+                blocker = self.parking.blocked_by(key, result.event_id, precedes)
             if blocker is None:
                 value = result.value
                 wire_key = key
@@ -281,14 +281,6 @@ class Delivery:
                 result = dead_letter_of(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
         self.reject(handle, result)
-
-    def _precedes(self, event_id: str, blocker_id: str) -> bool:
-        """Whether ``event_id`` comes before the FAILED ``blocker_id`` (see
-        :meth:`~cdc_outbox.delivery.failed_rows.FailedRows.precedes`); raises
-        ``psycopg.Error`` (the mode restarts)."""
-        if self.failed_rows is None:
-            return False
-        return self.failed_rows.precedes(event_id, blocker_id)
 
     def reject(self, handle: EventHandle, problem: DeadLetter) -> None:
         """An event that cannot be published: halt, or dead-letter it and park its aggregate."""

@@ -3,8 +3,8 @@
 
 Model: the events of a :class:`~tests.fakes.replication.FakePostgres` (its current history,
 asked each time: a failover swaps it) are the rows, PENDING unless marked; an aggregate's
-order is its events' ``seq`` (as ``created_at`` orders them in the table). ``marks`` records
-every mark in order; a row dead-lettered again keeps its first reason, as the real UPDATE.
+order is its events' ``seq`` (as ``created_at`` orders them in the table). A row
+dead-lettered again keeps its first reason, as the real UPDATE does.
 """
 
 from __future__ import annotations
@@ -19,20 +19,12 @@ from tests.fakes.replication import Event
 class FakeOutbox:
     events: Callable[[], list[Event]]
     failed: dict[str, str] = field(default_factory=dict)  # event id -> first reason
-    marks: list[tuple[str, str]] = field(default_factory=list)
-    fail_marks: int = 0  # the next marks that fail (the database is unavailable)
 
     def _by_id(self) -> dict[str, Event]:
         return {e.id: e for e in self.events()}
 
     def mark(self, items: Sequence[tuple[str, str]]) -> None:
-        import psycopg
-
-        if self.fail_marks:
-            self.fail_marks -= 1
-            raise psycopg.OperationalError("fake: the database is unavailable")
         for event_id, reason in items:
-            self.marks.append((event_id, reason))
             self.failed.setdefault(event_id, reason)
 
     def precedes(self, event_id: str, blocker_id: str) -> bool:
