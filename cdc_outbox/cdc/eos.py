@@ -180,13 +180,18 @@ class EosCommitter:
     def due(self, caught_up: bool = False) -> bool:
         return self.batch.due(time.monotonic(), caught_up)
 
-    def commit(self, catch_up_ids: list[str] | None = None) -> None:
+    def commit(
+        self,
+        catch_up_ids: list[str] | None = None,
+        dead_letters: list[tuple[str, str]] | None = None,
+    ) -> None:
         """Add the checkpoint record to the open Kafka transaction and commit it (nothing may
-        be busy); raises ``TransactionFailed``."""
-        self._produce_checkpoint(catch_up_ids)
+        be busy); raises ``TransactionFailed``. A catch-up batch's checkpoint names its
+        published rows and its dead letters (marked FAILED only after the commit)."""
+        self._produce_checkpoint(catch_up_ids, dead_letters=dead_letters)
         self._close()
         self._commit_call()
-        self._committed(catch_up_ids)
+        self._committed([*(catch_up_ids or ()), *(i for i, _ in dead_letters or ())])
 
     # -- streaming: close, keep reading, commit ----------------------------------------------
 
@@ -263,7 +268,10 @@ class EosCommitter:
         self._closing_txns, self.txns = self.txns, []
 
     def _produce_checkpoint(
-        self, catch_up_ids: list[str] | None = None, end_lsn: int | None = None
+        self,
+        catch_up_ids: list[str] | None = None,
+        end_lsn: int | None = None,
+        dead_letters: list[tuple[str, str]] | None = None,
     ) -> None:
         """A checkpoint record (end LSN of the open batch, or ``end_lsn``) into the open Kafka
         transaction (held back while the previous one closes)."""
@@ -276,6 +284,7 @@ class EosCommitter:
             catch_up_ids or [],
             timeline=None if (h := self.ledger.committed_in) is None else h.timeline,
             producer=self.producer,
+            dead_letters=dead_letters or [],
         )
         topic = self.settings.eos.checkpoint_topic
         delivery.publisher.produce(
@@ -354,9 +363,9 @@ class EosCommitter:
 
     def settle_last_catch_up(self, history: History) -> None:
         """Before a catch-up takes its snapshot: fence older producers, read the last
-        checkpoint and mark the rows of the catch-up batch it committed (they are then skipped).
-        Raises ``CatchUpFailed``."""
-        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_published
+        checkpoint and mark the rows of the catch-up batch it committed, PUBLISHED or FAILED
+        (they are then skipped). Raises ``CatchUpFailed``."""
+        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_committed_batch
 
         try:
             self.delivery.new_session()
@@ -364,10 +373,9 @@ class EosCommitter:
             last = self.load(history, ensure_topic=not ensured)
         except (TransactionFailed, ConnectionError, TimeoutError) as exc:
             raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
-        if last is not None and last.catch_up_ids:
+        if last is not None and (last.catch_up_ids or last.dead_letters):
             with psycopg.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
-                marked = mark_published(conn, self.settings, last.catch_up_ids)
-            logger.info("marked %d rows of the last committed catch-up batch published", marked)
+                mark_committed_batch(conn, self.settings, last.catch_up_ids, last.dead_letters)
 
 
 class _CheckpointSent:

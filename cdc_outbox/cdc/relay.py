@@ -117,7 +117,7 @@ class Relay:
             settings,
             self.stats,
             marker=self.marker,
-            failed_rows=FailedRows(settings) if self._bookkept else None,
+            failed_rows=(ports.failed_rows or FailedRows(settings)) if self._bookkept else None,
             transactional_id=transactional_id(settings, *identity) if identity else None,
             producer_client=ports.producer_client,
         )
@@ -299,7 +299,9 @@ class Relay:
         tracker = ledger.start_session(history, start, confirmed=confirmed, handed=handed)
         self._session_opened = True
         if self._bookkept:
-            delivery.parking.load(self._parked())
+            # Parked from each FAILED event's position on: a re-stream may send again events
+            # that came before it (and it), which are handled as the first time.
+            delivery.parking.load_from_position(self._parked())
         self._checkpoint = checkpoint = Checkpointer(
             self._stream,
             ledger,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdc_outbox.cdc.history import History
+from cdc_outbox.delivery.failed_rows import FailedRowsStore
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData
@@ -67,3 +68,6 @@ class RelayPorts:
     keep: Callable[[int], KeepOutcome] | None = None
     #: The parked aggregates ``(aggregate_id, blocking event id)`` (default: from the table).
     parked: Callable[[], Iterable[tuple[str, str]]] | None = None
+    #: The outbox table's FAILED rows as the delivery marks and compares them
+    #: (:class:`~cdc_outbox.delivery.failed_rows.FailedRows`).
+    failed_rows: FailedRowsStore | None = None

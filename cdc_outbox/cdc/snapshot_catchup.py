@@ -7,7 +7,11 @@ here through the same :class:`~cdc_outbox.delivery.engine.Delivery` as the strea
 must be acknowledged or durably dead-lettered before streaming starts from the consistent
 point: so nothing falls between the two and per-aggregate order holds (backlog first, each
 aggregate's rows in commit order as :mod:`cdc_outbox.cdc.catch_up_order` defines it, then the
-stream). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere.
+stream). Aggregates with a ``FAILED`` row in the snapshot are parked, as everywhere, but only
+from that row's place in the aggregate's order on: the query returns the ``FAILED`` rows too,
+in the same order, and each parks its aggregate where it comes (it is not published again);
+unpublished rows before it (a re-stream's leftovers: published, not yet marked) are
+published as the first time.
 
 Contract: :func:`publish_backlog` returns the number of rows once every outcome is known (and,
 at least once, every published row is marked PUBLISHED by the published-marker), or
@@ -20,11 +24,13 @@ redo re-sends at most about ``2 * UNMARKED_WINDOW + 1000`` rows, whatever the ba
 
 Exactly-once (``eos`` given): the rows go in Kafka transactions of about ``eos.max_events``
 rows (fewer if their ids would exceed 400 kB); each carries a checkpoint record with the ids
-of its rows, and after each commit those rows are marked PUBLISHED (on a helper thread,
-while the next batch is produced) before the next batch commits. A crash loses at most the
-marking of
-the last committed batch: :func:`mark_published` of the last checkpoint's ids, before the
-next catch-up takes its snapshot, makes the redo skip them (no duplicates).
+of its rows (and the reasons of its dead letters), and after each commit those rows are
+marked, dead letters FAILED and the others PUBLISHED (on a helper thread, while the next
+batch is produced), before the next batch commits. A dead-lettered row stays unpublished
+until then, so a batch that does not commit (an abort, a crash) leaves it to the redo,
+which dead-letters it again: each dead letter is committed once. A crash loses at most the
+marking of the last committed batch: :func:`mark_committed_batch` of the last checkpoint,
+before the next catch-up takes its snapshot, makes the redo skip its rows (no duplicates).
 """
 
 from __future__ import annotations
@@ -41,11 +47,12 @@ from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.failed_rows import parked_aggregates
+from cdc_outbox.delivery.failed_rows import mark_failed
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
+from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store.mark_published import UNPUBLISHED, marking_statement
 from cdc_outbox.store.schema import outbox_ident
 
@@ -56,7 +63,11 @@ class CatchUpCommitter(Protocol):
     """What a catch-up needs of :class:`cdc_outbox.cdc.eos.EosCommitter` (which imports this
     module, so it is named by shape, not imported)."""
 
-    def commit(self, catch_up_ids: list[str] | None = None) -> None: ...
+    def commit(
+        self,
+        catch_up_ids: list[str] | None = None,
+        dead_letters: list[tuple[str, str]] | None = None,
+    ) -> None: ...
 
 
 def _marker(delivery: Delivery) -> PublishedMarker | None:
@@ -103,7 +114,9 @@ def backlog_query(
 ) -> sql.Composed:
     """The rows a catch-up publishes, as text in ``mapper.row_columns`` order, each
     aggregate's in commit order (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``:
-    the server has ``track_commit_timestamp`` on."""
+    the server has ``track_commit_timestamp`` on. The default layout's query also returns the
+    ``FAILED`` rows (they park their aggregate from there on), with ``status`` as one more
+    last column."""
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
@@ -115,7 +128,7 @@ def backlog_query(
         return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, table, order)
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
-    return sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {}").format(
+    return sql.SQL("SELECT {}, status FROM {} WHERE {} OR status = 'FAILED' ORDER BY {}").format(
         columns, table, UNPUBLISHED, order
     )
 
@@ -164,6 +177,7 @@ def publish_backlog(
     ids: list[str] = []
     id_bytes = 0
     delivery.new_session()
+    delivery.defer_failed = eos is not None  # FAILED only once the dead letter is committed
     try:
         if eos is not None:
             delivery.ensure_transactions()
@@ -175,8 +189,8 @@ def publish_backlog(
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                if settings.columns.preset == "default":
-                    delivery.parking.load(parked_aggregates(conn, settings))
+                bookkept = settings.columns.preset == "default"
+                delivery.parking.load(())  # FAILED rows park their aggregate where they come
                 commit_ts = _commit_timestamps(conn)
                 progress = _start_progress(conn, settings, delivery)
                 logger.info(
@@ -187,6 +201,11 @@ def publish_backlog(
                     cur.itersize = _FETCH
                     cur.execute(backlog_query(settings, mapper, commit_ts))
                     for values in cur:
+                        if bookkept:
+                            status, values = values[-1], values[:-1]
+                            if status == "FAILED":
+                                _park(delivery, mapper.map_row(values))
+                                continue
                         backlog.pending += 1
                         record = mapper.map_row(values)
                         if eos is not None and record.event_id is not None:
@@ -201,7 +220,8 @@ def publish_backlog(
                             if eos is None:
                                 _bound_unmarked(delivery, backlog)
                             if eos is not None and (
-                                len(ids) >= settings.eos.max_events or id_bytes >= _MAX_ID_BYTES
+                                len(ids) >= settings.eos.max_events
+                                or id_bytes + _reason_bytes(delivery) >= _MAX_ID_BYTES
                             ):
                                 _commit(delivery, backlog, eos, ids, marks, marking)
                                 id_bytes = 0
@@ -220,9 +240,21 @@ def publish_backlog(
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
     finally:
+        delivery.defer_failed = False
         delivery.stats.catch_up_progress = None
     logger.info("published %d rows pending in the new slot's snapshot", count)
     return count
+
+
+def _reason_bytes(delivery: Delivery) -> int:
+    """The checkpoint bytes the reasons of the batch's dead letters take so far."""
+    return sum(len(reason) + 6 for _, reason in delivery.failed_after_commit)
+
+
+def _park(delivery: Delivery, row: OutboxRecord | DeadLetter) -> None:
+    """A ``FAILED`` row of the backlog: its aggregate is parked from here on."""
+    if row.event_id is not None:
+        delivery.parking.park(row.key, row.event_id)
 
 
 def _commit_timestamps(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
@@ -263,14 +295,20 @@ def _commit(
     marking: _Marking,
 ) -> None:
     """Exactly-once: commit the rows so far with their ids in the checkpoint (once the
-    previous batch is marked), then start marking them."""
+    previous batch is marked), the dead-lettered ones with their reasons, then start marking
+    them: FAILED (only now: were the commit aborted, the redo would dead-letter them again),
+    then PUBLISHED."""
     _settle(delivery, backlog)
     marking.wait()
+    dead = list(delivery.failed_after_commit)
+    failed = {i for i, _ in dead}
+    published = [i for i in ids if i not in failed]
     try:
-        eos.commit(catch_up_ids=ids)
+        eos.commit(catch_up_ids=published, dead_letters=dead)
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka commit failed: {exc}") from None
-    marking.start(marks, list(ids))
+    delivery.failed_after_commit.clear()
+    marking.start(marks, published, dead)
     ids.clear()
 
 
@@ -283,11 +321,17 @@ class _Marking:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def start(self, conn: psycopg.Connection[tuple[object, ...]], ids: list[str]) -> None:
+    def start(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        ids: list[str],
+        dead_letters: list[tuple[str, str]],
+    ) -> None:
         self.wait()
 
         def mark() -> None:
             try:
+                mark_failed(conn, self.settings, dead_letters)
                 mark_published(conn, self.settings, ids)
             except BaseException as exc:  # re-raised by wait()
                 self._error = exc
@@ -325,6 +369,23 @@ def mark_published(
         sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
     )
     return conn.execute(marking_statement(settings, match), (ids,)).rowcount
+
+
+def mark_committed_batch(
+    conn: psycopg.Connection[tuple[object, ...]],
+    settings: Settings,
+    ids: list[str],
+    dead_letters: list[tuple[str, str]],
+) -> None:
+    """Mark the rows of a committed catch-up batch (the last checkpoint's, before the next
+    catch-up takes its snapshot): its dead letters FAILED (only rows never marked since: a
+    row redriven meanwhile keeps its ``last_error`` and is left alone), its other rows
+    PUBLISHED; idempotent."""
+    failed = mark_failed(conn, settings, dead_letters, only_unmarked=True)
+    marked = mark_published(conn, settings, ids)
+    logger.info(
+        "marked the last committed catch-up batch: %d rows published, %d FAILED", marked, failed
+    )
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:

@@ -17,7 +17,10 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
   produced until :meth:`new_session`: later events get ``handle.retry`` at once, so none
   overtakes it.
 - Events of a parked aggregate are dead-lettered with ``blocked_by <event id>`` (see
-  :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table.
+  :mod:`cdc_outbox.delivery.policy`); the mode loads the parked set from the table. Loaded
+  with :meth:`~cdc_outbox.delivery.policy.Parking.load_from_position` (CDC streaming), an
+  aggregate is parked only from its FAILED event on: events before it (re-streamed) are
+  sent as the first time (``FailedRows.precedes``: one query per such event).
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
 - With ``tracing_relay_span``, a record carrying a ``traceparent`` is produced inside a relay
   span (:class:`cdc_outbox.tracing.RelaySpans`) whose context its headers then carry.
@@ -27,10 +30,11 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
 Exactly-once (``delivery = "exactly_once"``): the producer is transactional and everything,
 dead letters included, goes into the open Kafka transaction; outcomes then mean "written in
 the transaction". The mode waits until nothing is :attr:`busy` (so dead-lettered rows are
-already FAILED in PostgreSQL), then commits (:mod:`cdc_outbox.cdc.eos`) and calls
-:meth:`committed`: only then are ids handed to the ``marker`` (a ``PublishListener``). Any
-failure aborts (:meth:`abandon`): a record the broker rejected is remembered and
-dead-lettered up front when it is re-sent.
+already FAILED in PostgreSQL; with ``defer_failed``, the catch-up's wait in
+``failed_after_commit`` for its checkpoint and marking), then commits
+(:mod:`cdc_outbox.cdc.eos`) and calls :meth:`committed`: only then are ids handed to the
+``marker`` (a ``PublishListener``). Any failure aborts (:meth:`abandon`): a record the
+broker rejected is remembered and dead-lettered up front when it is re-sent.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import psycopg
 
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
-from cdc_outbox.delivery.failed_rows import FailedRows
+from cdc_outbox.delivery.failed_rows import FailedRowsStore
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
     FailureAction,
@@ -82,7 +86,7 @@ class Delivery:
         stats: RelayStats,
         *,
         marker: PublishListener | None = None,
-        failed_rows: FailedRows | None = None,
+        failed_rows: FailedRowsStore | None = None,
         transactional_id: str | None = None,
         producer_client: ProducerFactory | None = None,
         interrupted: Callable[[], str | None] = lambda: None,
@@ -104,6 +108,11 @@ class Delivery:
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
         self.to_mark: list[DeadLetterReport] = []
+        #: Exactly-once catch-up: ``(event id, reason)`` of acknowledged dead letters, marked
+        #: FAILED by the catch-up only after the Kafka commit (the redo of an aborted batch
+        #: dead-letters them again).
+        self.defer_failed = False
+        self.failed_after_commit: list[tuple[str, str]] = []
         self.interrupted = interrupted  # the produce loop's stop question (see the contract)
         self.idle = idle  # called while the producer queue is full
         self._halt_policy = settings.on_permanent_error == "halt"
@@ -133,6 +142,7 @@ class Delivery:
         self._dead.clear()
         self.dead_in_flight = 0
         self.to_mark.clear()
+        self.failed_after_commit.clear()
         self.keys.clear()
         self.marks.clear()
         if self.publisher.fatal_error or self._replace_producer:
@@ -220,7 +230,11 @@ class Delivery:
             return
         if type(result) is OutboxRecord:
             key = result.key
-            blocker = self.parking.blocked_by(key) if len(self.parking) else None
+            blocker = None
+            if len(self.parking):  # the comparison may raise psycopg.Error: the mode restarts
+                rows = self.failed_rows
+                precedes = rows.precedes if rows is not None else None
+                blocker = self.parking.blocked_by(key, result.event_id, precedes)
             if blocker is None:
                 value = result.value
                 wire_key = key
@@ -347,7 +361,9 @@ class Delivery:
     def _mark_failed(self) -> None:
         batch = self.to_mark
         rows = [(d.event_id, d.reason) for d in batch if d.event_id is not None]
-        if self.failed_rows is not None:
+        if self.defer_failed:
+            self.failed_after_commit += rows
+        elif self.failed_rows is not None:
             try:
                 self.failed_rows.mark(rows)
             except psycopg.Error as exc:

@@ -6,7 +6,9 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
   event of that aggregate is *parked*: dead-lettered too, with reason ``blocked_by <event
   id>``, until ``cdc-outbox redrive`` releases the aggregate and re-publishes its events in
   their original order. :class:`Parking` is that per-aggregate memory; the durable truth is
-  the outbox rows marked ``FAILED`` (loaded with :meth:`Parking.load`).
+  the outbox rows marked ``FAILED`` (loaded with :meth:`Parking.load`). Only events *after*
+  the dead letter are parked: a re-stream that sends again events of the aggregate that came
+  before it publishes them as the first time (:meth:`Parking.load_from_position`).
 - **Poison is caught before the broker.** :func:`precheck` rejects what can be judged
   locally (a record larger than ``max_record_bytes``), so the common poison cases never
   reach Kafka and never race with later events of the same key.
@@ -27,7 +29,7 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 
@@ -92,24 +94,60 @@ def on_encode_failure(kind: str, halt_policy: bool) -> FailureAction:
 
 class Parking:
     """Aggregates (Kafka keys) parked behind a dead-lettered event, and the events parked
-    since the last :meth:`load` (to check that a redrive covered all of them)."""
+    since the last load (to check that a redrive covered all of them).
 
-    __slots__ = ("_blocked", "_parked")
+    A key is parked from its blocker's position onward, never before it: a key parked in
+    this run (:meth:`park`) blocks every later event of it; a key loaded from the table
+    with :meth:`load_from_position` (CDC: a re-stream may send again events that came before
+    the blocker, and the blocker itself) is parked only from the first event that is the
+    blocker or does not precede it (``precedes``, the aggregate's order in the table); the
+    events before it are sent as the first time."""
+
+    __slots__ = ("_blocked", "_parked", "_pending")
 
     def __init__(self) -> None:
         self._blocked: dict[bytes, str] = {}
+        self._pending: dict[bytes, str] = {}  # loaded: parked from the blocker's position on
         self._parked: dict[bytes, set[str]] = {}
 
     def __len__(self) -> int:
-        return len(self._blocked)
+        return len(self._blocked) + len(self._pending)
 
-    def blocked_by(self, key: bytes | None) -> str | None:
-        """The event id ``key`` is parked behind, if any."""
-        return None if key is None else self._blocked.get(key)
+    def blocked_by(
+        self,
+        key: bytes | None,
+        event_id: str | None = None,
+        precedes: Callable[[str, str], bool] | None = None,
+    ) -> str | None:
+        """The event id ``key``'s event ``event_id`` is parked behind, if any. For a key
+        loaded with :meth:`load_from_position`, ``precedes(event_id, blocker)`` says whether
+        the event comes before its blocker (then it is not parked; the first event that does
+        not, or the blocker itself, parks the key for good). Without ``precedes`` every
+        event of a loaded key is parked."""
+        if key is None:
+            return None
+        blocker = self._blocked.get(key)
+        if blocker is not None:
+            return blocker
+        blocker = self._pending.get(key)
+        if blocker is None:
+            return None
+        if (
+            event_id is not None
+            and precedes is not None
+            and event_id != blocker
+            and precedes(event_id, blocker)
+        ):
+            return None
+        del self._pending[key]
+        self._blocked[key] = blocker
+        return blocker
 
     def park(self, key: bytes | None, event_id: str) -> None:
-        """Park ``key`` behind ``event_id`` (an already parked key keeps its first blocker)."""
+        """Park ``key`` behind ``event_id`` (an already parked key keeps its first blocker; a
+        key loaded from the table is parked from here on)."""
         if key is not None:
+            self._pending.pop(key, None)
             self._blocked.setdefault(key, event_id)
             self._parked.setdefault(key, set()).add(event_id)
 
@@ -119,12 +157,22 @@ class Parking:
         if not self._parked.get(key, set()) <= redriven_ids:
             return False
         self._blocked.pop(key, None)
+        self._pending.pop(key, None)
         self._parked.pop(key, None)
         return True
 
     def load(self, rows: Iterable[tuple[str, str]]) -> None:
-        """Replace the parked set by ``(aggregate_id, first FAILED event id)`` rows."""
+        """Replace the parked set by ``(aggregate_id, first FAILED event id)`` rows, every
+        event of those aggregates parked (polling: its claimed rows follow the FAILED one)."""
         self._blocked = {agg.encode(): event_id for agg, event_id in rows}
+        self._pending = {}
+        self._parked = {}
+
+    def load_from_position(self, rows: Iterable[tuple[str, str]]) -> None:
+        """Replace the parked set by ``(aggregate_id, first FAILED event id)`` rows, each
+        aggregate parked only from its blocker's position on (see :meth:`blocked_by`)."""
+        self._blocked = {}
+        self._pending = {agg.encode(): event_id for agg, event_id in rows}
         self._parked = {}
 
 

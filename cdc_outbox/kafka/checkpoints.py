@@ -2,7 +2,8 @@
 
 Every Kafka transaction of the relay also writes one checkpoint record (compacted topic, key
 ``<system id>/<database>/<slot>``) saying which PostgreSQL transactions it covers: the end LSN
-of the last one (streaming), or the ids of the backlog rows (catch-up). The record is visible
+of the last one (streaming), or the ids of the backlog rows (catch-up: those published, and
+those dead-lettered with their reasons). The record is visible
 exactly when the events are, so the last checkpoint read with ``read_committed`` is the truth
 about what Kafka holds, whatever the slot says (the slot is confirmed after the commit and may
 lag behind it).
@@ -59,6 +60,9 @@ class Checkpoint:
     end_lsn: int
     #: Backlog row ids published by this transaction (catch-up only), else empty.
     catch_up_ids: list[str] = field(default_factory=list)
+    #: Backlog rows dead-lettered by this transaction (catch-up only): ``[id, reason]``;
+    #: their rows are marked FAILED only after the commit.
+    dead_letters: list[tuple[str, str]] = field(default_factory=list)
     #: Timeline of ``end_lsn`` (``None``: written by a version that did not record it).
     timeline: int | None = None
     #: ``transactional.id`` of the producer that wrote it (``None``: an older version).
@@ -76,6 +80,7 @@ class Checkpoint:
                 "database": self.database,
                 "end_lsn": self.end_lsn,
                 "catch_up_ids": self.catch_up_ids,
+                "dead_letters": [list(d) for d in self.dead_letters],
                 "timeline": self.timeline,
                 "producer": self.producer,
                 "written_at": time.time(),
@@ -98,12 +103,16 @@ class Checkpoint:
         ids = data.get("catch_up_ids", [])
         if not isinstance(ids, list):
             raise ValueError("catch_up_ids is not a list")
+        dead = data.get("dead_letters", [])
+        if not isinstance(dead, list) or not all(isinstance(d, list) and len(d) == 2 for d in dead):
+            raise ValueError("dead_letters is not a list of [id, reason]")
         return cls(
             slot=str(data["slot"]),
             system_id=str(data["system_id"]),
             database=str(data["database"]),
             end_lsn=end_lsn,
             catch_up_ids=[str(i) for i in ids],
+            dead_letters=[(str(i), str(r)) for i, r in dead],
             timeline=timeline,
             producer=None if producer is None else str(producer),
         )

@@ -33,9 +33,11 @@ class Event:
     id: str
     aggregate_id: str
     seq: int
+    pad: int = 0  # bytes of padding in the payload (a poison event: larger than allowed)
 
     def row(self) -> tuple[bytes, ...]:
-        payload = f'{{"seq": {self.seq}}}'.encode()
+        pad = f', "pad": "{"x" * self.pad}"' if self.pad else ""
+        payload = f'{{"seq": {self.seq}{pad}}}'.encode()
         return (self.id.encode(), b"order", self.aggregate_id.encode(), b"Placed", payload, b"{}")
 
 
@@ -66,13 +68,13 @@ class FakePostgres:
     _seqs: dict[str, int] = field(default_factory=dict)
     _xid: int = 1000
 
-    def commit(self, aggregates: list[str]) -> Txn:
+    def commit(self, aggregates: list[str], pad: dict[int, int] | None = None) -> Txn:
         """Commit one transaction with one event per listed aggregate (versions per
-        aggregate count up)."""
+        aggregate count up); ``pad``: payload padding by event index (poison events)."""
         events = []
-        for agg in aggregates:
+        for i, agg in enumerate(aggregates):
             self._seqs[agg] = self._seqs.get(agg, 0) + 1
-            events.append(Event(str(uuid.uuid4()), agg, self._seqs[agg]))
+            events.append(Event(str(uuid.uuid4()), agg, self._seqs[agg], (pad or {}).get(i, 0)))
         final = self.wal_end + _ROW_BYTES * len(events)
         txn = Txn(self._xid, final, final + _TXN_OVERHEAD, tuple(events))
         self._xid += 1

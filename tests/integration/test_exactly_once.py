@@ -540,7 +540,8 @@ def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
     """The row is marked FAILED before the Kafka commit; the relay dies just before the commit
     (eos.before_kafka_commit). The next relay finds the row FAILED (its aggregate parked) and
     dead-letters it again in its own transaction: read_committed sees one dead letter, the
-    row keeps its first reason, and the other event is published once."""
+    row keeps its first reason, and the other events are published once, the one of the
+    poison's aggregate ahead of it too (parked only from the poison on)."""
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="cdc")
     init_outbox(settings)
     first = RelayProcess(settings, "eos-dlq-first")
@@ -550,13 +551,18 @@ def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
     finally:
         first.kill()
     with psycopg.connect(pg_dsn) as conn:
+        insert = "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES"
+        # before: agg-1's event ahead of the poison (issue 37: the re-stream must publish it,
+        # not park it behind the poison found FAILED in the table).
+        before = conn.execute(
+            insert + " (gen_random_uuid(), 'order', 'agg-1', 'E', '{}') RETURNING id::text"
+        ).fetchall()
         rows = conn.execute(
-            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES"
-            " (gen_random_uuid(), 'order', 'agg-1', 'E', NULL),"
+            insert + " (gen_random_uuid(), 'order', 'agg-1', 'E', NULL),"
             " (gen_random_uuid(), 'order', 'agg-2', 'E', '{}') RETURNING id::text"
         ).fetchall()
         conn.commit()
-    poison, fine = str(rows[0][0]), str(rows[1][0])
+    ahead, poison, fine = str(before[0][0]), str(rows[0][0]), str(rows[1][0])
     crashing = RelayProcess(
         settings, "eos-dlq-crash", CDC_OUTBOX_CRASH_AT="eos.before_kafka_commit"
     )
@@ -578,7 +584,7 @@ def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
     dlq = read_topics(bootstrap, f"{kafka_topic_prefix}.dlq", extra_config=COMMITTED)
     main = read_topics(bootstrap, f"{kafka_topic_prefix}.event.", extra_config=COMMITTED)
     assert [dict(r.headers)["id"].decode() for r in dlq] == [poison]
-    assert [dict(r.headers)["id"].decode() for r in main] == [fine]
+    assert sorted(dict(r.headers)["id"].decode() for r in main) == sorted([ahead, fine])
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute("SELECT last_error FROM outbox WHERE id = %s", (poison,)).fetchone()
     assert row is not None and row[0] == first_reason

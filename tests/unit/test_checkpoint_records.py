@@ -26,10 +26,16 @@ def test_a_checkpoint_round_trips_with_its_history_and_producer() -> None:
     assert _valid(back)
 
 
+def test_a_catch_up_checkpoint_round_trips_with_its_dead_letters() -> None:
+    batch = Checkpoint("slot", "7", "db", 0, ["a"], dead_letters=[("b", "blocked_by c")])
+    assert Checkpoint.decode(batch.encode()) == batch
+
+
 def test_an_older_checkpoint_without_timeline_or_producer_still_decodes() -> None:
     old = json.dumps({"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 5}).encode()
     back = Checkpoint.decode(old)
     assert (back.timeline, back.producer, back.end_lsn) == (None, None, 5)
+    assert back.dead_letters == []
     assert _valid(back)  # the key and the fields decide for an older record
 
 
@@ -44,6 +50,7 @@ def test_an_older_checkpoint_without_timeline_or_producer_still_decodes() -> Non
         b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": -1}',
         b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 1, "timeline": 0}',
         b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 1, "catch_up_ids": "x"}',
+        b'{"slot": "slot", "system_id": "7", "database": "db", "end_lsn": 1, "dead_letters": [1]}',
     ],
 )
 def test_a_malformed_record_under_our_key_is_ignored_with_an_error(

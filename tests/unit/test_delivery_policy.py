@@ -96,6 +96,31 @@ def test_parking_load_replaces_the_set() -> None:
     assert parking.release(b"a", set())  # nothing parked since the load
 
 
+def test_parking_loaded_from_position_parks_from_the_blocker_on() -> None:
+    """Loaded for a re-stream: events before the FAILED one are sent; the blocker itself or
+    the first event after it parks the key for good (no more comparisons)."""
+    order = {"e0": 0, "e1": 1, "e2": 2, "e3": 3, "f0": 0, "f1": 1}
+    asked: list[tuple[str, str]] = []
+
+    def precedes(event_id: str, blocker: str) -> bool:
+        asked.append((event_id, blocker))
+        return order[event_id] < order[blocker]
+
+    parking = Parking()
+    parking.load_from_position([("a", "e1"), ("b", "f1"), ("c", "g1")])
+    assert len(parking) == 3
+    assert parking.blocked_by(b"a", "e0", precedes) is None  # before E1: sent
+    assert parking.blocked_by(b"a", "e0", precedes) is None  # again (a duplicate)
+    assert parking.blocked_by(b"a", "e1", precedes) == "e1"  # the blocker itself
+    assert parking.blocked_by(b"a", "e0", precedes) == "e1"  # parked for good now
+    assert asked == [("e0", "e1"), ("e0", "e1")]
+    assert parking.blocked_by(b"b", "f0", precedes) is None
+    parking.park(b"b", "f0")  # the event before the blocker failed itself: blocks from there
+    assert parking.blocked_by(b"b", "f1", precedes) == "f0"
+    assert parking.blocked_by(b"c") == "g1"  # without a comparison: parked
+    assert parking.release(b"a", set())
+
+
 @given(st.lists(st.sampled_from([b"a", b"b", b"c"]), max_size=50), st.randoms())
 def test_keys_in_flight_reports_later_records_of_the_same_key(
     keys: list[bytes], rnd: object
