@@ -25,7 +25,9 @@ zombie fencing by ``init_transactions``. Contract (the positions and their rules
   :meth:`~cdc_outbox.cdc.ledger.Ledger.trust_checkpoint` allows: the rest is published again
   (counted in ``stats.untrusted_checkpoints``, logged).
 - The relay re-streams from :meth:`Ledger.restart_from`: nothing past the last Kafka commit,
-  whatever was acknowledged in an aborted transaction.
+  whatever was acknowledged in an aborted transaction, nor past the last commit this process
+  knew before the checkpoint read (a commit that landed though reported failed never handed
+  its ids to the marker: its transactions are streamed again, skipped and marked).
 - Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
   fenced producer (a newer instance took over) never commits.
 """

@@ -97,7 +97,7 @@ class Relay:
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
         self._parked = ports.parked or self._parked_in_table
         self._mapper = settings.outbox_mapper()
-        marker = PublishedMarker(settings)
+        marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
         self._bookkept = settings.columns.preset == "default"
         identity = self._stream.identify() if settings.delivery == "exactly_once" else None

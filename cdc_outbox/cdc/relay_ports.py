@@ -2,7 +2,8 @@
 
 :class:`~cdc_outbox.cdc.relay.Relay` takes them as one constructor argument. Left ``None``,
 each is the real thing (the walsender connection, librdkafka, the checkpoint topic, the state
-table); a test passes fakes to drive every restart path of the relay without a server.
+table, the outbox table's marks); a test passes fakes to drive every restart path of the relay
+without a server.
 
 Contract of :class:`ReplicationPort` (:class:`~cdc_outbox.cdc.replication_stream.
 ReplicationStream` is the real one): ``connect()`` returns the server's current history;
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.published_marker import MarkSink
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData
@@ -67,3 +69,5 @@ class RelayPorts:
     keep: Callable[[int], KeepOutcome] | None = None
     #: The parked aggregates ``(aggregate_id, blocking event id)`` (default: from the table).
     parked: Callable[[], Iterable[tuple[str, str]]] | None = None
+    #: Where the published-marker marks rows (default: the outbox table).
+    marks: MarkSink | None = None

@@ -9,13 +9,16 @@ messages: the outbox Relation first, then Begin, Insert..., Commit; then a keepa
 nothing is left. Faults: :meth:`FakePostgres.drop_stream_after` ends the stream after some
 frames (a walsender terminated), :meth:`FakePostgres.crash` moves the slot back (its position
 is saved only at checkpoints), :meth:`FakePostgres.promote_copy` is a failover to a standby
-that had WAL up to a fork point (new timeline, the slot as the copy had it).
+that had WAL up to a fork point (new timeline, the slot as the copy had it). The outbox rows'
+PUBLISHED marks (:class:`FakeMarks`) are kept per server; a confirmation past a row not
+marked is recorded (:attr:`FakePostgres.confirmed_unmarked`).
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdc_outbox.cdc.history import History
@@ -61,6 +64,9 @@ class FakePostgres:
     advances: list[tuple[int, int]] = field(default_factory=list)  # (confirmed, kept then)
     drops: list[int] = field(default_factory=list)  # frame counts after which streams end
     down: bool = False
+    marked: set[bytes] = field(default_factory=set)  # ids of the rows marked PUBLISHED
+    #: Confirmations past rows that were not marked: (confirmed, the unmarked event ids).
+    confirmed_unmarked: list[tuple[int, list[str]]] = field(default_factory=list)
     streams_open: list[FakeStream] = field(default_factory=list)
     streams: int = 0
     _seqs: dict[str, int] = field(default_factory=dict)
@@ -115,6 +121,7 @@ class FakePostgres:
             saved_confirmed=min(self.saved_confirmed, fork),
             kept=min(self.kept, fork),
         )
+        copy.marked = {e.id.encode() for t in kept_txns for e in t.events} & self.marked
         copy._seqs = {}
         for t in kept_txns:
             for e in t.events:
@@ -255,9 +262,36 @@ class FakeStream:
             server.backwards.append((server.confirmed, flushed))
         elif flushed > server.confirmed:
             server.advances.append((flushed, server.kept))
+        if flushed > server.confirmed:
+            unmarked = [
+                e.id
+                for t in server.txns
+                if server.confirmed < t.end_lsn <= flushed
+                for e in t.events
+                if e.id.encode() not in server.marked
+            ]
+            if unmarked:
+                server.confirmed_unmarked.append((flushed, unmarked))
         server.confirmed = max(server.confirmed, flushed)
         self._reply = self._reply or reply_requested
 
     def close(self) -> None:
         self._open = self._connected = False
         self._frames = []
+
+
+class FakeMarks:
+    """The outbox rows' marks (a :class:`~cdc_outbox.cdc.published_marker.MarkSink`): an id
+    marked goes to :attr:`FakePostgres.marked` of the server reached now (``server()``)."""
+
+    def __init__(self, server: Callable[[], FakePostgres]) -> None:
+        self.server = server
+
+    def mark(self, ids: list[bytes]) -> int:
+        marked = self.server().marked
+        new = set(ids) - marked
+        marked.update(new)
+        return len(new)
+
+    def close(self) -> None:
+        pass

@@ -2,11 +2,12 @@
 deterministically, without a server (issue 23's relay-level harness).
 
 Each test writes PostgreSQL transactions into a FakePostgres, schedules faults (a dropped
-stream, a failed Kafka commit, a rejected record, a PostgreSQL crash, a failover to a
-standby that was behind), runs the relay until every transaction of the current history is
-in Kafka and confirmed, and checks what a ``read_committed`` reader sees: every event of the
-current history exactly once (exactly-once) or at least once (at-least-once), in
-per-aggregate order, and the slot never confirmed past what Kafka committed.
+stream, a failed Kafka commit or one that landed though reported failed, a rejected record, a
+PostgreSQL crash, a failover to a standby that was behind), runs the relay until every
+transaction of the current history is in Kafka and confirmed, and checks what a
+``read_committed`` reader sees: every event of the current history exactly once (exactly-once)
+or at least once (at-least-once), in per-aggregate order, the slot never confirmed past what
+Kafka committed, and every delivered row marked PUBLISHED before the slot is confirmed past it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config import Settings
 from cdc_outbox.store.relay_state import KeepOutcome
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, Record
-from tests.fakes.replication import FakePostgres, FakeStream
+from tests.fakes.replication import FakeMarks, FakePostgres, FakeStream
 from tests.helpers import wait_until
 
 PREFIX = "t.event"
@@ -52,7 +53,7 @@ class Harness:
                 "dsn": "postgresql://fake@127.0.0.1:1/db",
                 "mode": "cdc",
                 "delivery": self.delivery,
-                "cdc_mark_published": "off",
+                "cdc_mark_published": "update",
                 "topic_template": PREFIX + ".{aggregate_type}",
                 "status_interval_s": 1.0,
                 "eos": {"checkpoint_topic": CHECKPOINTS, "commit_interval_ms": 5},
@@ -82,6 +83,7 @@ class Harness:
             kept=lambda: self.pg.kept,
             keep=keep,
             parked=lambda: [],
+            marks=FakeMarks(lambda: self.pg),
         )
         relay = Relay(self.settings, ports=ports)
         relay._sleep = lambda seconds: None  # type: ignore[method-assign]
@@ -187,6 +189,18 @@ def _assert_never_confirmed_past_kafka(h: Harness) -> None:
     assert not h.pg.backwards, h.pg.backwards[:3]
 
 
+def _assert_every_delivered_row_marked(h: Harness) -> None:
+    """Every event of the current history that Kafka holds has its row marked PUBLISHED, and
+    the slot was never confirmed past a row before it was marked (a catch-up or a polling
+    pass would publish such a row again)."""
+    delivered = {_Seen(r).headers_id for r in h.visible()}
+    events = [e.id for e in h.pg.events() if e.id in delivered]
+    unmarked = [i for i in events if i.encode() not in h.pg.marked]
+    assert not unmarked, f"{len(unmarked)} of {len(events)} delivered rows never marked"
+    early = h.pg.confirmed_unmarked
+    assert not early, f"confirmed past unmarked rows: {[(c, len(ids)) for c, ids in early[:3]]}"
+
+
 # -- each restart trigger -----------------------------------------------------------------
 
 
@@ -216,6 +230,25 @@ def test_a_failed_kafka_commit_aborts_and_resends_exactly_once() -> None:
     h.run(relay)
     assert relay.stats.restarts >= 1 and relay.stats.eos_aborts >= 1
     _assert_exactly_once(h)
+
+
+def test_a_commit_that_landed_but_was_reported_failed_has_its_rows_marked() -> None:
+    """Issue 37 item 2: the commit reaches the coordinator, which then stays unreachable past
+    the transaction timeout: the relay is told it failed, aborts (a no-op now) and restarts
+    in the same process. The checkpoint it reads then holds the batch; its rows were never
+    handed to the marker (that happens only at a commit known to have succeeded), so the
+    restart must not skip them unmarked: they are re-streamed, skipped (Kafka holds them)
+    and marked before the slot is confirmed past them."""
+    h = Harness("exactly_once")
+    _write(h.pg, 60)
+    h.cluster.land_next_commit_failing()
+    relay = h.relay()
+    h.run(relay)
+    assert h.cluster.commits_to_land_failing == 0, "the fault never fired"
+    assert relay.stats.restarts >= 1
+    _assert_exactly_once(h)
+    _assert_every_delivered_row_marked(h)
+    _assert_never_confirmed_past_kafka(h)
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -331,7 +364,9 @@ _EXAMPLES = int(os.environ.get("CDC_OUTBOX_RESTART_EXAMPLES", "25"))
     rounds=st.lists(
         st.tuples(
             st.integers(1, 40),  # transactions written
-            st.sampled_from(["drop", "commit_fails", "reject", "crash", "failover", "none"]),
+            st.sampled_from(
+                ["drop", "commit_fails", "commit_lands", "reject", "crash", "failover", "none"]
+            ),
             st.integers(0, 200),  # where the fault falls (frames, or the fork's transaction)
         ),
         min_size=1,
@@ -351,6 +386,8 @@ def test_random_restarts_keep_the_guarantee(
                 h.pg.terminate()  # the next stream ends after ``at`` frames
             elif fault == "commit_fails":
                 h.cluster.fail_next_commit()
+            elif fault == "commit_lands":  # reported failed: a restart in the same process
+                h.cluster.land_next_commit_failing()
             elif fault == "reject":
                 error = KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", retriable=True)
                 h.cluster.reject_next(PREFIX, error)
@@ -376,3 +413,4 @@ def test_random_restarts_keep_the_guarantee(
         everything = Counter(_Seen(r).headers_id for r in h.visible())
         assert all(c == 1 for c in everything.values()), "a phantom or event twice"
     assert not broken, broken[:5]
+    _assert_every_delivered_row_marked(h)
