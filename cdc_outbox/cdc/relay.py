@@ -25,6 +25,9 @@ Delivery contract (at-least-once, per-aggregate order):
 - The relay runs only while ``is_leader()`` holds; otherwise it drops everything unconfirmed
   and raises :class:`~cdc_outbox.store.relay_state.NotLeader`.
 - ``delivery = "exactly_once"``: Kafka transactions, see :mod:`cdc_outbox.cdc.eos`.
+- Every session start re-applies the service's catch-up rule (:mod:`cdc_outbox.cdc.slot_watch`):
+  a slot recreated while the relay was between sessions is never streamed;
+  :class:`~cdc_outbox.cdc.slot_watch.SlotChanged` is raised and the service catches up.
 """
 
 from __future__ import annotations
@@ -44,17 +47,18 @@ from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_finish import finish
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
+from cdc_outbox.cdc.slot_watch import SlotWatch
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.delivery.policy import guarantee_in_effect
-from cdc_outbox.errors import CdcOutboxError, RelayHalted
+from cdc_outbox.errors import CdcOutboxError, DatabaseUnavailable, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position
+from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position, slot_facts
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +100,7 @@ class Relay:
         self._kept = ports.kept or (lambda: kept_position(settings))
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
         self._parked = ports.parked or self._parked_in_table
+        self._slot_watch = SlotWatch(ports.slot_facts or (lambda: slot_facts(settings)))
         self._mapper = settings.outbox_mapper()
         marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
@@ -249,6 +254,10 @@ class Relay:
             return
         delivery.new_session()
         history = self._stream.connect()
+        try:
+            self._slot_watch.check()  # raises SlotChanged: the service catches up
+        except DatabaseUnavailable as exc:
+            raise _Restart(f"reading the slot's state failed: {exc}") from exc
         if eos is not None:
             try:
                 eos.start_session(history)

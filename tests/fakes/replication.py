@@ -9,9 +9,10 @@ messages: the outbox Relation first, then Begin, Insert..., Commit; then a keepa
 nothing is left. Faults: :meth:`FakePostgres.drop_stream_after` ends the stream after some
 frames (a walsender terminated), :meth:`FakePostgres.crash` moves the slot back (its position
 is saved only at checkpoints), :meth:`FakePostgres.promote_copy` is a failover to a standby
-that had WAL up to a fork point (new timeline, the slot as the copy had it). The outbox rows'
-PUBLISHED marks (:class:`FakeMarks`) are kept per server; a confirmation past a row not
-marked is recorded (:attr:`FakePostgres.confirmed_unmarked`).
+that had WAL up to a fork point (new timeline, the slot as the copy had it),
+:meth:`FakePostgres.recreate_slot` drops and recreates the slot behind the relay's back. The
+outbox rows' PUBLISHED marks (:class:`FakeMarks`) are kept per server; a confirmation past a
+row not marked is recorded (:attr:`FakePostgres.confirmed_unmarked`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from dataclasses import dataclass, field
 
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.replication_stream import ReplicationError
+from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data
+from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.relay_state import Phase, RelayState, SlotFacts
 
 OUTBOX_OID = 16384
 COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
@@ -60,6 +64,8 @@ class FakePostgres:
     confirmed: int = 0  # the slot's confirmed_flush_lsn
     saved_confirmed: int = 0  # what a crash brings it back to
     kept: int = 0  # the state table's confirmed_lsn
+    phase: str = "STREAMING"  # the state table's phase
+    consistent_point: int = 0  # the state table's consistent_point (the slot's creation)
     backwards: list[tuple[int, int]] = field(default_factory=list)  # confirmations that regressed
     advances: list[tuple[int, int]] = field(default_factory=list)  # (confirmed, kept then)
     drops: list[int] = field(default_factory=list)  # frame counts after which streams end
@@ -98,6 +104,24 @@ class FakePostgres:
             stream.kill()
         self.streams_open.clear()
 
+    def recreate_slot(self) -> None:
+        """Someone else drops the slot and creates it again (the state table unchanged): the
+        new slot's consistent point is the current WAL end, past every transaction so far."""
+        self.confirmed = self.saved_confirmed = self.wal_end
+
+    def slot_facts(self, keeps_position: bool = True) -> SlotFacts:
+        """The state row and the slot, as the catch-up rule reads them."""
+        state = RelayState(
+            Phase(self.phase),
+            Lsn(self.consistent_point),
+            exists=True,
+            confirmed_lsn=Lsn(self.kept) if keeps_position else None,
+        )
+        lsn = Lsn(self.confirmed)
+        slot = SlotStatus("slot", "logical", False, None, lsn, lsn, 0, 0, "reserved", None,
+                          "pgoutput", "db")  # fmt: skip
+        return SlotFacts(state, slot, keeps_position)
+
     def checkpoint(self) -> None:
         """A PostgreSQL checkpoint: the slot's position is saved to disk."""
         self.saved_confirmed = self.confirmed
@@ -120,6 +144,8 @@ class FakePostgres:
             confirmed=min(self.saved_confirmed, fork),
             saved_confirmed=min(self.saved_confirmed, fork),
             kept=min(self.kept, fork),
+            phase=self.phase,
+            consistent_point=min(self.consistent_point, fork),
         )
         copy.marked = {e.id.encode() for t in kept_txns for e in t.events} & self.marked
         copy._seqs = {}

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
+from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.config import Settings
 from cdc_outbox.store.relay_state import KeepOutcome
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, Record
@@ -84,6 +85,7 @@ class Harness:
             keep=keep,
             parked=lambda: [],
             marks=FakeMarks(lambda: self.pg),
+            slot_facts=lambda: self.pg.slot_facts(self.keeps_position),
         )
         relay = Relay(self.settings, ports=ports)
         relay._sleep = lambda seconds: None  # type: ignore[method-assign]
@@ -349,6 +351,52 @@ def test_a_restarted_stream_confirms_its_start_only_once_it_is_kept(delivery: st
         caught_up()
     assert all(confirmed <= kept for confirmed, kept in h.pg.advances), h.pg.advances[:3]
     _assert_at_least_once(h)
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_a_slot_recreated_while_the_relay_is_between_sessions_is_not_streamed(
+    delivery: str,
+) -> None:
+    """Issue 37 item 3: the walsender is terminated and, before the relay reconnects, someone
+    drops and recreates the slot; 10 events are committed in between, before the new slot's
+    consistent point. The service-start rule (the slot confirmed past every kept position) must
+    hold at this session start too: the relay raises SlotChanged (the service then catches up)
+    instead of streaming the new slot, which would skip the 10 and confirm past them."""
+    h = Harness(delivery)
+    _write(h.pg, 30)
+    relay = h.relay()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            relay.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        wait_until(h.caught_up, timeout=30)
+        h.pg.down = True  # the relay stays between sessions until the slot is back
+        h.pg.terminate()
+        wait_until(lambda: relay.stats.restarts >= 1, timeout=30)
+        starts = len(h.stream.starts)
+        gap = [e.id for _ in range(2) for e in h.pg.commit([f"agg-{i}" for i in range(5)]).events]
+        h.pg.recreate_slot()
+        h.pg.down = False
+        wait_until(lambda: not thread.is_alive() or len(h.stream.starts) > starts, timeout=30)
+    finally:
+        relay.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    seen = {_Seen(r).headers_id for r in h.visible()}
+    published = sum(i in seen for i in gap)
+    assert len(h.stream.starts) == starts, (
+        f"the recreated slot was streamed: {published} of {len(gap)} events of the gap"
+        f" published, slot confirmed to {h.pg.confirmed} (WAL end {h.pg.wal_end})"
+    )
+    assert len(errors) == 1 and isinstance(errors[0], SlotChanged), errors
+    assert "recreated by someone else" in str(errors[0])
 
 
 # -- random interleavings -----------------------------------------------------------------
