@@ -16,8 +16,11 @@ transition before it takes effect:
   ``POLLING``, a missing, invalidated or foreign slot) writes ``CATCHING_UP``, recreates the
   slot with an exported snapshot, publishes every row still unpublished in it (each
   aggregate's in commit order), writes ``STREAMING`` at the slot's consistent point, then
-  streams. A layout without a status column and ``cdc_mark_published = "off"`` refuses a
-  catch-up over a non-empty table (exit 3): it would publish every row again.
+  streams. The relay applies the same rule at each of its session starts and raises
+  :class:`~cdc_outbox.cdc.slot_watch.SlotChanged` when it no longer holds (a slot recreated
+  while it was between sessions): the leader then decides again, and catches up. A layout
+  without a status column and ``cdc_mark_published = "off"`` refuses a catch-up over a
+  non-empty table (exit 3): it would publish every row again.
 - ``auto`` mode (default): like ``cdc`` while logical replication is usable; otherwise
   ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
   ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
@@ -44,9 +47,9 @@ from contextlib import ExitStack
 import psycopg
 
 from cdc_outbox import db_pool
-from cdc_outbox.admin import bootstrap
 from cdc_outbox.backoff import doubling
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
+from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect
@@ -188,6 +191,8 @@ class Service:
                 raise
             except (NotLeader, PreflightError, RelayEnded):
                 raise
+            except SlotChanged as exc:  # between two sessions: the next turn catches up
+                logger.warning("%s", exc, extra={"mode": "cdc"})
             except (CdcOutboxError, psycopg.Error) as exc:
                 raise_if_cannot_heal(exc)
                 # CdcUnavailable, CatchUpFailed, a failed slot creation, the database going
@@ -257,13 +262,9 @@ class Service:
     def _catch_up_reason(self, state: relay_state.RelayState, mode: str) -> str | None:
         """Why the slot cannot be streamed as it is (:mod:`cdc_outbox.ha.catch_up_rule`)."""
         settings = self.settings
-        with db_pool.pooled(settings) as conn:
-            keeps = relay_state.table_exists(conn, settings) and relay_state.has_confirmed_lsn(
-                conn, settings
-            )
-        slot = bootstrap.status(settings).slot
-        self._check_slot(slot, mode)
-        reason = catch_up_reason(state, slot, keeps_position=keeps)
+        facts = relay_state.slot_facts(settings)
+        self._check_slot(facts.slot, mode)
+        reason = catch_up_reason(state, facts.slot, keeps_position=facts.keeps_position)
         if reason is None:
             logger.info(
                 "streaming slot %s as it is (phase %s, consistent point %s): no catch-up",

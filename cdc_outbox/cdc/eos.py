@@ -25,7 +25,9 @@ zombie fencing by ``init_transactions``. Contract (the positions and their rules
   :meth:`~cdc_outbox.cdc.ledger.Ledger.trust_checkpoint` allows: the rest is published again
   (counted in ``stats.untrusted_checkpoints``, logged).
 - The relay re-streams from :meth:`Ledger.restart_from`: nothing past the last Kafka commit,
-  whatever was acknowledged in an aborted transaction.
+  whatever was acknowledged in an aborted transaction, nor past the last commit this process
+  knew before the checkpoint read (a commit that landed though reported failed never handed
+  its ids to the marker: its transactions are streamed again, skipped and marked).
 - Any failure aborts the Kafka transaction and re-streams from the confirmed position; a
   fenced producer (a newer instance took over) never commits.
 """
@@ -36,8 +38,7 @@ import logging
 import time
 from collections.abc import Callable
 
-import psycopg
-
+from cdc_outbox import db_pool
 from cdc_outbox.cdc.eos_start import meanwhile
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
@@ -374,7 +375,7 @@ class EosCommitter:
         except (TransactionFailed, ConnectionError, TimeoutError) as exc:
             raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
         if last is not None and (last.catch_up_ids or last.dead_letters):
-            with psycopg.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
+            with db_pool.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
                 mark_committed_batch(conn, self.settings, last.catch_up_ids, last.dead_letters)
 
 

@@ -19,12 +19,16 @@ Transitions and their rules:
 
 * :meth:`Ledger.restart_from`: a session (re)starts from acked (at-least-once) or
   ``min(acked, committed)`` (exactly-once: never past an aborted Kafka transaction), or from
-  kept, whichever is greater (:func:`~cdc_outbox.cdc.history.stream_start`). Acked is trusted
-  only in the history (system, timeline) it was recorded in, up to its WAL end: on a new
-  timeline the marks behind it may be gone with the WAL past the switchpoint, so only kept (a
-  value of the database itself, written after the marks it covers) and the slot say where to
-  start; what is re-streamed and already in Kafka is skipped (exactly-once) or published again
-  (at-least-once), and marked either way.
+  kept, whichever is greater (:func:`~cdc_outbox.cdc.history.stream_start`). Exactly-once,
+  committed there is what this process knew before the session's checkpoint read
+  (:attr:`Ledger.handed_committed`): a checkpoint past it holds a Kafka commit whose ids
+  never reached the marker (one that landed but was reported failed, or another producer's),
+  so its transactions are streamed again, skipped and marked before the slot passes them.
+  Acked is trusted only in the history (system, timeline) it was recorded in, up to its WAL
+  end: on a new timeline the marks behind it may be gone with the WAL past the switchpoint,
+  so only kept (a value of the database itself, written after the marks it covers) and the
+  slot say where to start; what is re-streamed and already in Kafka is skipped
+  (exactly-once) or published again (at-least-once), and marked either way.
 * :meth:`Ledger.start_session`: the slot streams from ``start``; new acked positions begin
   there, recorded in the server's history. A restarted session may start past what the slot
   has confirmed (``confirmed``: acked or committed in the last session, remembered in memory);
@@ -92,7 +96,15 @@ class Ledger:
     """The relay's positions across its sessions (see the module rules). ``batch``: the
     exactly-once batch, ``None`` for at-least-once."""
 
-    __slots__ = ("acked", "acked_in", "batch", "committed_in", "keeps", "marked")
+    __slots__ = (
+        "acked",
+        "acked_in",
+        "batch",
+        "committed_in",
+        "handed_committed",
+        "keeps",
+        "marked",
+    )
 
     def __init__(self, batch: EosBatch | None = None) -> None:
         self.acked = AckTracker(0)
@@ -102,13 +114,17 @@ class Ledger:
         self.acked_in: tuple[str, int] | None = None
         #: The history the committed position was last trusted in.
         self.committed_in: History | None = None
+        #: Exactly-once: committed as this process knew it before the session's checkpoint
+        #: read (its commits' ids went to the marker at the commit; the transactions below a
+        #: checkpoint it read before were skipped and marked where acked reached them).
+        self.handed_committed = 0
         self.keeps = True  # False once the state table answered it cannot keep positions
 
     def restart_from(self, history: History, kept: int) -> int:
         """Where the next session asks the slot to start (see the module rules)."""
         remembered = self.acked.confirmed
         if self.batch is not None:
-            remembered = min(remembered, self.batch.committed_lsn)
+            remembered = min(remembered, self.batch.committed_lsn, self.handed_committed)
         same = self.acked_in == (history.system_id, history.timeline)
         return stream_start(remembered, self.acked_in if same else None, kept, history)
 
@@ -143,6 +159,7 @@ class Ledger:
                 timeline = 1  # written before timelines were recorded: only 1 existed
             kafka = trusted_below(end_lsn, system_id, timeline, history)
         self.committed_in = history
+        self.handed_committed = memory
         batch.rebase(max(memory, kafka))
         return kafka
 

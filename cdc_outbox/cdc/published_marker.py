@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
@@ -54,8 +55,11 @@ _MAX_BUFFERED = 1_000_000
 class PublishedMarker:
     """Buffers acknowledged event ids and marks their rows in batches (thread-safe ``add``)."""
 
-    def __init__(self, settings: Settings, *, flush_interval_s: float = 0.2) -> None:
+    def __init__(
+        self, settings: Settings, *, flush_interval_s: float = 0.2, rows: MarkSink | None = None
+    ) -> None:
         self._settings = settings
+        self._rows: MarkSink = rows or TableMarks(settings)
         self._flush_interval_s = flush_interval_s
         self._ids: deque[bytes] = deque()
         self._wake = threading.Event()
@@ -67,8 +71,6 @@ class PublishedMarker:
         self.handed = 0  # ids accepted by add (relay thread)
         self.settled = 0  # of those, marked or given up on (marker thread)
         self._enabled = _statement(settings, _UUID) is not None
-        self._statement: sql.Composed | None = None  # for the id type; on first connection
-        self._joined = True  # one comma-joined text parameter (uuid ids), else an array
 
     @property
     def enabled(self) -> bool:
@@ -119,22 +121,16 @@ class PublishedMarker:
             self._thread = None
 
     def _loop(self) -> None:
-        conn: psycopg.Connection[tuple[object, ...]] | None = None
+        rows = self._rows
         while True:
             stopping = self._stop.is_set()
             try:
                 if self._ids:
-                    if conn is None or conn.closed:
-                        conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
-                    if self._statement is None:
-                        self._prepare(conn)
-                    self._flush(conn)
+                    self._flush()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # connection
                 self.failures += 1
                 logger.warning("marking published rows failed (will retry): %s", exc)
-                if conn is not None:
-                    conn.close()
-                conn = None
+                rows.close()
                 if stopping:
                     break
             except (CdcOutboxError, psycopg.Error) as exc:
@@ -150,31 +146,63 @@ class PublishedMarker:
                 break
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
-        if conn is not None:
-            conn.close()
+        rows.close()
         if self._ids:
             logger.info("%d acknowledged rows left unmarked at stop", len(self._ids))
 
-    def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        id_type = id_column_type(conn, self._settings)
-        self._statement = _statement(self._settings, id_type)
-        self._joined = id_type.is_uuid
-        logger.debug("marking published rows by %s ids", id_type.name)
-
-    def _flush(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        assert self._statement is not None
+    def _flush(self) -> None:
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
-            # uuid: one text parameter, split by the server, far cheaper than adapting a list
-            # (a uuid has no comma); other types: a text array, cast by the statement.
-            param = b",".join(batch).decode() if self._joined else [i.decode() for i in batch]
             try:
-                cur = conn.execute(self._statement, (param,))
-            except psycopg.Error:
+                marked = self._rows.mark(batch)
+            except (CdcOutboxError, psycopg.Error):
                 self._ids.extendleft(reversed(batch))
                 raise
-            self.marked += cur.rowcount if cur.rowcount > 0 else 0
+            self.marked += marked
             self.settled += len(batch)
+
+
+class MarkSink(Protocol):
+    """Where :class:`PublishedMarker` marks its batches (:class:`TableMarks`, or a test's
+    fake). ``mark(ids)`` marks one batch and returns the rows it changed; a lost connection
+    raises ``psycopg.OperationalError`` or ``InterfaceError`` (the batch is retried), any
+    other ``psycopg.Error`` or ``CdcOutboxError`` stops marking. ``close()`` drops what it
+    holds (``mark`` may be called again after it)."""
+
+    def mark(self, ids: list[bytes]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class TableMarks:
+    """The outbox table's marking statement, on a connection of its own made at first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._statement: sql.Composed | None = None  # for the id type; on first connection
+        self._joined = True  # one comma-joined text parameter (uuid ids), else an array
+
+    def mark(self, ids: list[bytes]) -> int:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
+        if self._statement is None:
+            id_type = id_column_type(conn, self._settings)
+            self._statement = _statement(self._settings, id_type)
+            self._joined = id_type.is_uuid
+            logger.debug("marking published rows by %s ids", id_type.name)
+        assert self._statement is not None
+        # uuid: one text parameter, split by the server, far cheaper than adapting a list
+        # (a uuid has no comma); other types: a text array, cast by the statement.
+        param = b",".join(ids).decode() if self._joined else [i.decode() for i in ids]
+        cur = conn.execute(self._statement, (param,))
+        return cur.rowcount if cur.rowcount > 0 else 0
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
 
 
 _UUID = ColumnType("uuid", "pg_catalog", "uuid")

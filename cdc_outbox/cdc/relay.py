@@ -28,6 +28,9 @@ Delivery contract (at-least-once, per-aggregate order):
 - :meth:`Relay.run` returns only after :meth:`Relay.request_stop`; every other end raises
   its reason (``RelayHalted``, ``NotLeader``, ``CdcUnavailable``, a permanent error).
 - ``delivery = "exactly_once"``: Kafka transactions, see :mod:`cdc_outbox.cdc.eos`.
+- Every session start re-applies the service's catch-up rule (:mod:`cdc_outbox.cdc.slot_watch`):
+  a slot recreated while the relay was between sessions is never streamed;
+  :class:`~cdc_outbox.cdc.slot_watch.SlotChanged` is raised and the service catches up.
 """
 
 from __future__ import annotations
@@ -49,17 +52,18 @@ from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_finish import finish
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
+from cdc_outbox.cdc.slot_watch import SlotWatch
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.delivery.policy import guarantee_in_effect
-from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, RelayHalted
+from cdc_outbox.errors import CdcOutboxError, DatabaseUnavailable, PrivilegeMissing, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position
+from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position, slot_facts
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +112,9 @@ class Relay:
         self._kept = ports.kept or (lambda: kept_position(settings))
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
         self._parked = ports.parked or self._parked_in_table
+        self._slot_watch = SlotWatch(ports.slot_facts or (lambda: slot_facts(settings)))
         self._mapper = settings.outbox_mapper()
-        marker = PublishedMarker(settings)
+        marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
         self._bookkept = settings.columns.preset == "default"
         identity = self._stream.identify() if settings.delivery == "exactly_once" else None
@@ -292,6 +297,10 @@ class Relay:
                 # on its next session; docs/exactly-once.md). Hold no slot, produce nothing.
                 logger.error("leadership lost while registering the transactional id")
                 raise _Ended("leadership lost")
+        try:
+            self._slot_watch.check()  # raises SlotChanged: the service catches up
+        except DatabaseUnavailable as exc:
+            raise _Restart(f"reading the slot's state failed: {exc}") from exc
         ledger = self._ledger
         start = self._stream.start(ledger.restart_from(history, self._kept()))
         confirmed = self._stream.slot_confirmed

@@ -2,7 +2,8 @@
 
 :class:`~cdc_outbox.cdc.relay.Relay` takes them as one constructor argument. Left ``None``,
 each is the real thing (the walsender connection, librdkafka, the checkpoint topic, the state
-table); a test passes fakes to drive every restart path of the relay without a server.
+table and slot, the outbox table's marks); a test passes fakes to drive every restart path of
+the relay without a server.
 
 Contract of :class:`ReplicationPort` (:class:`~cdc_outbox.cdc.replication_stream.
 ReplicationStream` is the real one): ``connect()`` returns the server's current history;
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.published_marker import MarkSink
 from cdc_outbox.delivery.failed_rows import FailedRowsStore
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData
-from cdc_outbox.store.relay_state import KeepOutcome
+from cdc_outbox.store.relay_state import KeepOutcome, SlotFacts
 
 __all__ = ["RelayPorts", "ReplicationPort"]
 
@@ -71,3 +73,8 @@ class RelayPorts:
     #: The outbox table's FAILED rows as the delivery marks and compares them
     #: (:class:`~cdc_outbox.delivery.failed_rows.FailedRows`).
     failed_rows: FailedRowsStore | None = None
+    #: Where the published-marker marks rows (default: the outbox table).
+    marks: MarkSink | None = None
+    #: The state row and the slot as the catch-up rule reads them (:func:`~cdc_outbox.store.
+    #: relay_state.slot_facts`), at every session start (:mod:`cdc_outbox.cdc.slot_watch`).
+    slot_facts: Callable[[], SlotFacts] | None = None

@@ -43,6 +43,7 @@ from typing import Protocol
 import psycopg
 from psycopg import sql
 
+from cdc_outbox import db_pool
 from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
@@ -182,8 +183,8 @@ def publish_backlog(
         if eos is not None:
             delivery.ensure_transactions()
         with (
-            psycopg.connect(settings.postgres_dsn()) as conn,
-            psycopg.connect(settings.postgres_dsn(), autocommit=True) as marks,
+            db_pool.connect(settings.postgres_dsn()) as conn,
+            db_pool.connect(settings.postgres_dsn(), autocommit=True) as marks,
             marking,  # joined before ``marks`` closes
         ):
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

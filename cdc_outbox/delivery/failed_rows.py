@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.store import schema
 from cdc_outbox.store.inspection import id_column_type
@@ -125,7 +126,7 @@ class FailedRows:
 
     def _connect(self) -> Conn:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
+            self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
         return self._conn
 
     def _require_precedes(self, conn: Conn) -> sql.Composed:

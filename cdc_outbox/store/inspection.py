@@ -199,13 +199,7 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
             leaves = conn.execute(_LEAVES_SQL, (st.table_oid,))
             st.table_partitions = sorted(f"{s}.{t}" for s, t in leaves)
         st.table_columns = {r[0] for r in conn.execute(_COLUMNS_SQL, (st.table_oid,))}
-    srow = conn.execute(_SLOT_SQL, (settings.slot_name,)).fetchone()
-    if srow is not None:
-        name, kind, active, pid, flushed, restart, lag, retained, wal, safe, plugin, db, why = srow
-        st.slot = SlotStatus(
-            name, kind, active, pid, _lsn(flushed), _lsn(restart), lag, retained, wal, safe,
-            plugin, db, why,
-        )  # fmt: skip
+    st.slot = slot_status(conn, settings.slot_name)
     if st.version_num >= FAILOVER_SLOTS_VERSION:
         frow = conn.execute(_FAILOVER_SQL, (settings.slot_name,)).fetchone()
         assert frow is not None
@@ -220,6 +214,18 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
             settings.publication_name, tables, ops, prow[0], via_root=prow[5]
         )
     return st
+
+
+def slot_status(conn: Conn, slot_name: str) -> SlotStatus | None:
+    """The slot's row of ``pg_replication_slots`` (None if there is no such slot)."""
+    srow = conn.execute(_SLOT_SQL, (slot_name,)).fetchone()
+    if srow is None:
+        return None
+    name, kind, active, pid, flushed, restart, lag, retained, wal, safe, plugin, db, why = srow
+    return SlotStatus(
+        name, kind, active, pid, _lsn(flushed), _lsn(restart), lag, retained, wal, safe,
+        plugin, db, why,
+    )  # fmt: skip
 
 
 def _lsn(text: str | None) -> Lsn | None:

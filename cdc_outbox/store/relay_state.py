@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -41,18 +41,21 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.store import schema
+from cdc_outbox.store.inspection import SlotStatus, slot_status
 
 __all__ = [
     "KeepOutcome",
     "NotLeader",
     "Phase",
     "RelayState",
+    "SlotFacts",
     "ensure_table",
     "has_confirmed_lsn",
     "keep_position",
     "kept_position",
     "read_state",
     "record_new_slot",
+    "slot_facts",
     "write_phase",
 ]
 
@@ -190,6 +193,27 @@ def keep_position(settings: Settings, lsn: int) -> KeepOutcome:
         )
         return "failed"
     return "kept"
+
+
+class SlotFacts(NamedTuple):
+    """What the catch-up rule (:mod:`cdc_outbox.ha.catch_up_rule`) decides on: the state row,
+    the slot (None if missing) and whether the state table keeps positions."""
+
+    state: RelayState
+    slot: SlotStatus | None
+    keeps_position: bool
+
+
+def slot_facts(settings: Settings) -> SlotFacts:
+    """Read :class:`SlotFacts` (one pooled connection). Raises ``psycopg.Error`` or
+    ``DatabaseUnavailable``."""
+    with db_pool.pooled(settings, timeout=5.0, statement_timeout_s=5.0) as conn:
+        exists = table_exists(conn, settings)
+        keeps = exists and has_confirmed_lsn(conn, settings)
+        state = (
+            read_state(conn, settings) if exists else RelayState(Phase.CATCHING_UP, exists=False)
+        )
+        return SlotFacts(state, slot_status(conn, settings.slot_name), keeps)
 
 
 def kept_position(settings: Settings) -> int:

@@ -8,10 +8,11 @@ readers only after ``commit_transaction``), but its delivery report waits until 
 with ``_PURGE_QUEUE`` (the records may be written all the same: at-least-once duplicates); an
 abort marks the open transaction's records aborted. ``init_transactions`` fences the previous
 client with the same ``transactional.id``: its later calls raise a fatal ``_FENCED`` error.
-Faults are injected with :meth:`FakeCluster.fail_next_commit` and
-:meth:`FakeCluster.reject_next`; as with librdkafka's idempotent producer, once a record of a
-topic failed, every later one of that topic fails too until its failure is reported or the
-queue is purged (no record overtakes a failed one).
+Faults are injected with :meth:`FakeCluster.fail_next_commit`,
+:meth:`FakeCluster.land_next_commit_failing` and :meth:`FakeCluster.reject_next`; as with
+librdkafka's idempotent producer, once a record of a topic failed, every later one of that
+topic fails too until its failure is reported or the queue is purged (no record overtakes a
+failed one).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class FakeCluster:
     log: list[Record] = field(default_factory=list)
     epochs: dict[str, int] = field(default_factory=dict)
     commits_to_fail: int = 0
+    #: Commits that land (the transaction is committed) but are reported as failed.
+    commits_to_land_failing: int = 0
     rejections: list[tuple[str, KafkaError]] = field(default_factory=list)
     #: Which transactional.id opened each transaction (fencing aborts the fenced one's).
     owners: dict[int, str | None] = field(default_factory=dict)
@@ -52,6 +55,12 @@ class FakeCluster:
         """The next ``times`` commits fail with an abortable error (the transaction is
         aborted by the relay and re-sent)."""
         self.commits_to_fail += times
+
+    def land_next_commit_failing(self, times: int = 1) -> None:
+        """The next ``times`` commits reach the coordinator and commit, but the client is told
+        they failed (the coordinator became unreachable before it answered and stayed so past
+        the transaction timeout): the relay aborts, which no longer changes anything."""
+        self.commits_to_land_failing += times
 
     def reject_next(self, topic_prefix: str, error: KafkaError) -> None:
         """The next record on a topic starting with ``topic_prefix`` fails with ``error``."""
@@ -159,6 +168,10 @@ class FakeProducerClient:
     def commit_transaction(self, timeout: float) -> None:
         self._check_fenced()
         self.poll(0)
+        if self.cluster.commits_to_land_failing and not self.txn_failed:
+            self.cluster.commits_to_land_failing -= 1
+            self._settle("committed")  # the open transaction stays: an abort finds it done
+            raise KafkaException(_error(KafkaError._TIMED_OUT, abortable=True))
         if self.cluster.commits_to_fail or self.txn_failed:
             if self.cluster.commits_to_fail:
                 self.cluster.commits_to_fail -= 1

@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tests.fakes.replication import Event
+from tests.fakes.replication import Event, FakePostgres
 
 
 @dataclass
 class FakeOutbox:
     events: Callable[[], list[Event]]
     failed: dict[str, str] = field(default_factory=dict)  # event id -> first reason
+    #: The server the rows are on now (FAILED rows are settled there for the slot's checks).
+    server: Callable[[], FakePostgres] | None = None
 
     def _by_id(self) -> dict[str, Event]:
         return {e.id: e for e in self.events()}
@@ -26,6 +28,8 @@ class FakeOutbox:
     def mark(self, items: Sequence[tuple[str, str]]) -> None:
         for event_id, reason in items:
             self.failed.setdefault(event_id, reason)
+            if self.server is not None:
+                self.server().failed.add(event_id.encode())
 
     def precedes(self, event_id: str, blocker_id: str) -> bool:
         rows = self._by_id()

@@ -9,18 +9,25 @@ messages: the outbox Relation first, then Begin, Insert..., Commit; then a keepa
 nothing is left. Faults: :meth:`FakePostgres.drop_stream_after` ends the stream after some
 frames (a walsender terminated), :meth:`FakePostgres.crash` moves the slot back (its position
 is saved only at checkpoints), :meth:`FakePostgres.promote_copy` is a failover to a standby
-that had WAL up to a fork point (new timeline, the slot as the copy had it).
+that had WAL up to a fork point (new timeline, the slot as the copy had it),
+:meth:`FakePostgres.recreate_slot` drops and recreates the slot behind the relay's back. The
+outbox rows' PUBLISHED marks (:class:`FakeMarks`) are kept per server; a confirmation past a
+row not marked is recorded (:attr:`FakePostgres.confirmed_unmarked`).
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.replication_stream import ReplicationError
+from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data
+from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.relay_state import Phase, RelayState, SlotFacts
 
 OUTBOX_OID = 16384
 COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
@@ -59,10 +66,17 @@ class FakePostgres:
     confirmed: int = 0  # the slot's confirmed_flush_lsn
     saved_confirmed: int = 0  # what a crash brings it back to
     kept: int = 0  # the state table's confirmed_lsn
+    phase: str = "STREAMING"  # the state table's phase
+    consistent_point: int = 0  # the state table's consistent_point (the slot's creation)
     backwards: list[tuple[int, int]] = field(default_factory=list)  # confirmations that regressed
     advances: list[tuple[int, int]] = field(default_factory=list)  # (confirmed, kept then)
     drops: list[int] = field(default_factory=list)  # frame counts after which streams end
     down: bool = False
+    marked: set[bytes] = field(default_factory=set)  # ids of the rows marked PUBLISHED
+    #: ids of the rows marked FAILED (durably dead-lettered: settled, never published again)
+    failed: set[bytes] = field(default_factory=set)
+    #: Confirmations past rows that were not marked: (confirmed, the unmarked event ids).
+    confirmed_unmarked: list[tuple[int, list[str]]] = field(default_factory=list)
     streams_open: list[FakeStream] = field(default_factory=list)
     streams: int = 0
     _seqs: dict[str, int] = field(default_factory=dict)
@@ -94,6 +108,24 @@ class FakePostgres:
             stream.kill()
         self.streams_open.clear()
 
+    def recreate_slot(self) -> None:
+        """Someone else drops the slot and creates it again (the state table unchanged): the
+        new slot's consistent point is the current WAL end, past every transaction so far."""
+        self.confirmed = self.saved_confirmed = self.wal_end
+
+    def slot_facts(self, keeps_position: bool = True) -> SlotFacts:
+        """The state row and the slot, as the catch-up rule reads them."""
+        state = RelayState(
+            Phase(self.phase),
+            Lsn(self.consistent_point),
+            exists=True,
+            confirmed_lsn=Lsn(self.kept) if keeps_position else None,
+        )
+        lsn = Lsn(self.confirmed)
+        slot = SlotStatus("slot", "logical", False, None, lsn, lsn, 0, 0, "reserved", None,
+                          "pgoutput", "db")  # fmt: skip
+        return SlotFacts(state, slot, keeps_position)
+
     def checkpoint(self) -> None:
         """A PostgreSQL checkpoint: the slot's position is saved to disk."""
         self.saved_confirmed = self.confirmed
@@ -116,7 +148,10 @@ class FakePostgres:
             confirmed=min(self.saved_confirmed, fork),
             saved_confirmed=min(self.saved_confirmed, fork),
             kept=min(self.kept, fork),
+            phase=self.phase,
+            consistent_point=min(self.consistent_point, fork),
         )
+        copy.marked = {e.id.encode() for t in kept_txns for e in t.events} & self.marked
         copy._seqs = {}
         for t in kept_txns:
             for e in t.events:
@@ -265,9 +300,36 @@ class FakeStream:
             server.backwards.append((server.confirmed, flushed))
         elif flushed > server.confirmed:
             server.advances.append((flushed, server.kept))
+        if flushed > server.confirmed:
+            unmarked = [
+                e.id
+                for t in server.txns
+                if server.confirmed < t.end_lsn <= flushed
+                for e in t.events
+                if e.id.encode() not in server.marked and e.id.encode() not in server.failed
+            ]
+            if unmarked:
+                server.confirmed_unmarked.append((flushed, unmarked))
         server.confirmed = max(server.confirmed, flushed)
         self._reply = self._reply or reply_requested
 
     def close(self) -> None:
         self._open = self._connected = False
         self._frames = []
+
+
+class FakeMarks:
+    """The outbox rows' marks (a :class:`~cdc_outbox.cdc.published_marker.MarkSink`): an id
+    marked goes to :attr:`FakePostgres.marked` of the server reached now (``server()``)."""
+
+    def __init__(self, server: Callable[[], FakePostgres]) -> None:
+        self.server = server
+
+    def mark(self, ids: list[bytes]) -> int:
+        marked = self.server().marked
+        new = set(ids) - marked
+        marked.update(new)
+        return len(new)
+
+    def close(self) -> None:
+        pass

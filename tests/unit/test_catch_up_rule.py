@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
 from cdc_outbox.cdc import catch_up_order
+from cdc_outbox.cdc.slot_watch import SlotChanged, SlotWatch
 from cdc_outbox.config import Settings
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.store.inspection import SlotStatus
-from cdc_outbox.store.relay_state import Phase, RelayState
+from cdc_outbox.store.relay_state import Phase, RelayState, SlotFacts
 
 
 def settings(**values: Any) -> Settings:
@@ -93,6 +94,33 @@ def test_streamed_exactly_when_the_slot_is_not_past_what_the_relay_recorded(
     be in Kafka (the consistent point of its creation, or a confirmed position)."""
     reason = catch_up_reason(streaming(point, confirmed), slot(flushed))
     assert (reason is None) == (flushed <= max(point, confirmed or 0))
+
+
+def test_the_rule_is_applied_again_at_every_session_start_once_it_held() -> None:
+    """cdc/slot_watch.py: the first session start records whether the rule held (the service
+    just applied it); later ones raise SlotChanged when it no longer does."""
+    facts = [SlotFacts(streaming(point=1_000, confirmed=9_000), slot(flushed=9_000), True)]
+    watch = SlotWatch(lambda: facts[-1])
+    watch.check()
+    watch.check()  # still the relay's own slot
+    facts.append(SlotFacts(streaming(point=1_000, confirmed=9_000), slot(flushed=9_500), True))
+    with pytest.raises(SlotChanged, match="recreated by someone else"):
+        watch.check()
+    facts.append(SlotFacts(RelayState(Phase.CATCHING_UP), slot(flushed=9_000), True))
+    with pytest.raises(SlotChanged, match="phase CATCHING_UP"):
+        watch.check()  # `init` recreated it and left the phase for the catch-up
+    facts.append(SlotFacts(streaming(point=1_000, confirmed=9_000), None, True))
+    with pytest.raises(SlotChanged, match="does not exist"):
+        watch.check()
+
+
+def test_a_relay_whose_first_session_did_not_pass_the_rule_is_not_checked() -> None:
+    """Run outside the service (e.g. right after Relay.catch_up in a test: the phase is still
+    CATCHING_UP), the relay streams as before."""
+    facts = SlotFacts(RelayState(Phase.CATCHING_UP), slot(flushed=9_000), True)
+    watch = SlotWatch(lambda: facts)
+    watch.check()
+    watch.check()
 
 
 def render(settings: Settings, commit_ts: bool) -> str:

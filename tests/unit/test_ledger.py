@@ -1,14 +1,15 @@
 """The guarantee ledger (cdc_outbox.cdc.ledger) against a simple model of PostgreSQL and Kafka.
 
-Hypothesis draws random interleavings of PostgreSQL transactions, Kafka acknowledgements,
-Kafka transactions closed and committed, marks, confirmations, in-process restarts (the open
-Kafka transaction aborted), process crashes (the ledger and the marker's buffer lost, a commit
-possibly done in Kafka but not known), slot recreation (a catch-up publishes what is PENDING)
-and timeline switches (a failover to a standby that was behind: WAL past the switchpoint, with
-its transactions, marks, kept positions and slot confirmations, is gone; the standby's synced
-slot is where the standby saw it). The relay is played by the ledger's rules alone: the
-session start is :meth:`Ledger.restart_from` and the server's ``max(start, confirmed_flush)``,
-skips are :meth:`Ledger.skip`, every confirmation :meth:`Ledger.confirmable` (then kept).
+Hypothesis draws random interleavings of PostgreSQL transactions, Kafka acknowledgements, Kafka
+transactions closed and committed, marks, confirmations, in-process restarts (the open Kafka
+transaction aborted, or its commit landed though reported failed), process crashes (the ledger
+and the marker's buffer lost, a commit possibly done in Kafka but not known), slot recreation (a
+catch-up publishes what is PENDING) and timeline switches (a failover to a standby that was
+behind: WAL past the switchpoint, with its transactions, marks, kept positions and slot
+confirmations, is gone; the standby's synced slot is where the standby saw it). The relay is
+played by the ledger's rules alone: the session start is :meth:`Ledger.restart_from` and the
+server's ``max(start, confirmed_flush)``, skips are :meth:`Ledger.skip`, every confirmation
+:meth:`Ledger.confirmable` (then kept).
 
 Checked: at every step, every transaction up to the slot's confirmed position is visible to a
 ``read_committed`` reader; at every session start, every transaction below the start is
@@ -171,7 +172,7 @@ class World:
         s.closing, s.closing_acked = s.records, s.acked
         s.records, s.acked = [], set()
 
-    def commit(self, *, then_crash: bool = False) -> None:
+    def commit(self, *, then_crash: bool = False, then_restart: bool = False) -> None:
         s, batch = self.connect(), self.ledger.batch
         if batch is None or not batch.closing or len(s.closing_acked) < len(s.closing):
             return
@@ -181,6 +182,9 @@ class World:
         self.checkpoint = (batch.closing_end_lsn, SYSTEM, history.timeline)
         if then_crash:  # committed in Kafka, not known to the process
             self.crash()
+            return
+        if then_restart:  # committed in Kafka, reported failed: the same process restarts
+            self.restart()
             return
         batch.committed()
         self.handed += [i for _, i in s.closing]
@@ -316,7 +320,8 @@ class World:
 _OPS = (
     ["write", "read", "ack"] * 4
     + ["close", "commit", "mark", "confirm"] * 2
-    + ["drain", "commit_then_crash", "restart", "crash", "recreate_slot", "failover"]
+    + ["drain", "commit_then_crash", "commit_then_restart", "restart", "crash"]
+    + ["recreate_slot", "failover"]
 )
 STEPS = st.tuples(st.sampled_from(_OPS), st.integers(0, 2**16 - 1))
 
@@ -333,6 +338,8 @@ def play(eos: bool, steps: list[tuple[str, int]]) -> World:
     for step, arg in steps:
         if step == "commit_then_crash":
             world.commit(then_crash=True)
+        elif step == "commit_then_restart":
+            world.commit(then_restart=True)
         elif step == "recreate_slot":
             world.recreate_slot(bool(arg & 1))
         elif step == "drain":
@@ -366,6 +373,15 @@ def check_outcome(world: World) -> None:
 LOST_MARK = [("write", 1), ("read", 0), ("ack", 0), ("mark", 0), ("failover", 1)]
 
 
+#: Issue 37 item 2: a Kafka commit that landed but was reported failed, then a restart in the
+#: same process: the checkpoint read at the restart holds the batch, whose ids never went to
+#: the marker; the restart started after it and the slot was confirmed past unmarked rows.
+LANDED_THEN_RESTART = [
+    ("write", 1), ("read", 0), ("ack", 0), ("close", 0), ("commit_then_restart", 0),
+    ("read", 0), ("confirm", 0),
+]  # fmt: skip
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.booleans(), st.randoms(use_true_random=False))
 def test_random_interleavings_deliver_every_committed_transaction(
@@ -395,6 +411,12 @@ def test_an_aborted_kafka_transaction_is_streamed_again() -> None:
     assert world.ledger.acked.confirmed == 2
     world.restart()
     assert world.connect().read_pos == 0
+
+
+def test_a_commit_that_landed_though_reported_failed_is_marked_before_it_is_skipped() -> None:
+    world = play(True, LANDED_THEN_RESTART)
+    assert world.checkpoint is not None and world.visible == ["e0"]
+    check_outcome(world)
 
 
 def test_a_failover_trusts_the_checkpoint_only_below_the_switchpoint() -> None:

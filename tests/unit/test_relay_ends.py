@@ -14,11 +14,9 @@ import threading
 import pytest
 
 from cdc_outbox.cdc.relay import Relay
-from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.errors import PrivilegeMissing
 from cdc_outbox.store.relay_state import NotLeader
-from tests.fakes.kafka import FakeCheckpoints
-from tests.unit.test_relay_restarts import CHECKPOINTS, Harness
+from tests.unit.test_relay_restarts import Harness
 
 
 class Blip:
@@ -34,17 +32,7 @@ class Blip:
 
 
 def _relay(h: Harness, is_leader: Blip) -> Relay:
-    ports = RelayPorts(
-        stream=h.stream,
-        producer_client=h.cluster.client,
-        checkpoints=FakeCheckpoints(h.cluster, CHECKPOINTS),
-        kept=lambda: h.pg.kept,
-        keep=lambda lsn: "unsupported",
-        parked=lambda: [],
-    )
-    relay = Relay(h.settings, is_leader=is_leader, ports=ports)
-    relay._sleep = lambda seconds: None  # type: ignore[method-assign]
-    return relay
+    return h.relay(is_leader=is_leader)
 
 
 def _run(relay: Relay, timeout: float = 30.0) -> BaseException | None:

@@ -2,11 +2,12 @@
 deterministically, without a server (issue 23's relay-level harness).
 
 Each test writes PostgreSQL transactions into a FakePostgres, schedules faults (a dropped
-stream, a failed Kafka commit, a rejected record, a PostgreSQL crash, a failover to a
-standby that was behind), runs the relay until every transaction of the current history is
-in Kafka and confirmed, and checks what a ``read_committed`` reader sees: every event of the
-current history exactly once (exactly-once) or at least once (at-least-once), in
-per-aggregate order, and the slot never confirmed past what Kafka committed.
+stream, a failed Kafka commit or one that landed though reported failed, a rejected record, a
+PostgreSQL crash, a failover to a standby that was behind), runs the relay until every
+transaction of the current history is in Kafka and confirmed, and checks what a
+``read_committed`` reader sees: every event of the current history exactly once (exactly-once)
+or at least once (at-least-once), in per-aggregate order, the slot never confirmed past what
+Kafka committed, and every delivered row marked PUBLISHED before the slot is confirmed past it.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from hypothesis import strategies as st
 
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
+from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.config import Settings
 from cdc_outbox.store.relay_state import KeepOutcome, NotLeader
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient, Record
 from tests.fakes.outbox import FakeOutbox
-from tests.fakes.replication import FakePostgres, FakeStream
+from tests.fakes.replication import FakeMarks, FakePostgres, FakeStream
 from tests.helpers import wait_until
 
 PREFIX = "t.event"
@@ -53,13 +55,13 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.stream = FakeStream(self.pg)
-        self.outbox = FakeOutbox(lambda: self.pg.events())
+        self.outbox = FakeOutbox(lambda: self.pg.events(), server=lambda: self.pg)
         self.settings = Settings.model_validate(
             {
                 "dsn": "postgresql://fake@127.0.0.1:1/db",
                 "mode": "cdc",
                 "delivery": self.delivery,
-                "cdc_mark_published": "off",
+                "cdc_mark_published": "update",
                 "topic_template": PREFIX + ".{aggregate_type}",
                 "status_interval_s": 1.0,
                 "max_record_bytes": MAX_RECORD_BYTES,
@@ -73,7 +75,7 @@ class Harness:
         self.pg.down = True  # the old primary died, and its connections with it
         self.pg = self.stream.server = server
 
-    def relay(self) -> Relay:
+    def relay(self, is_leader: Callable[[], bool] = lambda: True) -> Relay:
         def keep(lsn: int) -> KeepOutcome:
             if not self.keeps_position:
                 return "unsupported"
@@ -91,8 +93,10 @@ class Harness:
             keep=keep,
             parked=self.outbox.parked,
             failed_rows=self.outbox,
+            marks=FakeMarks(lambda: self.pg),
+            slot_facts=lambda: self.pg.slot_facts(self.keeps_position),
         )
-        relay = Relay(self.settings, ports=ports)
+        relay = Relay(self.settings, is_leader=is_leader, ports=ports)
         relay._sleep = lambda seconds: None  # type: ignore[method-assign]
         return relay
 
@@ -205,6 +209,18 @@ def _assert_never_confirmed_past_kafka(h: Harness) -> None:
     assert not h.pg.backwards, h.pg.backwards[:3]
 
 
+def _assert_every_delivered_row_marked(h: Harness) -> None:
+    """Every event of the current history that Kafka holds has its row marked PUBLISHED, and
+    the slot was never confirmed past a row before it was marked (a catch-up or a polling
+    pass would publish such a row again)."""
+    delivered = {_Seen(r).headers_id for r in h.visible()}
+    events = [e.id for e in h.pg.events() if e.id in delivered]
+    unmarked = [i for i in events if i.encode() not in h.pg.marked]
+    assert not unmarked, f"{len(unmarked)} of {len(events)} delivered rows never marked"
+    early = h.pg.confirmed_unmarked
+    assert not early, f"confirmed past unmarked rows: {[(c, len(ids)) for c, ids in early[:3]]}"
+
+
 # -- each restart trigger -----------------------------------------------------------------
 
 
@@ -234,6 +250,25 @@ def test_a_failed_kafka_commit_aborts_and_resends_exactly_once() -> None:
     h.run(relay)
     assert relay.stats.restarts >= 1 and relay.stats.eos_aborts >= 1
     _assert_exactly_once(h)
+
+
+def test_a_commit_that_landed_but_was_reported_failed_has_its_rows_marked() -> None:
+    """Issue 37 item 2: the commit reaches the coordinator, which then stays unreachable past
+    the transaction timeout: the relay is told it failed, aborts (a no-op now) and restarts
+    in the same process. The checkpoint it reads then holds the batch; its rows were never
+    handed to the marker (that happens only at a commit known to have succeeded), so the
+    restart must not skip them unmarked: they are re-streamed, skipped (Kafka holds them)
+    and marked before the slot is confirmed past them."""
+    h = Harness("exactly_once")
+    _write(h.pg, 60)
+    h.cluster.land_next_commit_failing()
+    relay = h.relay()
+    h.run(relay)
+    assert h.cluster.commits_to_land_failing == 0, "the fault never fired"
+    assert relay.stats.restarts >= 1
+    _assert_exactly_once(h)
+    _assert_every_delivered_row_marked(h)
+    _assert_never_confirmed_past_kafka(h)
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -336,6 +371,52 @@ def test_a_restarted_stream_confirms_its_start_only_once_it_is_kept(delivery: st
     _assert_at_least_once(h)
 
 
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_a_slot_recreated_while_the_relay_is_between_sessions_is_not_streamed(
+    delivery: str,
+) -> None:
+    """Issue 37 item 3: the walsender is terminated and, before the relay reconnects, someone
+    drops and recreates the slot; 10 events are committed in between, before the new slot's
+    consistent point. The service-start rule (the slot confirmed past every kept position) must
+    hold at this session start too: the relay raises SlotChanged (the service then catches up)
+    instead of streaming the new slot, which would skip the 10 and confirm past them."""
+    h = Harness(delivery)
+    _write(h.pg, 30)
+    relay = h.relay()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            relay.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        wait_until(h.caught_up, timeout=30)
+        h.pg.down = True  # the relay stays between sessions until the slot is back
+        h.pg.terminate()
+        wait_until(lambda: relay.stats.restarts >= 1, timeout=30)
+        starts = len(h.stream.starts)
+        gap = [e.id for _ in range(2) for e in h.pg.commit([f"agg-{i}" for i in range(5)]).events]
+        h.pg.recreate_slot()
+        h.pg.down = False
+        wait_until(lambda: not thread.is_alive() or len(h.stream.starts) > starts, timeout=30)
+    finally:
+        relay.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    seen = {_Seen(r).headers_id for r in h.visible()}
+    published = sum(i in seen for i in gap)
+    assert len(h.stream.starts) == starts, (
+        f"the recreated slot was streamed: {published} of {len(gap)} events of the gap"
+        f" published, slot confirmed to {h.pg.confirmed} (WAL end {h.pg.wal_end})"
+    )
+    assert len(errors) == 1 and isinstance(errors[0], SlotChanged), errors
+    assert "recreated by someone else" in str(errors[0])
+
+
 # -- random interleavings -----------------------------------------------------------------
 
 
@@ -350,7 +431,16 @@ _EXAMPLES = int(os.environ.get("CDC_OUTBOX_RESTART_EXAMPLES", "25"))
         st.tuples(
             st.integers(1, 40),  # transactions written
             st.sampled_from(
-                ["drop", "commit_fails", "reject", "crash", "failover", "dead_letter", "none"]
+                [
+                    "drop",
+                    "commit_fails",
+                    "commit_lands",
+                    "reject",
+                    "crash",
+                    "failover",
+                    "dead_letter",
+                    "none",
+                ]
             ),
             st.integers(0, 200),  # where the fault falls (frames, or the fork's transaction)
         ),
@@ -377,6 +467,8 @@ def test_random_restarts_keep_the_guarantee(
                 h.pg.terminate()  # the next stream ends after ``at`` frames
             elif fault == "commit_fails":
                 h.cluster.fail_next_commit()
+            elif fault == "commit_lands":  # reported failed: a restart in the same process
+                h.cluster.land_next_commit_failing()
             elif fault == "reject":
                 error = KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", retriable=True)
                 h.cluster.reject_next(PREFIX, error)
@@ -408,6 +500,7 @@ def test_random_restarts_keep_the_guarantee(
         assert all(c == 1 for c in everything.values()), "a phantom or event twice"
         assert not [i for i in dead if dlq[i] > 1], "a dead letter twice"
     assert not broken, broken[:5]
+    _assert_every_delivered_row_marked(h)
 
 
 class _LeaseLapsesAtRegistration(FakeProducerClient):
@@ -434,7 +527,10 @@ def _zombie(h: Harness, lease: list[bool]) -> tuple[Relay, FakeStream]:
         checkpoints=FakeCheckpoints(h.cluster, CHECKPOINTS),
         kept=lambda: h.pg.kept,
         keep=lambda lsn: "kept",
-        parked=lambda: [],
+        parked=h.outbox.parked,
+        failed_rows=h.outbox,
+        marks=FakeMarks(lambda: h.pg),
+        slot_facts=lambda: h.pg.slot_facts(h.keeps_position),
     )
     relay = Relay(h.settings, is_leader=lambda: lease[0], ports=ports)
     relay._sleep = lambda seconds: None  # type: ignore[method-assign]
