@@ -15,9 +15,19 @@ cannot pile up over crashes, nothing is treated as done before it is marked:
 - a catch-up waits for :attr:`PublishedMarker.unmarked` to stay small and for
   :meth:`PublishedMarker.settle` before it streams.
 
-``handed`` counts ids accepted by :meth:`~PublishedMarker.add`, ``settled`` those marked (or
-given up on when marking is impossible: no id column, no privilege, any error but a
-connection's, logged as an error, after which rows stay PENDING); both only grow.
+``handed`` counts ids accepted by :meth:`~PublishedMarker.add`, ``settled`` the longest
+prefix of them marked (or given up on when marking is impossible: no id column, no privilege,
+any error but a connection's, logged as an error, after which rows stay PENDING); both only
+grow.
+
+A row may not be visible yet when its id arrives: a transaction's commit record is in the WAL,
+so decoded, published and acknowledged, before the committing backend has finished (it may
+wait for a synchronous standby, or just not be scheduled). So ids the statement did not match
+are not settled at once: they wait (``invisible``) until no transaction that was in progress
+just after the statement still is, and are tried once more; then they settle, marked or not
+(not: their row was already PUBLISHED or FAILED, or deleted). After
+:data:`_INVISIBLE_GIVE_UP_S` of waiting (a long-running transaction, a standby gone for long)
+they are tried once more and settle anyway.
 
 Ids are matched as the id column's own type, looked up once (first connection): uuid ids go
 as one comma-joined text parameter split by the server (cheapest); any other type (text,
@@ -47,6 +57,8 @@ logger = logging.getLogger(__name__)
 #: at 50,000 events/s one statement covers a 0.2 s flush interval.
 _BATCH = 20_000
 _MAX_BUFFERED = 1_000_000
+#: How long an id whose row is not visible is tried again before it is settled unmarked.
+_INVISIBLE_GIVE_UP_S = 120.0
 
 
 class PublishedMarker:
@@ -55,7 +67,10 @@ class PublishedMarker:
     def __init__(self, settings: Settings, *, flush_interval_s: float = 0.2) -> None:
         self._settings = settings
         self._flush_interval_s = flush_interval_s
-        self._ids: deque[bytes] = deque()
+        self._ids: deque[tuple[int, bytes]] = deque()  # (ordinal, id), in handed order
+        # Ids the statement did not match: ordinal -> (id, xids in progress after it, when).
+        self._waiting: dict[int, tuple[bytes, frozenset[str], float]] = {}
+        self._done = 0  # ids taken from _ids and settled or waiting
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,8 +93,13 @@ class PublishedMarker:
         if len(self._ids) >= _MAX_BUFFERED or not self._enabled:
             self.dropped += 1
             return
-        self._ids.append(event_id)
+        self._ids.append((self.handed, event_id))
         self.handed += 1
+
+    @property
+    def invisible(self) -> int:
+        """Ids waiting for their row to become visible."""
+        return len(self._waiting)
 
     @property
     def unmarked(self) -> int:
@@ -121,7 +141,7 @@ class PublishedMarker:
         while True:
             stopping = self._stop.is_set()
             try:
-                if self._ids:
+                if self._ids or self._waiting:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(self._settings.postgres_dsn(), autocommit=True)
                     if self._statement is None:
@@ -139,54 +159,119 @@ class PublishedMarker:
                 # No id column, no privilege, a trigger refusing it: retrying cannot help, and
                 # the slot must not wait for marks that never come (see the module contract).
                 logger.error("marking published rows stopped (rows stay PENDING): %s", exc)
-                self.dropped += len(self._ids)
-                self.settled += len(self._ids)
+                self.dropped += len(self._ids) + len(self._waiting)
+                self._done += len(self._ids)
                 self._ids.clear()
+                self._waiting.clear()
+                self._settle_prefix()
                 self._enabled = False
                 break
             if stopping and not self._ids:
-                break
+                break  # ids still waiting for visibility are left, as at a crash
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
         if conn is not None:
             conn.close()
-        if self._ids:
-            logger.info("%d acknowledged rows left unmarked at stop", len(self._ids))
+        if self._ids or self._waiting:
+            left = len(self._ids) + len(self._waiting)
+            logger.info("%d acknowledged rows left unmarked at stop", left)
 
     def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         id_type = id_column_type(conn, self._settings)
-        self._statement = _statement(self._settings, id_type)
+        statement = _statement(self._settings, id_type)
+        if statement is not None:
+            column = sql.Identifier(self._settings.column_names().id)
+            self._statement = sql.SQL("{} RETURNING {}::text").format(statement, column)
         self._joined = id_type.is_uuid
         logger.debug("marking published rows by %s ids", id_type.name)
 
     def _flush(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        assert self._statement is not None
+        if self._waiting:
+            self._retry_waiting(conn)
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
-            # uuid: one text parameter, split by the server, far cheaper than adapting a list
-            # (a uuid has no comma); other types: a text array, cast by the statement.
-            param = b",".join(batch).decode() if self._joined else [i.decode() for i in batch]
             try:
-                cur = conn.execute(self._statement, (param,))
+                matched = self._mark(conn, [event_id for _, event_id in batch])
+                missed = [(o, i) for o, i in batch if i not in matched]
+                running = _in_progress(conn) if missed else frozenset()
             except psycopg.Error:
                 self._ids.extendleft(reversed(batch))
                 raise
-            self.marked += cur.rowcount if cur.rowcount > 0 else 0
-            self.settled += len(batch)
+            self._done += len(batch)
+            now = time.monotonic()
+            for ordinal, event_id in missed:
+                self._waiting[ordinal] = (event_id, running, now)
+            self._settle_prefix()
+
+    def _retry_waiting(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Try once more the waiting ids whose possibly invisible transactions all ended
+        (or that waited too long); settle them."""
+        running, now = _in_progress(conn), time.monotonic()
+        ready = {
+            ordinal: event_id
+            for ordinal, (event_id, xids, since) in self._waiting.items()
+            if not (xids & running) or now - since >= _INVISIBLE_GIVE_UP_S
+        }
+        if not ready:
+            return
+        matched = self._mark(conn, list(ready.values()))
+        for ordinal, event_id in ready.items():
+            since = self._waiting.pop(ordinal)[2]
+            if event_id not in matched and now - since >= _INVISIBLE_GIVE_UP_S:
+                logger.warning(
+                    "outbox row %s not marked: transactions still in progress %.0f s after"
+                    " Kafka acknowledged its event",
+                    event_id.decode(errors="replace"),
+                    now - since,
+                )
+        self._settle_prefix()
+
+    def _mark(self, conn: psycopg.Connection[tuple[object, ...]], ids: list[bytes]) -> set[bytes]:
+        """Mark ``ids``; return those it marked."""
+        assert self._statement is not None
+        rows = conn.execute(self._statement, (self._param(ids),)).fetchall()
+        matched = {row[0].encode() for row in rows if isinstance(row[0], str)}
+        self.marked += len(matched)
+        return matched
+
+    def _param(self, ids: list[bytes]) -> str | list[str]:
+        # uuid: one text parameter, split by the server, far cheaper than adapting a list
+        # (a uuid has no comma); other types: a text array, cast by the statement.
+        return b",".join(ids).decode() if self._joined else [i.decode() for i in ids]
+
+    def _settle_prefix(self) -> None:
+        """``settled``: the ids before the first one still waiting (or all taken so far)."""
+        self.settled = min(self._waiting, default=self._done)
 
 
 _UUID = ColumnType("uuid", "pg_catalog", "uuid")
+
+
+def _ids_match(settings: Settings, id_type: ColumnType) -> sql.Composed:
+    """``<id column> = ANY(<the one parameter>)`` for ids of ``id_type``."""
+    if id_type.is_uuid:
+        ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
+    else:
+        ids = sql.SQL("%s::text[]::{}").format(id_type.array())
+    return sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
+
+
+def _in_progress(conn: psycopg.Connection[tuple[object, ...]]) -> frozenset[str]:
+    """Transaction ids in progress now: the current snapshot's, and those of the backends
+    (a transaction past the snapshot's ``xmax`` is in neither list of the snapshot; a role
+    without ``pg_read_all_stats`` sees only its own sessions' ids)."""
+    rows = conn.execute(
+        "SELECT x::xid::text FROM pg_snapshot_xip(pg_current_snapshot()) x"
+        " UNION SELECT backend_xid::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL"
+    ).fetchall()
+    return frozenset(str(row[0]) for row in rows)
 
 
 def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
     """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
 
     Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    if id_type.is_uuid:
-        ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
-    else:
-        ids = sql.SQL("%s::text[]::{}").format(id_type.array())
-    match = sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
+    match = _ids_match(settings, id_type)
     if settings.cdc_mark_published == "delete" or (
         settings.cdc_mark_published == "update" and settings.columns.preset == "default"
     ):
