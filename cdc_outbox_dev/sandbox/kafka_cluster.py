@@ -155,10 +155,12 @@ class LocalKafkaCluster(LocalServer):
         )
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Graceful shutdown of every node (brokers first would leave the quorum to the
-        last one: stop them one after another, highest id first)."""
-        for node_id in sorted(self.nodes, reverse=True):
-            self.nodes[node_id].stop(timeout)
+        """Graceful shutdown of every node, all at once: one after another, the last node
+        would wait in its controlled shutdown for a quorum that left with the others."""
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            futures = [pool.submit(node.stop, timeout) for node in self.nodes.values()]
+        for future in futures:
+            future.result()
 
     def destroy(self) -> None:
         """Stop every node and delete the data (and ``base_dir`` if temporary)."""
