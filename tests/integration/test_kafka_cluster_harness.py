@@ -56,8 +56,10 @@ def test_coordinator_and_controller_are_found_and_move_when_killed(
     )
     assert elected in {1, 2, 3} - {controller}
     if coordinator == controller:
-        wait_until(lambda: _coordinator_or_none(kafka_cluster, "harness-t") not in (None, coordinator),
-                   timeout=60)  # fmt: skip
+        wait_until(
+            lambda: _coordinator_or_none(kafka_cluster, "harness-t") not in (None, coordinator),
+            timeout=60,
+        )
 
 
 def _coordinator_or_none(cluster: LocalKafkaCluster, txn_id: str) -> int | None:
