@@ -22,10 +22,11 @@ grow.
 
 A row may not be visible yet when its id arrives: a transaction's commit record is in the WAL,
 so decoded, published and acknowledged, before the committing backend has finished (it may
-wait for a synchronous standby, or just not be scheduled). So ids the statement did not match
-are not settled at once: they wait (``invisible``) until no transaction that was in progress
-just after the statement still is, and are tried once more; then they settle, marked or not
-(not: their row was already PUBLISHED or FAILED, or deleted). After
+wait for a synchronous standby, or just not be scheduled). So when a statement matches fewer
+rows than ids, the ids without a visible row are not settled at once: they wait
+(``invisible``) until no transaction that was in progress just after the statement still is,
+and are tried once more; then they settle, marked or not (not: their row was deleted). Ids
+whose row is visible but was not matched (already PUBLISHED or FAILED) settle at once. After
 :data:`_INVISIBLE_GIVE_UP_S` of waiting (a long-running transaction, a standby gone for long)
 they are tried once more and settle anyway.
 
@@ -48,6 +49,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.store.inspection import ColumnType, id_column_type
 from cdc_outbox.store.mark_published import marking_statement
+from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class PublishedMarker:
         self.settled = 0  # of those, marked or given up on (marker thread)
         self._enabled = _statement(settings, _UUID) is not None
         self._statement: sql.Composed | None = None  # for the id type; on first connection
+        self._visible: sql.Composed | None = None  # which of some ids have a visible row
         self._joined = True  # one comma-joined text parameter (uuid ids), else an array
 
     @property
@@ -166,8 +169,8 @@ class PublishedMarker:
                 self._settle_prefix()
                 self._enabled = False
                 break
-            if stopping and not self._ids:
-                break  # ids still waiting for visibility are left, as at a crash
+            if stopping and not self._ids and not self._waiting:
+                break  # (ids waiting for visibility are tried until stop's timeout)
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
         if conn is not None:
@@ -178,10 +181,8 @@ class PublishedMarker:
 
     def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         id_type = id_column_type(conn, self._settings)
-        statement = _statement(self._settings, id_type)
-        if statement is not None:
-            column = sql.Identifier(self._settings.column_names().id)
-            self._statement = sql.SQL("{} RETURNING {}::text").format(statement, column)
+        self._statement = _statement(self._settings, id_type)
+        self._visible = _visible_statement(self._settings, id_type)
         self._joined = id_type.is_uuid
         logger.debug("marking published rows by %s ids", id_type.name)
 
@@ -191,16 +192,16 @@ class PublishedMarker:
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
             try:
-                matched = self._mark(conn, [event_id for _, event_id in batch])
-                missed = [(o, i) for o, i in batch if i not in matched]
+                missed = self._mark(conn, [event_id for _, event_id in batch])
                 running = _in_progress(conn) if missed else frozenset()
             except psycopg.Error:
                 self._ids.extendleft(reversed(batch))
                 raise
             self._done += len(batch)
             now = time.monotonic()
-            for ordinal, event_id in missed:
-                self._waiting[ordinal] = (event_id, running, now)
+            for ordinal, event_id in batch:
+                if event_id in missed:
+                    self._waiting[ordinal] = (event_id, running, now)
             self._settle_prefix()
 
     def _retry_waiting(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
@@ -214,25 +215,33 @@ class PublishedMarker:
         }
         if not ready:
             return
-        matched = self._mark(conn, list(ready.values()))
+        missed = self._mark(conn, list(ready.values()))
         for ordinal, event_id in ready.items():
             since = self._waiting.pop(ordinal)[2]
-            if event_id not in matched and now - since >= _INVISIBLE_GIVE_UP_S:
+            if event_id in missed and now - since >= _INVISIBLE_GIVE_UP_S:
                 logger.warning(
-                    "outbox row %s not marked: transactions still in progress %.0f s after"
-                    " Kafka acknowledged its event",
+                    "outbox row %s not marked: not visible %.0f s after Kafka acknowledged"
+                    " its event (transactions still in progress)",
                     event_id.decode(errors="replace"),
                     now - since,
                 )
         self._settle_prefix()
 
     def _mark(self, conn: psycopg.Connection[tuple[object, ...]], ids: list[bytes]) -> set[bytes]:
-        """Mark ``ids``; return those it marked."""
-        assert self._statement is not None
-        rows = conn.execute(self._statement, (self._param(ids),)).fetchall()
-        matched = {row[0].encode() for row in rows if isinstance(row[0], str)}
-        self.marked += len(matched)
-        return matched
+        """Mark ``ids``; return those without a visible row. Only when the statement matched
+        fewer rows than ids are they looked up; a row that became visible since is marked by
+        the statement again."""
+        assert self._statement is not None and self._visible is not None
+        count = max(conn.execute(self._statement, (self._param(ids),)).rowcount, 0)
+        self.marked += count
+        if count >= len(ids):
+            return set()
+        rows = conn.execute(self._visible, (self._param(ids),)).fetchall()
+        found = {row[0].encode() for row in rows if isinstance(row[0], str)}
+        if found:  # marked now or before, FAILED, or visible only now: mark those
+            again = conn.execute(self._statement, (self._param(sorted(found)),))
+            self.marked += max(again.rowcount, 0)
+        return set(ids) - found
 
     def _param(self, ids: list[bytes]) -> str | list[str]:
         # uuid: one text parameter, split by the server, far cheaper than adapting a list
@@ -254,6 +263,15 @@ def _ids_match(settings: Settings, id_type: ColumnType) -> sql.Composed:
     else:
         ids = sql.SQL("%s::text[]::{}").format(id_type.array())
     return sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
+
+
+def _visible_statement(settings: Settings, id_type: ColumnType) -> sql.Composed:
+    """``SELECT`` of the ids (as text) among the parameter's whose row is visible."""
+    return sql.SQL("SELECT {}::text FROM {} WHERE {}").format(
+        sql.Identifier(settings.column_names().id),
+        outbox_ident(settings),
+        _ids_match(settings, id_type),
+    )
 
 
 def _in_progress(conn: psycopg.Connection[tuple[object, ...]]) -> frozenset[str]:
