@@ -51,6 +51,10 @@ def _guard(action: Callable[[], T]) -> T:
 def _describe(info: SandboxInfo) -> None:
     pg_state = f"running (pid {info.postgres_pid})" if info.postgres_pid else "stopped"
     kafka_state = f"running (pid {info.kafka_pid})" if info.kafka_pid else "stopped"
+    if info.kafka_brokers > 1:
+        kafka_state = f"{info.kafka_brokers} brokers, " + (
+            "all running" if info.kafka_pid else "not all running"
+        )
     typer.echo(f"state dir:  {info.state_dir}")
     typer.echo(f"postgresql: {pg_state}, port {info.postgres_port}, data {info.postgres_datadir}")
     typer.echo(f"kafka:      {kafka_state}, port {info.kafka_port}, data {info.kafka_dir}")
@@ -61,17 +65,30 @@ def _describe(info: SandboxInfo) -> None:
 
 
 @sandbox_app.command()
-def up(state_dir: DirOption = None) -> None:
+def up(
+    state_dir: DirOption = None,
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            "--brokers",
+            metavar="N",
+            help="Kafka nodes: 1 (default) or 3+, a KRaft cluster with replication factor 3"
+            " and min.insync.replicas=2. A sandbox keeps the count it was created with.",
+        ),
+    ] = None,
+) -> None:
     """Start PostgreSQL, Kafka and a schema registry in the background (idempotent) and print
     how to use them."""
     from cdc_outbox_dev import sandbox
 
+    if brokers is not None and (brokers == 2 or brokers < 1):
+        raise typer.BadParameter("must be 1, or 3 or more", param_hint="--brokers")
     typer.echo(
         "starting PostgreSQL, Kafka and the schema registry (the first run fetches Kafka and"
         " Apicurio with Maven)...",
         err=True,
     )
-    info = _guard(lambda: sandbox.up(state_dir))
+    info = _guard(lambda: sandbox.up(state_dir, brokers))
     _describe(info)
     typer.echo(info.export_line())
 

@@ -11,6 +11,11 @@
   standby (cdc_outbox_dev/sandbox/standby.py; physical slot ``standby1``), local processes on
   every backend, for failover tests that kill the primary; both deleted afterwards.
 - ``kafka_broker`` (session): running single-node KRaft ``LocalKafka``.
+- ``kafka_cluster`` (session, started only by tests that use it): a three-node KRaft
+  ``LocalKafkaCluster`` (local processes on every backend; replication factor 3,
+  ``min.insync.replicas=2``, cdc_outbox_dev/sandbox/kafka_cluster.py) for replicated-cluster
+  faults (docs/kafka-faults.md). After each test killed or stopped nodes are started again and
+  every partition is back in full replication.
 - ``kafka_strict_broker`` (session): a second ``LocalKafka`` with topic auto-creation off and
   an ACL authorizer, for missing-topic and authorization faults (docs/kafka-faults.md).
 - ``redis_server`` (session): running ``LocalRedis`` (loopback, no persistence);
@@ -43,11 +48,12 @@ from hypothesis import HealthCheck, settings
 from cdc_outbox_dev.sandbox import pg_versions
 from cdc_outbox_dev.sandbox.containers import BackendError, backend_from_env
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
+from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from cdc_outbox_dev.sandbox.standby import make_standby
-from tests.helpers import delete_all_acls
+from tests.helpers import delete_all_acls, wait_until
 
 # Property tests check rules, not speed: no per-example deadline and no "too slow" health check,
 # which would make a result depend on the machine's load (CI shares its cores with PostgreSQL
@@ -161,6 +167,39 @@ def kafka_strict_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
         yield kafka
     finally:
         kafka.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalKafkaCluster]:
+    cluster = LocalKafkaCluster(n=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def _heal_kafka_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Before and after a test using ``kafka_cluster``: every node runs, every partition is
+    fully replicated (a node killed by one test must not make the next one's fault worse)."""
+    if "kafka_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster: LocalKafkaCluster = request.getfixturevalue("kafka_cluster")
+    _heal_cluster(cluster)
+    yield
+    _heal_cluster(cluster)
+
+
+def _heal_cluster(cluster: LocalKafkaCluster) -> None:
+    stopped = [i for i in cluster.nodes if i not in cluster.running_nodes()]
+    if stopped:
+        logger.warning("Kafka cluster nodes %s were left stopped; starting them again", stopped)
+        cluster.start_nodes(stopped)
+    cluster.wait_brokers(set(cluster.nodes))
+    wait_until(cluster.fully_replicated, timeout=120, interval=0.2,
+               message="Kafka cluster partitions not fully replicated")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

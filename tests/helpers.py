@@ -186,10 +186,14 @@ def _assign_existing(consumer: Consumer, pending: set[str]) -> None:
 ANONYMOUS = "User:ANONYMOUS"
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 3, timeout: float = 30.0) -> None:
-    """Create topic ``name`` (replication factor 1); return once every partition has a leader."""
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 3, timeout: float = 30.0, replication: int = 1
+) -> None:
+    """Create topic ``name`` (replication factor ``replication``); return once every partition
+    has a leader."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    future = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=timeout)[name]
+    new = NewTopic(name, partitions, replication)
+    future = admin.create_topics([new], operation_timeout=timeout)[name]
     future.result(timeout)
 
     def led() -> bool:

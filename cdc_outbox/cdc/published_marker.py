@@ -15,13 +15,23 @@ cannot pile up over crashes, nothing is treated as done before it is marked:
 - a catch-up waits for :attr:`PublishedMarker.unmarked` to stay small and for
   :meth:`PublishedMarker.settle` before it streams.
 
-``handed`` counts ids accepted by :meth:`~PublishedMarker.add`, ``settled`` those marked (or
-given up on when marking is impossible: no id column, no privilege, any error but a
-connection's, logged as an error, after which rows stay PENDING); both only grow.
+``handed`` counts ids accepted by :meth:`~PublishedMarker.add`, ``settled`` the longest
+prefix of them marked (or given up on when marking is impossible: no id column, no privilege,
+any error but a connection's, logged as an error, after which rows stay PENDING); both only
+grow.
 
-Ids are matched as the id column's own type, looked up once (first connection): uuid ids go
-as one comma-joined text parameter split by the server (cheapest); any other type (text,
-bigint, ...) as a real array parameter, so ids may contain commas.
+A row may not be visible yet when its id arrives: a transaction's commit record is in the WAL,
+so decoded, published and acknowledged, before the committing backend has finished (it may
+wait for a synchronous standby, or just not be scheduled). So when a statement matches fewer
+rows than ids, the ids without a visible row are not settled at once: they wait
+(``invisible``) until no transaction that was in progress just after the statement still is,
+and are tried once more; then they settle, marked or not (not: their row was deleted). Ids
+whose row is visible but was not matched (already PUBLISHED or FAILED) settle at once. After
+:data:`_INVISIBLE_GIVE_UP_S` of waiting (a long-running transaction, a standby gone for long)
+they are tried once more and settle anyway.
+
+Where rows are marked is a :class:`MarkSink`: the outbox table's statements
+(:class:`~cdc_outbox.store.published_marks.TableMarks`), or a test's fake.
 """
 
 from __future__ import annotations
@@ -33,14 +43,10 @@ from collections import deque
 from typing import Protocol
 
 import psycopg
-from psycopg import sql
 
-from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
-from cdc_outbox.store.inspection import ColumnType, id_column_type
-from cdc_outbox.store.mark_published import marking_statement
-from cdc_outbox.store.outbox_table import OutboxTable
+from cdc_outbox.store.published_marks import UUID, TableMarks, marks_statement
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,23 @@ logger = logging.getLogger(__name__)
 #: at 50,000 events/s one statement covers a 0.2 s flush interval.
 _BATCH = 20_000
 _MAX_BUFFERED = 1_000_000
+#: How long an id whose row is not visible is tried again before it is settled unmarked.
+_INVISIBLE_GIVE_UP_S = 120.0
+
+
+class MarkSink(Protocol):
+    """Where :class:`PublishedMarker` marks its batches. ``mark(ids)`` marks one batch and
+    returns (rows changed, the ids without a visible row); ``in_progress()`` the ids of the
+    transactions in progress now. A lost connection raises ``psycopg.OperationalError`` or
+    ``InterfaceError`` (the batch is retried), any other ``psycopg.Error`` or
+    ``CdcOutboxError`` stops marking. ``close()`` drops what it holds (it may be used again
+    after)."""
+
+    def mark(self, ids: list[bytes]) -> tuple[int, set[bytes]]: ...
+
+    def in_progress(self) -> frozenset[str]: ...
+
+    def close(self) -> None: ...
 
 
 class PublishedMarker:
@@ -61,7 +84,10 @@ class PublishedMarker:
         self._settings = settings
         self._rows: MarkSink = rows or TableMarks(settings)
         self._flush_interval_s = flush_interval_s
-        self._ids: deque[bytes] = deque()
+        self._ids: deque[tuple[int, bytes]] = deque()  # (ordinal, id), in handed order
+        # Ids the statement did not match: ordinal -> (id, xids in progress after it, when).
+        self._waiting: dict[int, tuple[bytes, frozenset[str], float]] = {}
+        self._done = 0  # ids taken from _ids and settled or waiting
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,7 +96,7 @@ class PublishedMarker:
         self.failures = 0
         self.handed = 0  # ids accepted by add (relay thread)
         self.settled = 0  # of those, marked or given up on (marker thread)
-        self._enabled = _statement(settings, _UUID) is not None
+        self._enabled = marks_statement(settings, UUID) is not None
 
     @property
     def enabled(self) -> bool:
@@ -82,8 +108,13 @@ class PublishedMarker:
         if len(self._ids) >= _MAX_BUFFERED or not self._enabled:
             self.dropped += 1
             return
-        self._ids.append(event_id)
+        self._ids.append((self.handed, event_id))
         self.handed += 1
+
+    @property
+    def invisible(self) -> int:
+        """Ids waiting for their row to become visible."""
+        return len(self._waiting)
 
     @property
     def unmarked(self) -> int:
@@ -125,7 +156,7 @@ class PublishedMarker:
         while True:
             stopping = self._stop.is_set()
             try:
-                if self._ids:
+                if self._ids or self._waiting:
                     self._flush()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # connection
                 self.failures += 1
@@ -137,88 +168,68 @@ class PublishedMarker:
                 # No id column, no privilege, a trigger refusing it: retrying cannot help, and
                 # the slot must not wait for marks that never come (see the module contract).
                 logger.error("marking published rows stopped (rows stay PENDING): %s", exc)
-                self.dropped += len(self._ids)
-                self.settled += len(self._ids)
+                self.dropped += len(self._ids) + len(self._waiting)
+                self._done += len(self._ids)
                 self._ids.clear()
+                self._waiting.clear()
+                self._settle_prefix()
                 self._enabled = False
                 break
-            if stopping and not self._ids:
-                break
+            if stopping and not self._ids and not self._waiting:
+                break  # (ids waiting for visibility are tried until stop's timeout)
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
         rows.close()
-        if self._ids:
-            logger.info("%d acknowledged rows left unmarked at stop", len(self._ids))
+        if self._ids or self._waiting:
+            left = len(self._ids) + len(self._waiting)
+            logger.info("%d acknowledged rows left unmarked at stop", left)
 
     def _flush(self) -> None:
+        if self._waiting:
+            self._retry_waiting()
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
             try:
-                marked = self._rows.mark(batch)
+                missed = self._mark([event_id for _, event_id in batch])
+                running = self._rows.in_progress() if missed else frozenset()
             except (CdcOutboxError, psycopg.Error):
                 self._ids.extendleft(reversed(batch))
                 raise
-            self.marked += marked
-            self.settled += len(batch)
+            self._done += len(batch)
+            now = time.monotonic()
+            for ordinal, event_id in batch:
+                if event_id in missed:
+                    self._waiting[ordinal] = (event_id, running, now)
+            self._settle_prefix()
 
+    def _retry_waiting(self) -> None:
+        """Try once more the waiting ids whose possibly invisible transactions all ended
+        (or that waited too long); settle them."""
+        running, now = self._rows.in_progress(), time.monotonic()
+        ready = {
+            ordinal: event_id
+            for ordinal, (event_id, xids, since) in self._waiting.items()
+            if not (xids & running) or now - since >= _INVISIBLE_GIVE_UP_S
+        }
+        if not ready:
+            return
+        missed = self._mark(list(ready.values()))
+        for ordinal, event_id in ready.items():
+            since = self._waiting.pop(ordinal)[2]
+            if event_id in missed and now - since >= _INVISIBLE_GIVE_UP_S:
+                logger.warning(
+                    "outbox row %s not marked: not visible %.0f s after Kafka acknowledged"
+                    " its event (transactions still in progress)",
+                    event_id.decode(errors="replace"),
+                    now - since,
+                )
+        self._settle_prefix()
 
-class MarkSink(Protocol):
-    """Where :class:`PublishedMarker` marks its batches (:class:`TableMarks`, or a test's
-    fake). ``mark(ids)`` marks one batch and returns the rows it changed; a lost connection
-    raises ``psycopg.OperationalError`` or ``InterfaceError`` (the batch is retried), any
-    other ``psycopg.Error`` or ``CdcOutboxError`` stops marking. ``close()`` drops what it
-    holds (``mark`` may be called again after it)."""
+    def _mark(self, ids: list[bytes]) -> set[bytes]:
+        count, missed = self._rows.mark(ids)
+        self.marked += count
+        return missed
 
-    def mark(self, ids: list[bytes]) -> int: ...
-
-    def close(self) -> None: ...
-
-
-class TableMarks:
-    """The outbox table's marking statement, on a connection of its own made at first use."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
-        self._statement: sql.Composed | None = None  # for the id type; on first connection
-        self._joined = True  # one comma-joined text parameter (uuid ids), else an array
-
-    def mark(self, ids: list[bytes]) -> int:
-        conn = self._conn
-        if conn is None or conn.closed:
-            conn = self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
-        if self._statement is None:
-            id_type = id_column_type(conn, self._settings)
-            self._statement = _statement(self._settings, id_type)
-            self._joined = id_type.is_uuid
-            logger.debug("marking published rows by %s ids", id_type.name)
-        assert self._statement is not None
-        # uuid: one text parameter, split by the server, far cheaper than adapting a list
-        # (a uuid has no comma); other types: a text array, cast by the statement.
-        param = b",".join(ids).decode() if self._joined else [i.decode() for i in ids]
-        cur = conn.execute(self._statement, (param,))
-        return cur.rowcount if cur.rowcount > 0 else 0
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-
-
-_UUID = ColumnType("uuid", "pg_catalog", "uuid")
-
-
-def _statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
-    """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
-
-    Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    if id_type.is_uuid:
-        ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
-    else:
-        ids = sql.SQL("%s::text[]::{}").format(id_type.array())
-    match = sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
-    if settings.cdc_mark_published == "delete" or (
-        settings.cdc_mark_published == "update" and OutboxTable.of(settings).has_status
-    ):
-        return marking_statement(settings, match)
-    return None
+    def _settle_prefix(self) -> None:
+        """``settled``: the ids before the first one still waiting (or all taken so far)."""
+        self.settled = min(self._waiting, default=self._done)

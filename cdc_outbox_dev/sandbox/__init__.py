@@ -8,10 +8,13 @@ In-process use (servers stop and their temporary directories vanish on exit)::
 Background use (servers outlive the caller; state in ``state_dir/sandbox.json``)::
 
     info = up()          # idempotent; info.dsn, info.bootstrap_servers, info.registry_url,
-                         # info.export_line()
+                         # info.export_line(); up(brokers=3): a three-node Kafka cluster
     status()             # SandboxInfo or None
     down(purge=True)     # stop all three; purge deletes their data
 
+With ``brokers=3`` (``cdc-outbox sandbox up --brokers 3``) Kafka is a ``LocalKafkaCluster`` in
+``state_dir/kafka-cluster`` (replication factor 3, ``min.insync.replicas=2``) instead of one
+broker in ``state_dir/kafka``; ``status`` and ``down`` find whichever the directory holds.
 The background sandbox also runs a schema registry (Apicurio, ``registry.LocalRegistry``,
 durable on 3.x) for ``value_format = "avro"``.
 """
@@ -27,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from cdc_outbox_dev.sandbox.kafka import LocalKafka, cache_root, ensure_kafka_jars
+from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
 
 __all__ = [
     "LocalKafka",
+    "LocalKafkaCluster",
     "LocalPostgres",
     "LocalRedis",
     "LocalRegistry",
@@ -63,6 +68,7 @@ class SandboxInfo:
     kafka_dir: Path
     registry_url: str = ""
     registry_pid: int | None = None
+    kafka_brokers: int = 1
 
     @property
     def running(self) -> bool:
@@ -95,6 +101,7 @@ class SandboxInfo:
                 "controller_port": self.kafka_controller_port,
                 "pid": self.kafka_pid,
                 "dir": str(self.kafka_dir),
+                "brokers": self.kafka_brokers,
             },
             "registry": {"url": self.registry_url, "pid": self.registry_pid},
         }
@@ -105,17 +112,33 @@ def default_state_dir() -> Path:
     return cache_root() / "sandbox"
 
 
-def _servers(state_dir: Path) -> tuple[LocalPostgres, LocalKafka, LocalRegistry]:
+Kafka = LocalKafka | LocalKafkaCluster
+CLUSTER_DIR = "kafka-cluster"
+
+
+def _brokers_in(state_dir: Path) -> int:
+    """How many Kafka nodes the sandbox in ``state_dir`` has (1 if none yet)."""
+    nodes = list((state_dir / CLUSTER_DIR).glob("node-*"))
+    return len(nodes) or 1
+
+
+def _servers(
+    state_dir: Path, brokers: int | None = None
+) -> tuple[LocalPostgres, Kafka, LocalRegistry]:
+    n = brokers or _brokers_in(state_dir)
+    kafka: Kafka = (
+        LocalKafkaCluster(state_dir / CLUSTER_DIR, n=n)
+        if n > 1
+        else LocalKafka(state_dir / "kafka")
+    )
     return (
         LocalPostgres(state_dir / "postgres"),
-        LocalKafka(state_dir / "kafka"),
+        kafka,
         LocalRegistry(state_dir / "registry", durable=True),
     )
 
 
-def _info(
-    state_dir: Path, pg: LocalPostgres, kafka: LocalKafka, registry: LocalRegistry
-) -> SandboxInfo:
+def _info(state_dir: Path, pg: LocalPostgres, kafka: Kafka, registry: LocalRegistry) -> SandboxInfo:
     return SandboxInfo(
         state_dir=state_dir,
         dsn=pg.dsn,
@@ -129,15 +152,26 @@ def _info(
         kafka_dir=kafka.base_dir,
         registry_url=registry.url,
         registry_pid=registry.pid,
+        kafka_brokers=len(kafka.nodes) if isinstance(kafka, LocalKafkaCluster) else 1,
     )
 
 
-def up(state_dir: Path | None = None) -> SandboxInfo:
-    """Start PostgreSQL, Kafka and the schema registry in the background (no-op for those
-    already running)."""
+def up(state_dir: Path | None = None, brokers: int | None = None) -> SandboxInfo:
+    """Start PostgreSQL, Kafka (``brokers`` nodes; default: as before, else 1) and the schema
+    registry in the background (no-op for those already running). ``RuntimeError`` when the
+    sandbox already has another number of Kafka nodes, or ``brokers`` is 2 (replication
+    factor 3 needs three)."""
     state_dir = (state_dir or default_state_dir()).absolute()
+    if brokers == 2 or (brokers is not None and brokers < 1):
+        raise RuntimeError("--brokers must be 1, or 3 or more (replication factor 3)")
+    existing = _brokers_in(state_dir)
+    if brokers is not None and (state_dir / STATE_FILE).exists() and brokers != existing:
+        raise RuntimeError(
+            f"the sandbox in {state_dir} has {existing} Kafka broker(s), not {brokers};"
+            " run `cdc-outbox sandbox down --purge` first"
+        )
     state_dir.mkdir(parents=True, exist_ok=True)
-    pg, kafka, registry = _servers(state_dir)
+    pg, kafka, registry = _servers(state_dir, brokers)
     with ThreadPoolExecutor(max_workers=3) as pool:  # the JVMs' start-up dominates
         started = [pool.submit(pg.start), pool.submit(kafka.start), pool.submit(registry.start)]
     for future in started:

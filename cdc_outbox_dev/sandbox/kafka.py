@@ -48,6 +48,7 @@ __all__ = [
     "cache_root",
     "ensure_cds_archive",
     "ensure_kafka_jars",
+    "new_cluster_id",
 ]
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,11 @@ def ensure_cds_archive() -> Path | None:
         return None
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 22 characters of URL-safe base64 of a random UUID."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 def _java_binary() -> str:
     """``$JAVA_HOME/bin/java`` or ``java`` from PATH."""
     java_home = os.environ.get("JAVA_HOME")
@@ -164,6 +170,9 @@ class LocalKafka(LocalServer):
 
     ``base_dir=None`` uses a temporary directory that ``close()`` deletes; an explicit ``base_dir``
     keeps data and ports, so a later instance re-attaches to a broker running there.
+    ``node_id``, ``quorum_voters`` (``id@host:port,...``; default: this node alone) and
+    ``cluster_id`` (used when storage is formatted; default: a new one) make it one node of a
+    cluster (``kafka_cluster.LocalKafkaCluster``).
     """
 
     def __init__(
@@ -173,6 +182,9 @@ class LocalKafka(LocalServer):
         broker_settings: dict[str, str] | None = None,
         controller_port: int | None = None,
         *,
+        node_id: int = 1,
+        quorum_voters: str | None = None,
+        cluster_id: str | None = None,
         cds: bool = True,
         _dump_archive: Path | None = None,
     ) -> None:
@@ -190,6 +202,9 @@ class LocalKafka(LocalServer):
         self.controller_port = controller_port or saved_controller or _proc.free_port()
         while self.controller_port == self.port:
             self.controller_port = _proc.free_port()
+        self.node_id = node_id
+        self.quorum_voters = quorum_voters
+        self.cluster_id = cluster_id
         self._cds = cds
         self._dump_archive = _dump_archive
         self._proc: subprocess.Popen[bytes] | None = None
@@ -317,8 +332,9 @@ class LocalKafka(LocalServer):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         managed = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum_voters
+            or f"{self.node_id}@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
             f"CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
@@ -347,7 +363,7 @@ class LocalKafka(LocalServer):
         ]
 
     def _format(self, java: list[str]) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.cluster_id or new_cluster_id()
         out = subprocess.run(
             [
                 *java,

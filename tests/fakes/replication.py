@@ -325,11 +325,14 @@ class FakeMarks:
     def __init__(self, server: Callable[[], FakePostgres]) -> None:
         self.server = server
 
-    def mark(self, ids: list[bytes]) -> int:
+    def mark(self, ids: list[bytes]) -> tuple[int, set[bytes]]:
         marked = self.server().marked
         new = set(ids) - marked
         marked.update(new)
-        return len(new)
+        return len(new), set()  # every row is visible at once
+
+    def in_progress(self) -> frozenset[str]:
+        return frozenset()
 
     def close(self) -> None:
         pass

@@ -236,3 +236,39 @@ def test_sandbox_cli_up_status_down(tmp_path: Path) -> None:
     assert not state.exists()
     assert not info.postgres_datadir.exists()
     assert sandbox.status(state) is None
+
+
+def test_sandbox_cli_up_with_three_brokers(tmp_path: Path) -> None:
+    """``sandbox up --brokers 3``: a three-node cluster (every topic replicated 3 times),
+    kept on a later ``up``, refused with another count, stopped all at once by ``down``."""
+    from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
+
+    state = tmp_path / "sandbox3"
+    runner = CliRunner()
+    try:
+        first = runner.invoke(sandbox_app, ["up", "--dir", str(state), "--brokers", "3"])
+        assert first.exit_code == 0, first.output
+        assert "3 brokers, all running" in first.output
+        info = sandbox.status(state)
+        assert info is not None and info.running and info.kafka_brokers == 3
+        assert len(info.bootstrap_servers.split(",")) == 3
+        cluster = LocalKafkaCluster(state / "kafka-cluster")
+        assert cluster.brokers() == {1, 2, 3}
+        produce(info.bootstrap_servers, "cli3-topic", b"k", b"v")
+        wait_until(lambda: cluster.partitions("cli3-topic"), timeout=30)
+        assert all(len(r) == 3 for _l, r, _i in cluster.partitions("cli3-topic").values())
+
+        other = runner.invoke(sandbox_app, ["up", "--dir", str(state), "--brokers", "1"])
+        assert other.exit_code == 1 and "has 3 Kafka broker(s)" in other.output
+        assert runner.invoke(sandbox_app, ["up", "--brokers", "2"]).exit_code == 2
+        again = runner.invoke(sandbox_app, ["up", "--dir", str(state)])  # keeps 3
+        assert again.exit_code == 0, again.output
+        assert sandbox.status(state) == info
+
+        stopped = runner.invoke(sandbox_app, ["down", "--dir", str(state)])
+        assert stopped.exit_code == 0
+        assert cluster.running_nodes() == []
+    finally:
+        purged = runner.invoke(sandbox_app, ["down", "--dir", str(state), "--purge"])
+    assert purged.exit_code == 0
+    assert not state.exists()
