@@ -357,13 +357,6 @@ class KafkaPublisher:
                 abortable=bool(err.txn_requires_abort()),
             ) from None
 
-    def ensure_connected(self, timeout: float) -> None:
-        """Raise ``ConnectionError`` unless broker metadata arrives within ``timeout`` s."""
-        try:
-            self._producer.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise ConnectionError(f"Kafka not reachable: {exc.args[0].str()}") from exc
-
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
             self.fatal_error = err.str()
