@@ -17,6 +17,7 @@ from psycopg import sql
 
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.redaction import redact
 from cdc_outbox.store import schema
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -82,9 +83,7 @@ class LagSample:
 def one_line(exc: BaseException, settings: Settings) -> str:
     """``exc`` as one line with any secret of ``settings`` masked."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    for secret in settings.secret_values():
-        text = text.replace(secret, "***")
-    return text
+    return redact(text, settings.secret_values())
 
 
 #: One row whatever exists: the slot and its statistics are LEFT JOINed.
