@@ -45,13 +45,14 @@ import psycopg
 
 from cdc_outbox import db_pool
 from cdc_outbox.admin import bootstrap
-from cdc_outbox.backoff import doubling
+from cdc_outbox.backoff import RECONNECT
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import (
     CdcOutboxError,
+    FailureClass,
     PreflightError,
     RelayHalted,
     SlotInvalidated,
@@ -111,7 +112,7 @@ class Service:
         try:
             self._run()
         except CdcOutboxError as exc:
-            if classify(exc) == "fatal":
+            if classify(exc) is FailureClass.HALT:
                 self.stats.fatal = str(exc)
             raise
 
@@ -198,7 +199,7 @@ class Service:
                 unusable = isinstance(exc, CdcUnavailable) and not _invalidated(str(exc))
                 if mode == "auto" and (unusable or failures >= 2):
                     fall_back_because = str(exc)
-                self._stop.wait(doubling(failures, 0.5, 30.0))
+                self._stop.wait(RECONNECT.delay(failures))
 
     def _must_be_stopping(self, what: str) -> None:
         """Only a stop request ends the service with 0: refuse any other return."""
