@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from cdc_outbox.backoff import BackoffPolicy
 from cdc_outbox.names import IDENT_RE
 from cdc_outbox.outbox_headers import is_free_header_name
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, is_legal_topic
@@ -202,6 +203,11 @@ class PollingSettings(_Strict):
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError("polling.backoff_max_s must be >= polling.backoff_base_s")
         return self
+
+    @property
+    def backoff(self) -> BackoffPolicy:
+        """A retried row's back-off: ``backoff_base_s`` doubling up to ``backoff_max_s``."""
+        return BackoffPolicy(self.backoff_base_s, self.backoff_max_s)
 
 
 class HealthSettings(_Strict):

@@ -40,7 +40,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import DatabaseUnavailable
-from cdc_outbox.redaction import redact_dsn
+from cdc_outbox.redaction import redact, redact_dsn
 
 __all__ = [
     "BORROW_TIMEOUT_S",
@@ -208,8 +208,7 @@ atexit.register(close_all)
 def _unavailable(settings: Settings, pool: _Pool, exc: BaseException) -> str:
     cause = pool.last_error or exc
     message = " ".join(str(cause).split()) or type(cause).__name__
-    for secret in settings.secret_values():
-        message = message.replace(secret, "***")
+    message = redact(message, settings.secret_values())
     return f"cannot connect to PostgreSQL ({redact_dsn(settings.postgres_dsn())}): {message}"
 
 
@@ -223,9 +222,7 @@ class _MaskSecrets(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.secrets:
             text = record.getMessage()
-            masked = text
-            for secret in self.secrets:
-                masked = masked.replace(secret, "***")
+            masked = redact(text, self.secrets)
             if masked != text:
                 record.msg, record.args = masked, None
         return True

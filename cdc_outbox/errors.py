@@ -8,23 +8,36 @@ was refused (:class:`AuthenticationFailed`); 7 a Kafka topic is missing
 (:class:`TopicMissing`); 8 the replication slot was invalidated, in cdc mode
 (:class:`SlotInvalidated`).
 
-Failure classes (:data:`FailureClass`):
+The one classification every stage acts on (:class:`FailureClass`):
 
-- ``retry``: transient (server down, connection refused, broker down, a slot still held):
-  keep retrying with back-off and a throttled log line;
-- ``reject``: this one record can never be written (the Kafka publisher's ``record`` kind:
-  dead-lettered or halted on, per ``on_permanent_error``);
-- ``fatal``: cannot heal without a human (schema, privileges, authentication, invalid
-  configuration, a missing topic): ``run`` ends with one line naming the object and the fix
-  and the class's exit code, ``/healthz`` failing while it shuts down.
+- ``RETRY``: transient (server down, connection refused, broker down, a slot still held, a
+  Kafka producer that must be replaced): keep retrying with back-off
+  (:mod:`cdc_outbox.backoff`) and a throttled log line;
+- ``DEAD_LETTER``: this one record can never be written (Kafka's record-level rejections,
+  :func:`cdc_outbox.kafka.delivery_failure.classify`; a payload its schema refuses): it is
+  dead-lettered, or halted on with ``on_permanent_error = "halt"``
+  (:mod:`cdc_outbox.delivery.policy` decides);
+- ``HALT``: cannot heal without a human (schema, privileges, authentication, invalid
+  configuration, a missing topic; :func:`classify`): ``run`` ends with one line, the hint,
+  naming the object and the fix (:func:`cannot_heal` gives that error) and the class's exit
+  code, ``/healthz`` failing while it shuts down.
+
+The SQLSTATEs and libpq texts that cannot heal are listed here once (``SQLSTATE_*``,
+:data:`AUTH_FAILED_TEXT`); the replication stream reads the same lists.
 """
 
 from __future__ import annotations
 
+import enum
 import re
-from typing import Literal
 
-FailureClass = Literal["retry", "reject", "fatal"]
+
+class FailureClass(enum.Enum):
+    """What to do about a failure (see the module docstring): the one vocabulary."""
+
+    RETRY = "retry"
+    DEAD_LETTER = "dead_letter"
+    HALT = "halt"
 
 
 class CdcOutboxError(Exception):
@@ -92,19 +105,36 @@ class DatabaseUnavailable(CdcOutboxError):
     """PostgreSQL could not be reached or refused the login (exit code 1)."""
 
 
-#: SQLSTATEs of a missing object / privilege (the statement can never succeed as is).
-_SCHEMA_SQLSTATES = {
+# -- the SQLSTATEs that cannot heal: the one list ----------------------------------------
+SQLSTATE_NO_DATABASE = "3D000"  # invalid_catalog_name
+#: A missing object: the statement can never succeed as is (what is missing).
+SQLSTATE_SCHEMA = {
     "42P01": "table",  # undefined_table
     "42703": "column",  # undefined_column
     "3F000": "schema",  # invalid_schema_name
-    "3D000": "database",  # invalid_catalog_name
+    SQLSTATE_NO_DATABASE: "database",
 }
-_PRIVILEGE_SQLSTATES = frozenset({"42501"})  # insufficient_privilege
-_AUTH_SQLSTATES = frozenset({"28000", "28P01"})  # invalid authorization, invalid password
+SQLSTATE_PRIVILEGE = frozenset({"42501"})  # insufficient_privilege (also: no REPLICATION)
+SQLSTATE_AUTH = frozenset({"28000", "28P01"})  # invalid authorization, invalid password
+#: Replication commands: wal_level too low or the slot invalidated (object_not_in_prerequisite
+#: _state); the slot or the publication missing (undefined_object).
+SQLSTATE_REPLICATION_SETUP = frozenset({"55000", "42704"})
+#: SQLSTATEs after which streaming cannot work until someone changes the server.
+REPLICATION_PERMANENT_SQLSTATES = (
+    SQLSTATE_REPLICATION_SETUP
+    | SQLSTATE_PRIVILEGE
+    | SQLSTATE_AUTH
+    | frozenset({SQLSTATE_NO_DATABASE})
+)
 #: Login refusals as libpq reports them (a failed connection carries no SQLSTATE).
+AUTH_FAILED_TEXT = (
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "authentication failed",
+    "password is required",
+)
 _AUTH_TEXT = re.compile(
-    r"password authentication failed|no pg_hba\.conf entry|role \"[^\"]*\" does not exist"
-    r"|authentication failed|password is required"
+    "|".join(map(re.escape, AUTH_FAILED_TEXT)) + r'|role "[^"]*" does not exist'
 )
 _DATABASE_TEXT = re.compile(r"database \"[^\"]*\" does not exist")
 _SCHEMA_FIX = (
@@ -114,9 +144,9 @@ _SCHEMA_FIX = (
 
 
 def classify(exc: BaseException) -> FailureClass:
-    """``fatal`` if ``exc`` cannot heal without a human (see the module docstring), else
-    ``retry``. (``reject`` is decided per record by the Kafka publisher.)"""
-    return "fatal" if cannot_heal(exc) is not None else "retry"
+    """``HALT`` if ``exc`` cannot heal without a human (the hint: :func:`cannot_heal`), else
+    ``RETRY``. (``DEAD_LETTER`` is decided per record, from Kafka's report or the encoder.)"""
+    return FailureClass.HALT if cannot_heal(exc) is not None else FailureClass.RETRY
 
 
 def cannot_heal(exc: BaseException) -> CdcOutboxError | None:
@@ -127,16 +157,16 @@ def cannot_heal(exc: BaseException) -> CdcOutboxError | None:
         return exc
     text = " ".join(_primary(exc).split())
     state = getattr(exc, "sqlstate", None)
-    if state in _AUTH_SQLSTATES or (state is None and _AUTH_TEXT.search(text)):
+    if state in SQLSTATE_AUTH or (state is None and _AUTH_TEXT.search(text)):
         return AuthenticationFailed(
             f"authentication: PostgreSQL refused the login ({text}) (fix: the user and"
             " password in dsn / CDC_OUTBOX_DSN, or pg_hba.conf)"
         )
     if _DATABASE_TEXT.search(text) and state is None:
         return SchemaMissing(f"schema: {text} (fix: the dbname in dsn / CDC_OUTBOX_DSN)")
-    if state in _SCHEMA_SQLSTATES:
+    if state in SQLSTATE_SCHEMA:
         return SchemaMissing(f"schema: {text} (fix: {_SCHEMA_FIX})")
-    if state in _PRIVILEGE_SQLSTATES:
+    if state in SQLSTATE_PRIVILEGE:
         return PrivilegeMissing(
             f"privileges: {text} (fix: GRANT the privilege to the relay's role; see"
             " docs/configuration.md, 'Least-privilege role')"

@@ -1,6 +1,7 @@
 """Secret handling for settings: DSN passwords and secret-looking Kafka config keys.
 
 :func:`redact_dsn` and :data:`MASK` give the display form (password shown as ``***``),
+:func:`redact` masks known secret strings in any text (error lines, log records),
 :func:`dsn_password` and :func:`is_secret_kafka_key` find the values to scrub, and
 :func:`validate_dsn` checks a conninfo without ever echoing its password.
 """
@@ -8,6 +9,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -17,6 +19,7 @@ __all__ = [
     "MASK",
     "dsn_password",
     "is_secret_kafka_key",
+    "redact",
     "redact_dsn",
     "validate_dsn",
 ]
@@ -45,6 +48,19 @@ def dsn_password(dsn: str) -> str | None:
         return conninfo_to_dict(dsn).get("password") or None  # type: ignore[return-value]
     except psycopg.Error:
         return None
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each non-empty secret replaced by :data:`MASK`.
+
+    One left-to-right pass trying the longest secret first, so a secret that contains another
+    is masked whole (never ``x***x``) and a mask is never re-scanned. No secret survives unless
+    it contains ``*`` (a piece of the mask itself).
+    """
+    ordered = sorted({s for s in secrets if s}, key=len, reverse=True)
+    if not ordered:
+        return text
+    return re.sub("|".join(map(re.escape, ordered)), MASK, text)
 
 
 def redact_dsn(dsn: str) -> str:

@@ -47,7 +47,7 @@ from contextlib import ExitStack
 import psycopg
 
 from cdc_outbox import db_pool
-from cdc_outbox.backoff import doubling
+from cdc_outbox.backoff import RECONNECT
 from cdc_outbox.cdc.relay import CdcUnavailable, Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.config import Settings
@@ -55,6 +55,7 @@ from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import (
     CdcOutboxError,
+    FailureClass,
     PreflightError,
     RelayHalted,
     SlotInvalidated,
@@ -115,7 +116,7 @@ class Service:
         try:
             self._run()
         except CdcOutboxError as exc:
-            if classify(exc) == "fatal":
+            if classify(exc) is FailureClass.HALT:
                 self.stats.fatal = str(exc)
             raise
 
@@ -204,7 +205,7 @@ class Service:
                 unusable = isinstance(exc, CdcUnavailable) and not _invalidated(str(exc))
                 if mode == "auto" and (unusable or failures >= 2):
                     fall_back_because = str(exc)
-                self._stop.wait(doubling(failures, 0.5, 30.0))
+                self._stop.wait(RECONNECT.delay(failures))
 
     def _must_be_stopping(self, what: str) -> None:
         """Only a stop request ends the service with 0: refuse any other return."""

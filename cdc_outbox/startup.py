@@ -27,7 +27,7 @@ from psycopg import sql
 from cdc_outbox.admin import bootstrap
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.preflight import evaluate_checks
-from cdc_outbox.backoff import Backoff
+from cdc_outbox.backoff import STARTUP, Backoff
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
@@ -58,7 +58,7 @@ def check_kafka_config(settings: Settings) -> None:
 def check_before_run(settings: Settings, stop: threading.Event) -> bool:
     """The database checks of the module contract; ``False`` if ``stop`` was set while
     waiting (:func:`check_kafka_config` is the caller's, before it starts monitoring)."""
-    failures, logged_at, backoff = 0, float("-inf"), Backoff(0.5, 5.0)
+    failures, logged_at, backoff = 0, float("-inf"), Backoff(STARTUP)
     while not stop.is_set():
         try:
             with bootstrap.connect(settings) as conn:

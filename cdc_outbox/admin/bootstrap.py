@@ -38,7 +38,7 @@ from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, PreflightError
 from cdc_outbox.ha.leadership_rules import application_name
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.redaction import redact_dsn
+from cdc_outbox.redaction import redact, redact_dsn
 from cdc_outbox.store import relay_state, schema
 from cdc_outbox.store.inspection import (
     Conn,
@@ -90,9 +90,7 @@ def connect(settings: Settings, dsn: str | None = None) -> Conn:
     try:
         return psycopg.connect(dsn, autocommit=True, **extra)
     except psycopg.OperationalError as exc:
-        message = " ".join(str(exc).split())
-        for secret in settings.secret_values():
-            message = message.replace(secret, "***")
+        message = redact(" ".join(str(exc).split()), settings.secret_values())
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL ({redact_dsn(dsn)}): {message}"
         ) from None

@@ -43,7 +43,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox import db_pool
-from cdc_outbox.backoff import Backoff
+from cdc_outbox.backoff import RECONNECT, Backoff
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.ledger import Ledger
@@ -184,7 +184,7 @@ class Relay:
         are retried forever.
         """
         self._start()
-        backoff = Backoff(0.5, 30.0)
+        backoff = Backoff(RECONNECT)
         failures = 0
         try:
             while not self._stop_requested:

@@ -25,7 +25,12 @@ from psycopg import conninfo, pq, sql
 
 from cdc_outbox.cdc.history import History, parse_timeline_history
 from cdc_outbox.db_pool import connect_kwargs
-from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.errors import (
+    AUTH_FAILED_TEXT,
+    REPLICATION_PERMANENT_SQLSTATES,
+    SQLSTATE_PRIVILEGE,
+    CdcOutboxError,
+)
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
 from cdc_outbox.store.schema import slot_failover
@@ -51,20 +56,12 @@ class ReplicationError(CdcOutboxError):
     @property
     def missing_privilege(self) -> bool:
         """The role may not replicate (REPLICATION attribute missing or revoked)."""
-        return self.sqlstate == "42501" or any(t in str(self) for t in _NO_REPLICATION_TEXT)
+        text = str(self)
+        return self.sqlstate in SQLSTATE_PRIVILEGE or any(t in text for t in _NO_REPLICATION_TEXT)
 
 
-#: SQLSTATEs after which streaming cannot work until the server is changed.
-_PERMANENT_SQLSTATES = frozenset(
-    {
-        "55000",  # object_not_in_prerequisite_state: wal_level, slot invalidated
-        "42704",  # undefined_object: slot or publication missing
-        "42501",  # insufficient_privilege: no REPLICATION
-        "28000",  # invalid_authorization_specification
-        "28P01",  # invalid_password
-        "3D000",  # invalid_catalog_name: database missing
-    }
-)
+#: SQLSTATEs after which streaming cannot work until the server is changed (the one list).
+_PERMANENT_SQLSTATES = REPLICATION_PERMANENT_SQLSTATES
 #: A walsender refused for want of the REPLICATION attribute (15; 16+) at connect.
 _NO_REPLICATION_TEXT = (
     "must be superuser or replication role",
@@ -72,8 +69,7 @@ _NO_REPLICATION_TEXT = (
 )
 _PERMANENT_CONNECT_TEXT = (
     *_NO_REPLICATION_TEXT,
-    "password authentication failed",
-    "no pg_hba.conf entry",
+    *AUTH_FAILED_TEXT,
     "does not exist",
 )
 

@@ -27,6 +27,7 @@ from cdc_outbox.cli import (
     sql_cmd,
 )
 from cdc_outbox.cli.common import GlobalOptions, GlobalOptionsGroup, run_app, set_global
+from cdc_outbox.cli.help_text import unwrap_help
 
 app = typer.Typer(
     name="cdc-outbox",
@@ -117,6 +118,7 @@ def _register_dev_commands(app: typer.Typer) -> None:
 
 
 _register_dev_commands(app)
+unwrap_help(app)  # docstrings are hard-wrapped; --help shows each paragraph unbroken
 
 
 def main() -> None:

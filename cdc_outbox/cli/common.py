@@ -26,7 +26,7 @@ from typer.core import TyperGroup
 
 from cdc_outbox.config import Settings, load_settings
 from cdc_outbox.errors import CdcOutboxError
-from cdc_outbox.redaction import MASK
+from cdc_outbox.redaction import redact
 
 #: Secret strings seen in loaded settings; masked in error lines and log records.
 _SECRETS: set[str] = set()
@@ -150,9 +150,7 @@ def settings_from(ctx: typer.Context) -> Settings:
 
 def scrub(text: str) -> str:
     """``text`` with every known secret replaced by ``***``."""
-    for secret in sorted(_SECRETS, key=len, reverse=True):
-        text = text.replace(secret, MASK)
-    return text
+    return redact(text, _SECRETS)
 
 
 #: Context fields a log call may pass with ``extra={...}``; they become keys of a JSON line

@@ -39,7 +39,6 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.event_types import DecodeUnavailable, Event
 from cdc_outbox.consumer.metrics import PROCESSED, ConsumerMetrics
 from cdc_outbox.consumer.settings import ConsumerSettings
@@ -268,7 +267,7 @@ class Applier:
                     return self._give_up_alone(record, event, why), True
                 self.metrics.retried()
                 logger.warning("%s; retrying", why, extra=extra)
-                if self.stop.wait(doubling(attempt, s.retry_backoff_s, s.retry_backoff_max_s)):
+                if self.stop.wait(s.retry_backoff.delay(attempt)):
                     return None
             try:
                 with self.pool.connection() as conn:

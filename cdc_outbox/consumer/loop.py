@@ -55,7 +55,6 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cdc_outbox.backoff import doubling
 from cdc_outbox.consumer.apply import INFRA_ERRORS, Applier, CommitFailed, HandlerFailed, Item
 from cdc_outbox.consumer.event_types import BadRecord, DecodeUnavailable, Event, ValueDecoder
 from cdc_outbox.consumer.events import decoder_for, event_of
@@ -195,7 +194,7 @@ class IdempotentConsumer:
                                exc.__cause__, exc.count)  # fmt: skip
                 alone_until = pos + exc.count
                 self.metrics.retried()
-                self._stop.wait(doubling(1, s.retry_backoff_s, s.retry_backoff_max_s))
+                self._stop.wait(s.retry_backoff.delay(1))
                 continue
             except INFRA_ERRORS as exc:
                 self._trouble(exc, records[pos])

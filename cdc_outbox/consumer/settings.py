@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from cdc_outbox.backoff import BackoffPolicy
 from cdc_outbox.config_models import SchemaRegistrySettings, check_ident, check_topic
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.outbox_mapping import is_legal_topic
@@ -66,6 +67,11 @@ class ConsumerSettings(BaseModel):
     retry_backoff_max_s: float = Field(default=5.0, gt=0, le=300)
     commit_interval_s: float = Field(default=1.0, gt=0, le=60)
     poll_batch: int = Field(default=500, ge=1, le=100_000)
+
+    @property
+    def retry_backoff(self) -> BackoffPolicy:
+        """A failing record's back-off: ``retry_backoff_s`` doubling to ``retry_backoff_max_s``."""
+        return BackoffPolicy(self.retry_backoff_s, self.retry_backoff_max_s)
 
     @field_validator("topics")
     @classmethod

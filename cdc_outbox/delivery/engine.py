@@ -382,7 +382,7 @@ class Delivery:
     def restart(self, reason: str, failure: DeliveryFailure | None = None) -> None:
         if failure is not None and failure.alert is not None:
             self.stats.count_retry(failure.alert)
-        if failure is not None and failure.kind == "fatal":
+        if failure is not None and failure.producer_fatal:
             self._replace_producer = True
         if self.restart_reason is None:
             self.restart_reason = reason

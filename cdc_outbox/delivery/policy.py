@@ -13,9 +13,10 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
   locally (a record larger than ``max_record_bytes``), so the common poison cases never
   reach Kafka and never race with later events of the same key.
 - **Only record-level rejections are permanent.** A :class:`~cdc_outbox.kafka.publisher.
-  DeliveryFailure` of kind ``record`` is dead-lettered (or halts, with the ``halt``
-  policy); ``retry`` and ``fatal`` failures are retried from the last confirmed position,
-  never dead-lettered (see :func:`on_failure`).
+  DeliveryFailure` of kind ``DEAD_LETTER`` is dead-lettered (or halts, with the ``halt``
+  policy); ``RETRY`` failures (a fatal producer's included) are retried from the last
+  confirmed position, never dead-lettered (see :func:`on_failure`). The actions are the
+  one vocabulary, :class:`cdc_outbox.errors.FailureClass` (``FailureAction`` here).
 - **A schema problem is the record's; a registry outage is not.** Avro encoding
   (:mod:`cdc_outbox.avro.serializer`) that fails because the payload does not match its
   schema, or no schema exists for the event type, is permanent (dead letter or halt); a
@@ -28,9 +29,9 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable
 
+from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 
 __all__ = [
@@ -69,17 +70,15 @@ def precheck(
     return None
 
 
-class FailureAction(enum.Enum):
-    DEAD_LETTER = "dead_letter"
-    HALT = "halt"
-    RETRY = "retry"
+#: What the policy decides: the one failure vocabulary (retry / dead-letter / halt).
+FailureAction = FailureClass
 
 
 def on_failure(failure: DeliveryFailure, halt_policy: bool) -> FailureAction:
     """What to do after Kafka refused a record: the record's own fault is dead-lettered (or
     halts); anything else is retried, from a new session (a producer with a fatal error is
     replaced there: :meth:`~cdc_outbox.delivery.engine.Delivery.new_session`)."""
-    if failure.kind == "record":
+    if failure.kind is FailureClass.DEAD_LETTER:
         return FailureAction.HALT if halt_policy else FailureAction.DEAD_LETTER
     return FailureAction.RETRY
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import KeysInFlight
+from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers, ReportingListener
 from cdc_outbox.relay_stats import RelayStats
 
@@ -114,7 +115,7 @@ class DeadLetterReport:
         if self.epoch != d.epoch:
             return
         d.dead_in_flight -= 1
-        if failure.kind == "record":
+        if failure.kind is FailureClass.DEAD_LETTER:
             d.halt(f"the dead-letter topic rejected a record: {failure.reason}")
         else:
             d.restart(f"dead-letter record failed ({failure.name}): {failure.reason}", failure)

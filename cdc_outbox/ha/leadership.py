@@ -46,6 +46,7 @@ from cdc_outbox.ha.leadership_rules import (
     holder_is_stuck,
     lock_namespace,
 )
+from cdc_outbox.redaction import redact
 from cdc_outbox.store import schema
 
 __all__ = ["Leadership"]
@@ -354,6 +355,4 @@ class Leadership:
 
     def _redact(self, exc: BaseException) -> str:
         message = " ".join(str(exc).split()) or type(exc).__name__
-        for secret in self._settings.secret_values():
-            message = message.replace(secret, "***")
-        return message
+        return redact(message, self._settings.secret_values())

@@ -1,22 +1,26 @@
 """What Kafka says about one record: the outcome interface and the one error classification.
 
 A delivery report is either ``delivered`` or ``failed`` with a :class:`DeliveryFailure` whose
-``kind`` (:func:`classify`) is ``"record"`` (never writable: the only dead-letter case),
-``"retry"`` (retry with backoff, ``alert`` names the problem) or ``"fatal"`` (the producer is
-unusable). Pure: only librdkafka's error codes are read.
+``kind`` (:func:`classify`) is a :class:`~cdc_outbox.errors.FailureClass`: ``DEAD_LETTER``
+(never writable: the only dead-letter case) or ``RETRY`` (retry with backoff, ``alert`` names
+the problem; :attr:`DeliveryFailure.producer_fatal` when the producer is unusable and must be
+replaced first). Kafka never says ``HALT``: the delivery policy halts on a ``DEAD_LETTER``
+with ``on_permanent_error = "halt"``. Pure: only librdkafka's error codes are read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError
 
+from cdc_outbox.errors import FailureClass
+
 __all__ = [
+    "PRODUCER_FATAL",
     "DeliveryFailure",
     "DeliveryListener",
-    "FailureKind",
     "Headers",
     "ReportingListener",
     "classify",
@@ -46,7 +50,8 @@ _ALERTS = {
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "not_authorized",
     KafkaError.POLICY_VIOLATION: "policy_violation",
 }
-FailureKind = Literal["record", "retry", "fatal"]
+#: The ``alert`` of a producer that is unusable (fatal error, fenced): replaced, then retried.
+PRODUCER_FATAL = "producer_fatal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +61,17 @@ class DeliveryFailure:
     code: int
     name: str
     reason: str
-    kind: FailureKind
+    kind: FailureClass
     alert: str | None
     topic: str
     key: bytes | None
     value: bytes | None
     headers: Headers
+
+    @property
+    def producer_fatal(self) -> bool:
+        """The producer is unusable: replace it before retrying."""
+        return self.alert == PRODUCER_FATAL
 
 
 class DeliveryListener(Protocol):
@@ -109,13 +119,13 @@ class ReportingListener:
             self.failed(failure_of(err, msg.topic(), msg.key(), msg.value(), self.headers))
 
 
-def classify(code: int, fatal: bool) -> tuple[FailureKind, str | None]:
+def classify(code: int, fatal: bool) -> tuple[FailureClass, str | None]:
     """(kind, alert) of a Kafka error code: the one classification (see the module contract)."""
     if code in _RECORD_CODES:  # also when fatal: the gapless guarantee (halt policy) says so
-        return "record", None
+        return FailureClass.DEAD_LETTER, None
     if fatal or code in (KafkaError._FATAL, KafkaError._FENCED):
-        return "fatal", "producer_fatal"
-    return "retry", _ALERTS.get(code, "kafka_unavailable")
+        return FailureClass.RETRY, PRODUCER_FATAL
+    return FailureClass.RETRY, _ALERTS.get(code, "kafka_unavailable")
 
 
 def failure_of(

@@ -14,11 +14,11 @@ Contract:
 - A record counts as delivered only when its delivery report arrives without error; the
   listener bound to it is then told ``delivered()``. Every failure reaches ``failed()`` with a
   :class:`~cdc_outbox.kafka.delivery_failure.DeliveryFailure` whose ``kind`` is the one
-  classification of Kafka errors (:func:`~cdc_outbox.kafka.delivery_failure.classify`):
-  ``"record"`` (this record can never be written: too large, invalid; the only kind that may
-  be dead-lettered), ``"retry"`` (topic missing, not authorised, broker trouble: retry with
-  backoff, never a dead letter; ``alert`` names the problem) or ``"fatal"`` (the producer is
-  unusable: make a new one and re-send).
+  classification of Kafka errors (:func:`~cdc_outbox.kafka.delivery_failure.classify`, in
+  the vocabulary of :class:`~cdc_outbox.errors.FailureClass`): ``DEAD_LETTER`` (this record
+  can never be written: too large, invalid; the only kind that may be dead-lettered) or
+  ``RETRY`` (topic missing, not authorised, broker trouble: retry with backoff, never a dead
+  letter; ``alert`` names the problem; ``producer_fatal``: make a new producer and re-send).
 - :meth:`KafkaPublisher.produce` is the one produce loop: it waits while the local queue is
   full (serving delivery reports and calling ``idle``), and stops waiting with
   :class:`ProduceInterrupted` as soon as ``interrupted()`` gives a reason. An error raised by
@@ -356,13 +356,6 @@ class KafkaPublisher:
                 fatal=fatal,
                 abortable=bool(err.txn_requires_abort()),
             ) from None
-
-    def ensure_connected(self, timeout: float) -> None:
-        """Raise ``ConnectionError`` unless broker metadata arrives within ``timeout`` s."""
-        try:
-            self._producer.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise ConnectionError(f"Kafka not reachable: {exc.args[0].str()}") from exc
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

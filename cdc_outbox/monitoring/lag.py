@@ -16,6 +16,7 @@ import psycopg
 
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.redaction import redact
 from cdc_outbox.store import schema
 from cdc_outbox.store.outbox_table import OutboxTable
 
@@ -82,9 +83,7 @@ class LagSample:
 def one_line(exc: BaseException, settings: Settings) -> str:
     """``exc`` as one line with any secret of ``settings`` masked."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    for secret in settings.secret_values():
-        text = text.replace(secret, "***")
-    return text
+    return redact(text, settings.secret_values())
 
 
 #: One row whatever exists: the slot and its statistics are LEFT JOINed.

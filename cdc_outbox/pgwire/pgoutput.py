@@ -6,7 +6,7 @@ LSNs, xids and timestamps are plain ``int`` (timestamps: µs since 2000-01-01 UT
 binary form as sent), ``None`` for SQL NULL, :data:`UNCHANGED_TOAST` for an unchanged TOASTed
 value that the server did not send. Message objects (defined in
 :mod:`cdc_outbox.pgwire.pgoutput_messages`, re-exported here) are slots dataclasses: treat as
-immutable.
+immutable. :class:`RelationCache` (in :mod:`cdc_outbox.pgwire.relations`) is re-exported too.
 
 Every malformed input raises :class:`~cdc_outbox.errors.DecodeError` naming the message type
 and the byte offset (truncation, garbage, unknown type byte, bad tuple kind, trailing bytes).
@@ -43,6 +43,7 @@ from cdc_outbox.pgwire.pgoutput_messages import (
     UnchangedToast,
     Update,
 )
+from cdc_outbox.pgwire.relations import RelationCache, UnknownRelationError
 
 __all__ = [
     "UNCHANGED_TOAST",
@@ -396,40 +397,3 @@ def decode(buf: bytes | bytearray | memoryview, *, in_stream: bool = False) -> P
     if xid >= 0:
         return Streamed(xid, cast(StreamableMessage, msg))
     return msg
-
-
-class UnknownRelationError(DecodeError, KeyError):
-    """A change refers to a relation OID with no Relation message since (re)connect."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class RelationCache:
-    """Relation messages by OID; a newer Relation for an OID replaces the older one.
-
-    Clear on reconnect: the server re-sends every Relation before its first use.
-    """
-
-    __slots__ = ("_by_oid",)
-
-    def __init__(self) -> None:
-        self._by_oid: dict[int, Relation] = {}
-
-    def put(self, rel: Relation) -> None:
-        self._by_oid[rel.oid] = rel
-
-    def get(self, oid: int) -> Relation:
-        try:
-            return self._by_oid[oid]
-        except KeyError:
-            raise UnknownRelationError(f"no Relation message for relation OID {oid}") from None
-
-    def clear(self) -> None:
-        self._by_oid.clear()
-
-    def __len__(self) -> int:
-        return len(self._by_oid)
-
-    def __contains__(self, oid: object) -> bool:
-        return oid in self._by_oid

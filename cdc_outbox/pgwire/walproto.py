@@ -35,7 +35,6 @@ _KEEPALIVE = struct.Struct("!Qq?")  # after the 'k' byte: end, clock, reply requ
 _STATUS = struct.Struct("!cQQQq?")  # 'r', written, flushed, applied, clock, reply requested
 XLOG_HEADER_SIZE = 1 + _XLOG_HEADER.size  # 25
 KEEPALIVE_SIZE = 1 + _KEEPALIVE.size  # 18
-STATUS_UPDATE_SIZE = _STATUS.size  # 34
 _U64_MAX = (1 << 64) - 1
 
 

@@ -14,7 +14,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from cdc_outbox.backoff import doubling
+from cdc_outbox.backoff import BackoffPolicy
 from cdc_outbox.config_models import PollingSettings
 
 __all__ = [
@@ -40,10 +40,10 @@ class GivenBack(Protocol):
     error: str | None
 
 
-def backoff_delay(failures: int, base: float, cap: float, rand: float) -> float:
-    """Seconds before attempt ``failures + 1``: ``min(cap, base * 2**(failures-1))`` scaled by
-    a jitter factor in [0.5, 1.0] (``rand`` in [0, 1))."""
-    return doubling(failures, base, cap) * (0.5 + 0.5 * rand)
+def backoff_delay(failures: int, policy: BackoffPolicy, rand: float) -> float:
+    """Seconds before attempt ``failures + 1``: ``policy.delay(failures)`` scaled by a jitter
+    factor in [0.5, 1.0] (``rand`` in [0, 1))."""
+    return policy.delay(failures) * (0.5 + 0.5 * rand)
 
 
 class RetryCounts:
@@ -87,7 +87,7 @@ def outcome_params(
         delay = None
         if r.outcome == RETRY:
             n = failures.get(r.id, 1) if failures is not None else 1
-            delay = backoff_delay(n, polling.backoff_base_s, polling.backoff_max_s, rng.random())
+            delay = backoff_delay(n, polling.backoff, rng.random())
         delays.append(delay)
     return {
         "ids": [r.id for r in rows],

@@ -45,7 +45,7 @@ from typing import Any
 import psycopg
 
 from cdc_outbox import db_pool
-from cdc_outbox.backoff import Backoff
+from cdc_outbox.backoff import RECONNECT, Backoff
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
@@ -153,10 +153,10 @@ class PollingRelay:
 
     def run(self) -> None:
         """Claim and publish until :meth:`request_stop`; database and Kafka trouble is waited
-        out with backoff (0.5 s doubling to 30 s), never raised. Raises ``RelayHalted`` (halt
+        out with backoff (``backoff.RECONNECT``), never raised. Raises ``RelayHalted`` (halt
         policy) and ``NotLeader`` (an elected relay that lost its lease)."""
         polling = self.settings.polling
-        backoff = Backoff(0.5, 30.0)
+        backoff = Backoff(RECONNECT)
         swept_all = self._is_leader is None  # a leader first takes over every lease
         try:
             while not self._stop:

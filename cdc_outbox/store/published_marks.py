@@ -66,8 +66,8 @@ class TableMarks:
         rows = (
             self._connect()
             .execute(
-                "SELECT x::xid::text FROM pg_snapshot_xip(pg_current_snapshot()) x"
-                " UNION SELECT backend_xid::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL"
+                "SELECT x::xid::text FROM pg_snapshot_xip(pg_current_snapshot()) x UNION"
+                " SELECT backend_xid::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL"
             )
             .fetchall()
         )

@@ -151,7 +151,9 @@ class FakePostgres:
             phase=self.phase,
             consistent_point=min(self.consistent_point, fork),
         )
-        copy.marked = {e.id.encode() for t in kept_txns for e in t.events} & self.marked
+        kept_ids = {e.id.encode() for t in kept_txns for e in t.events}
+        copy.marked = kept_ids & self.marked
+        copy.failed = kept_ids & self.failed
         copy._seqs = {}
         for t in kept_txns:
             for e in t.events:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.backoff import Backoff, doubling
+from cdc_outbox.backoff import Backoff, BackoffPolicy, doubling
 
 
 def test_doubling_from_the_first_delay_up_to_the_cap() -> None:
@@ -17,7 +17,7 @@ def test_doubling_from_the_first_delay_up_to_the_cap() -> None:
 
 @given(st.lists(st.sampled_from(["fail", "fail10", "reset"]), max_size=40))
 def test_the_loop_state_is_the_same_rule(steps: list[str]) -> None:
-    backoff, failures = Backoff(0.5, 30.0), 0
+    backoff, failures = Backoff(BackoffPolicy(0.5, 30.0)), 0
     for step in steps:
         if step == "reset":
             backoff.reset()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cdc_outbox.delivery.dead_letters import dead_letter_record
+from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure
 from cdc_outbox.records import DeadLetter
 
@@ -32,7 +33,7 @@ def test_too_large_value_is_omitted_and_flagged() -> None:
         code=10,
         name="MSG_SIZE_TOO_LARGE",
         reason="Broker: Message size too large",
-        kind="record",
+        kind=FailureClass.DEAD_LETTER,
         alert=None,
         topic="outbox.event.order",
         key=b"agg-2",
@@ -54,7 +55,7 @@ def test_other_permanent_failure_keeps_the_value() -> None:
         code=87,
         name="INVALID_RECORD",
         reason="Broker: Invalid record",
-        kind="record",
+        kind=FailureClass.DEAD_LETTER,
         alert=None,
         topic="secret.topic",
         key=b"k",

@@ -7,6 +7,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers, ReportingListener
 from cdc_outbox.kafka.publisher import KafkaPublisher
 
@@ -92,7 +93,7 @@ def test_a_reporting_listener_is_its_own_callback() -> None:
     assert outcomes.delivered == [("good", [("id", b"1")])]
     [failure] = outcomes.failed
     assert (failure.kind, failure.topic, failure.key, failure.value) == (
-        "record",
+        FailureClass.DEAD_LETTER,
         "bad",
         b"k2",
         b"v2",
@@ -110,4 +111,8 @@ def test_any_other_listener_is_wrapped_and_told_the_same() -> None:
     publisher.poll(0)
     assert outcomes.delivered == [("good", [("id", b"1")])]
     [failure] = outcomes.failed
-    assert (failure.kind, failure.topic, failure.headers) == ("record", "bad", [("id", b"2")])
+    assert (failure.kind, failure.topic, failure.headers) == (
+        FailureClass.DEAD_LETTER,
+        "bad",
+        [("id", b"2")],
+    )

@@ -16,6 +16,7 @@ from cdc_outbox.delivery.policy import (
     on_failure,
     precheck,
 )
+from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, classify
 
 
@@ -27,26 +28,28 @@ def _failure(code: int, fatal: bool = False) -> DeliveryFailure:
 @pytest.mark.parametrize(
     ("code", "kind", "alert"),
     [
-        (KafkaError.MSG_SIZE_TOO_LARGE, "record", None),
-        (KafkaError.INVALID_RECORD, "record", None),
-        (KafkaError.RECORD_LIST_TOO_LARGE, "record", None),
-        (KafkaError.UNKNOWN_TOPIC_OR_PART, "retry", "topic_missing"),
-        (KafkaError._UNKNOWN_TOPIC, "retry", "topic_missing"),
-        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "retry", "not_authorized"),
-        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, "retry", "not_authorized"),
-        (KafkaError._TRANSPORT, "retry", "kafka_unavailable"),
-        (KafkaError._MSG_TIMED_OUT, "retry", "kafka_unavailable"),
-        (KafkaError._FENCED, "fatal", "producer_fatal"),
-        (KafkaError._FATAL, "fatal", "producer_fatal"),
+        (KafkaError.MSG_SIZE_TOO_LARGE, FailureClass.DEAD_LETTER, None),
+        (KafkaError.INVALID_RECORD, FailureClass.DEAD_LETTER, None),
+        (KafkaError.RECORD_LIST_TOO_LARGE, FailureClass.DEAD_LETTER, None),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, FailureClass.RETRY, "topic_missing"),
+        (KafkaError._UNKNOWN_TOPIC, FailureClass.RETRY, "topic_missing"),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, FailureClass.RETRY, "not_authorized"),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, FailureClass.RETRY, "not_authorized"),
+        (KafkaError._TRANSPORT, FailureClass.RETRY, "kafka_unavailable"),
+        (KafkaError._MSG_TIMED_OUT, FailureClass.RETRY, "kafka_unavailable"),
+        (KafkaError._FENCED, FailureClass.RETRY, "producer_fatal"),
+        (KafkaError._FATAL, FailureClass.RETRY, "producer_fatal"),
     ],
 )
-def test_only_record_level_rejections_are_permanent(code: int, kind: str, alert: str) -> None:
+def test_only_record_level_rejections_are_permanent(
+    code: int, kind: FailureClass, alert: str
+) -> None:
     assert classify(code, False) == (kind, alert)
 
 
 def test_a_record_rejection_stays_record_level_when_gapless_makes_it_fatal() -> None:
-    assert classify(KafkaError.MSG_SIZE_TOO_LARGE, True) == ("record", None)
-    assert classify(KafkaError._TRANSPORT, True) == ("fatal", "producer_fatal")
+    assert classify(KafkaError.MSG_SIZE_TOO_LARGE, True) == (FailureClass.DEAD_LETTER, None)
+    assert classify(KafkaError._TRANSPORT, True) == (FailureClass.RETRY, "producer_fatal")
 
 
 def test_actions_per_kind_and_policy() -> None:

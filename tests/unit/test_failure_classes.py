@@ -11,6 +11,7 @@ from cdc_outbox.errors import (
     CdcOutboxError,
     ConfigError,
     DatabaseUnavailable,
+    FailureClass,
     PrivilegeMissing,
     SchemaMissing,
     TopicMissing,
@@ -43,8 +44,8 @@ class _SqlError(Exception):
         (TopicMissing("topic x"), TopicMissing),
     ],
 )
-def test_what_cannot_heal_is_fatal_with_its_exit_code(exc: Exception, kind: type) -> None:
-    assert classify(exc) == "fatal"
+def test_what_cannot_heal_halts_with_its_exit_code(exc: Exception, kind: type) -> None:
+    assert classify(exc) is FailureClass.HALT
     error = cannot_heal(exc)
     assert isinstance(error, kind)
     assert "\n" not in str(error)
@@ -62,7 +63,7 @@ def test_what_cannot_heal_is_fatal_with_its_exit_code(exc: Exception, kind: type
     ],
 )
 def test_transient_failures_are_retried(exc: Exception) -> None:
-    assert classify(exc) == "retry"
+    assert classify(exc) is FailureClass.RETRY
     assert cannot_heal(exc) is None
 
 

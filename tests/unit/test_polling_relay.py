@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_outbox.backoff import BackoffPolicy
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError
@@ -33,15 +34,15 @@ def test_backoff_is_capped_exponential_times_jitter_in_half_to_one(
 ) -> None:
     cap = base + extra
     nominal = min(cap, base * 2.0 ** (failures - 1))
-    delay = backoff_delay(failures, base, cap, rand)
+    delay = backoff_delay(failures, BackoffPolicy(base, cap), rand)
     assert 0.5 * nominal <= delay <= nominal
     assert delay <= cap
 
 
 def test_backoff_doubles_per_failure_until_the_cap() -> None:
-    delays = [backoff_delay(n, 1.0, 10.0, 1.0 - 1e-12) for n in range(1, 7)]
+    delays = [backoff_delay(n, BackoffPolicy(1.0, 10.0), 1.0 - 1e-12) for n in range(1, 7)]
     assert delays == pytest.approx([1.0, 2.0, 4.0, 8.0, 10.0, 10.0])
-    assert backoff_delay(1, 1.0, 10.0, 0.0) == 0.5  # the lowest jitter halves it
+    assert backoff_delay(1, BackoffPolicy(1.0, 10.0), 0.0) == 0.5  # the lowest jitter halves it
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.errors import SlotInvalidated, classify
+from cdc_outbox.errors import FailureClass, SlotInvalidated, classify
 from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.slot_invalidation import REASONS, Invalidation, of_error, of_slot
 from cdc_outbox.lsn import Lsn
@@ -93,7 +93,7 @@ def test_the_line_says_how_to_prevent_each_known_cause() -> None:
 
 def test_cdc_modes_error_cannot_heal_and_exits_8() -> None:
     exc = SlotInvalidated(Invalidation("wal_removed").line("s"))
-    assert exc.exit_code == 8 and classify(exc) == "fatal"
+    assert exc.exit_code == 8 and classify(exc) is FailureClass.HALT
 
 
 def test_an_invalidation_reason_alone_makes_the_catch_up_rule_recreate_the_slot() -> None:
