@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_outbox.admin import bootstrap as bootstrap_ops
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL
 from cdc_outbox.outbox import write_event
 from cdc_outbox.outbox_messages import emit_event, emit_event_async, emit_event_sqlalchemy
@@ -105,6 +106,15 @@ def test_refused_foreign_and_poison_messages(
     bootstrap = kafka_broker.bootstrap_servers
     settings = relay_settings(pg_dsn, bootstrap, kafka_topic_prefix, message_prefix=PREFIX)
     init_outbox(settings)
+    report = bootstrap_ops.status(settings)
+    warned = {c.name: c for c in report.checks if c.warning}
+    with psycopg.connect(pg_dsn) as conn:
+        failover_slots = conn.info.server_version >= 170000  # init made a failover slot
+        row = conn.execute(
+            "SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'"
+        ).fetchone()
+    assert ("table_less_failover" in warned) is not failover_slots
+    assert ("table_less_wal_keep" in warned) is (row is not None and row[0] != "-1")
     good = {"id": "", "aggregate_type": "order", "aggregate_id": "o-2", "event_type": "E"}
     dlq, topic = f"{kafka_topic_prefix}.dlq", f"{kafka_topic_prefix}.event.order"
     with service_thread(settings) as service:
