@@ -4,7 +4,9 @@ its mapping (the same record a row with those values gives)."""
 from __future__ import annotations
 
 import json
+import struct
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cdc_outbox.admin.preflight import evaluate_checks
-from cdc_outbox.cdc.message_events import MessageEvents
+from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, OutboxWriteError
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, OutboxMapper
@@ -196,3 +198,36 @@ def test_auto_mode_retries_the_stream_instead_of_polling_table_less_events(
     assert fell_back == []  # never polls: polling cannot see table-less events
     assert len(attempts) == 3  # the stream is retried, as in cdc mode
     assert "relaying by CDC only" in caplog.text
+
+
+def _message_frame(transactional: bool, lsn: int, prefix: str, content: bytes) -> bytes:
+    head = struct.pack(">cBQ", b"M", 1 if transactional else 0, lsn)
+    return head + prefix.encode() + b"\0" + struct.pack(">I", len(content)) + content
+
+
+def test_a_non_transactional_message_is_confirmed_only_once_its_dead_letter_is() -> None:
+    from cdc_outbox.cdc.ack_tracker import AckTracker
+    from cdc_outbox.cdc.message_router import MessageRouter
+    from cdc_outbox.relay_stats import RelayStats
+
+    settings = Settings.model_validate({"dsn": "postgresql://u@h/db", "message_prefix": "app"})
+    submitted: list[tuple[Any, Any]] = []
+    delivery = SimpleNamespace(submit=lambda r, h: submitted.append((r, h)), marker=None)
+    written: list[int] = []
+    checkpoint = SimpleNamespace(note_written=written.append)
+    stats = RelayStats()
+    router = MessageRouter(settings, settings.outbox_mapper(), delivery, stats, None)  # type: ignore[arg-type]
+    tracker = AckTracker(0x100)
+    router.new_session(tracker, checkpoint)  # type: ignore[arg-type]
+    router.handle(_message_frame(False, 0x2000, "app", b'{"id": "x"}'))
+    router.handle(_message_frame(False, 0x3000, "other", b"{}"))  # another prefix: ignored
+    [(dead, handle)] = submitted
+    assert isinstance(dead, DeadLetter) and dead.reason == NON_TRANSACTIONAL
+    assert dead.value == b'{"id": "x"}' and dead.event_id is None
+    assert stats.refused_messages == {NON_TRANSACTIONAL: 1}
+    assert stats.ignored == {"message": 1}
+    assert tracker.confirmed == 0x100  # not past the message before its dead letter is done
+    tracker.keepalive(0x4000)
+    assert tracker.confirmed == 0x100
+    handle.dead_lettered()
+    assert tracker.confirmed == 0x2001 and written == [0x2001]  # a restart does not decode it
