@@ -131,6 +131,8 @@ class Settings(BaseSettings):
     on_permanent_error: Literal["dead_letter", "halt"] = "dead_letter"
     #: a NULL payload: dead-letter the event, or publish a tombstone (its key, value null).
     null_payload: Literal["dead_letter", "tombstone"] = "dead_letter"
+    #: table-less events: the prefix of the transactional logical messages (None: off).
+    message_prefix: str | None = None
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     status_interval_s: float = Field(default=10.0, gt=0, lt=WAL_SENDER_TIMEOUT_DEFAULT_S)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
@@ -243,6 +245,15 @@ class Settings(BaseSettings):
     def _topic(cls, v: str) -> str:
         return check_topic("dead_letter_topic", v)
 
+    @field_validator("message_prefix")
+    @classmethod
+    def _message_prefix(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("cdc_outbox.")):
+            raise ValueError(
+                f"message_prefix {v!r}: not empty, not under the relay's 'cdc_outbox.'"
+            )
+        return v
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, v: str) -> str:
@@ -276,6 +287,8 @@ class Settings(BaseSettings):
             )
         if self.delivery == "exactly_once" and self.mode == "polling":
             raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
+        if self.message_prefix is not None and self.mode == "polling":
+            raise ValueError("message_prefix needs CDC: polling never sees table-less events")
         if not self.columns.has_status:
             preset = self.columns.preset
             if self.on_permanent_error == "dead_letter":

@@ -22,6 +22,7 @@ Contract of :func:`write_event` / :func:`write_event_async` / :func:`write_event
 * one ``INSERT`` on the caller's connection/cursor, no commit: the event becomes visible
   (and is relayed) if and only if the caller's transaction commits;
 * the return value is the event id (``event_id`` if given, else a new ``uuid4``);
+* :mod:`cdc_outbox.outbox_messages` writes the same events as logical messages instead;
 * when the table names a ``tracing_span_context`` column (unset by default), OpenTelemetry
   (``opentelemetry-api``, the ``otel`` extra) is installed and a span is current, its W3C
   trace context is stored there (:mod:`cdc_outbox.tracing`); otherwise the column is left
@@ -191,7 +192,7 @@ def _aggregate_id_text(aggregate_id: Any) -> str:
     return text
 
 
-def prepare(
+def validate(
     table: OutboxTable,
     aggregate_type: str,
     aggregate_id: AggregateId,
@@ -199,9 +200,10 @@ def prepare(
     payload: Any,
     headers: Mapping[str, Any] | None,
     event_id: uuid.UUID | str | None,
-    dumps: Dumps = default_dumps,
-) -> tuple[sql.Composed, tuple[Any, ...], uuid.UUID]:
-    """Validate one event; return the INSERT, its parameters and the event id (no I/O)."""
+    dumps: Dumps,
+) -> tuple[list[Any], uuid.UUID]:
+    """The event's text parameters (id, types, aggregate id, payload, then the headers if
+    any) and its id; raises :class:`OutboxWriteError` (see the module contract)."""
     for what, name in (("aggregate_type", aggregate_type), ("event_type", event_type)):
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise OutboxWriteError(
@@ -230,6 +232,23 @@ def prepare(
         if table.column("headers") is None:
             raise OutboxWriteError("this outbox table has no headers column")
         params.append(_json_text("headers", dict(headers), dumps))
+    return params, eid
+
+
+def prepare(
+    table: OutboxTable,
+    aggregate_type: str,
+    aggregate_id: AggregateId,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+    event_id: uuid.UUID | str | None,
+    dumps: Dumps = default_dumps,
+) -> tuple[sql.Composed, tuple[Any, ...], uuid.UUID]:
+    """Validate one event; return the INSERT, its parameters and the event id (no I/O)."""
+    params, eid = validate(
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
+    )
     tracing = table.column("tracing_span_context") and current_span_context()
     if tracing:
         params.append(tracing)
@@ -291,14 +310,18 @@ def write_event_sqlalchemy(
 ) -> uuid.UUID:
     """:func:`write_event` for an SQLAlchemy 2 ``Connection`` or ``Session`` (any driver for
     PostgreSQL); runs in its current transaction (begun if none). Needs ``sqlalchemy``."""
-    from sqlalchemy import text
-
     query, params, eid = prepare(
         table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
     )
+    execute_sqlalchemy(conn_or_session, query, params)
+    return eid
+
+
+def execute_sqlalchemy(conn_or_session: Any, query: sql.Composed, params: tuple[Any, ...]) -> None:
+    from sqlalchemy import text
+
     binds = {f"p_{i}": v for i, v in enumerate(params)}
     rendered = query.as_string(None)
     for name in binds:  # psycopg placeholders -> SQLAlchemy named binds, in order
         rendered = rendered.replace("%s", f":{name}", 1)
     conn_or_session.execute(text(rendered), binds)
-    return eid

@@ -27,6 +27,8 @@ class RelayStats:
     dead_lettered_by_topic: dict[str, int] = field(default_factory=dict)
     transactions: int = 0
     ignored: dict[str, int] = field(default_factory=dict)
+    #: Table-less event messages refused (dead-lettered, never published), by reason.
+    refused_messages: dict[str, int] = field(default_factory=dict)
     delivery_errors: int = 0
     restarts: int = 0
     #: Catch-ups started (a new slot and its snapshot's backlog) by this process.

@@ -24,8 +24,10 @@ transition before it takes effect:
 - ``auto`` mode (default): like ``cdc`` while logical replication is usable; otherwise
   ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
   ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
-  status columns) relays by CDC only. With ``delivery = "exactly_once"`` polling stays
-  at-least-once (a WARNING line and ``cdc_outbox_delivery_guarantee`` say so).
+  status columns) relays by CDC only, and so does a relay of table-less events
+  (``message_prefix``: polling cannot see them; a WARNING says so). With
+  ``delivery = "exactly_once"`` polling stays at-least-once (a WARNING line and
+  ``cdc_outbox_delivery_guarantee`` say so).
 
 Contract: :meth:`Service.run` returns only after :meth:`Service.request_stop`, once the current
 relay has flushed and confirmed; every other end raises its reason (what the relays raise, e.g.
@@ -159,6 +161,14 @@ class Service:
             logger.warning(
                 "auto mode: the %s table layout has no polling columns; relaying by CDC only",
                 settings.columns.preset,
+            )
+            mode = "cdc"
+        if mode == "auto" and settings.message_prefix is not None:
+            logger.warning(
+                "auto mode: table-less events (message_prefix %r) live only in the WAL, polling"
+                " cannot relay them; relaying by CDC only (a failing stream is retried, never"
+                " replaced by polling)",
+                settings.message_prefix,
             )
             mode = "cdc"
         failures = 0

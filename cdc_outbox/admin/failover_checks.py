@@ -9,6 +9,9 @@ up), so on the primary an unset value is a ``warning``, never a failed check. On
 - primary: the slot has ``failover = true`` and ``synchronized_standby_slots`` names at least
   one physical slot (logical walsenders then wait for that standby: nothing is published that
   it lacks);
+- table-less events (``message_prefix`` set; :func:`table_less_checks`): the WAL is their
+  only copy, so a slot that is not a failover slot (17+), or that ``max_slot_wal_keep_size``
+  may invalidate, can lose them: a ``warning`` each;
 - standby: ``sync_replication_slots = on``, ``hot_standby_feedback = on``, a
   ``primary_slot_name``, a ``dbname`` in ``primary_conninfo``, and our slot there with
   ``synced = true``, no longer temporary (only such a slot is usable after promotion; a synced
@@ -24,7 +27,7 @@ from cdc_outbox.admin.checks import Check
 from cdc_outbox.store.inspection import StandbyState
 from cdc_outbox.store.schema import FAILOVER_SLOTS_VERSION
 
-__all__ = ["primary_failover_checks", "standby_failover_checks"]
+__all__ = ["primary_failover_checks", "standby_failover_checks", "table_less_checks"]
 
 
 def primary_failover_checks(
@@ -61,6 +64,45 @@ def primary_failover_checks(
                 " standby lacks when it is promoted",
                 "ALTER SYSTEM SET synchronized_standby_slots = '<physical slot of the standby>';"
                 " SELECT pg_reload_conf()",
+                warning=True,
+            )
+        )
+    return checks
+
+
+def table_less_checks(
+    version_num: int, slot_failover: bool | None, create_failover: bool, keep_size_mb: int
+) -> list[Check]:
+    """Warnings for table-less events: ``slot_failover`` as in :func:`primary_failover_checks`
+    (``create_failover``: the ``slot_failover`` setting, for a slot not created yet), and
+    ``max_slot_wal_keep_size`` in MB (-1: unlimited)."""
+    lost = "table-less events (message_prefix) live only in the WAL: "
+    checks = []
+    if (
+        version_num < FAILOVER_SLOTS_VERSION
+        or slot_failover is False
+        or (slot_failover is None and not create_failover)
+    ):
+        checks.append(
+            Check(
+                "table_less_failover",
+                True,
+                lost + "the slot is not a failover slot, so a failover to a standby loses the"
+                " events the relay had not confirmed (there is no catch-up for them)",
+                "PostgreSQL 17+ with slot_failover = true and sync_replication_slots on the"
+                " standbys (docs/failover.md)",
+                warning=True,
+            )
+        )
+    if keep_size_mb >= 0:
+        checks.append(
+            Check(
+                "table_less_wal_keep",
+                True,
+                lost + f"max_slot_wal_keep_size = {keep_size_mb}MB invalidates a slot that far"
+                " behind, and the events it had not confirmed are lost",
+                "ALTER SYSTEM SET max_slot_wal_keep_size = -1 (watch disk space instead), or"
+                " a size the relay can never lag by",
                 warning=True,
             )
         )

@@ -7,7 +7,7 @@ failed check); ``init`` raises :class:`PreflightFailed` (exit 3) if any check fa
 from __future__ import annotations
 
 from cdc_outbox.admin.checks import Check
-from cdc_outbox.admin.failover_checks import primary_failover_checks
+from cdc_outbox.admin.failover_checks import primary_failover_checks, table_less_checks
 from cdc_outbox.cdc.catch_up_order import order_key
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import PreflightError
@@ -97,6 +97,10 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
     checks += primary_failover_checks(
         st.version_num, st.synchronized_standby_slots, st.slot_failover
     )
+    if settings.message_prefix is not None:
+        checks += table_less_checks(
+            st.version_num, st.slot_failover, settings.slot_failover, st.max_slot_wal_keep_size_mb
+        )
     return checks
 
 

@@ -9,7 +9,11 @@ Contract of :class:`MessageRouter`: per XLogData payload, in stream order,
 - ``C``: the transaction's end LSN goes to the tracker (and the exactly-once batch) and is noted
   as written for the checkpointer;
 - ``R``: relation cache, and which relations are the outbox (a partition's too);
-- ``M``: a ``cdc_outbox.redrive`` message for this outbox releases its aggregates here;
+- ``M``: a ``cdc_outbox.redrive`` message for this outbox releases its aggregates here; one
+  with the ``message_prefix`` (table-less events, :mod:`cdc_outbox.cdc.message_events`) is an
+  event of its transaction, treated as an insert is; a non-transactional one is refused: a
+  dead letter (and ``stats.refused_messages``) as a transaction of its own ending just past
+  its LSN, so the slot is confirmed past it only once the dead letter is acknowledged;
 - anything else is counted in ``stats.ignored``.
 A relation must be described before it is used; otherwise decoding raises.
 """
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter
+from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
 from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery import pacing
@@ -35,6 +40,7 @@ from cdc_outbox.pgwire.walproto import (
     parse_copy_data,
     pg_clock_to_unix,
 )
+from cdc_outbox.records import DeadLetter
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store.redrive import parse_redrive_message
 
@@ -71,6 +77,8 @@ class MessageRouter:
         self._table = f"{settings.outbox_schema}.{settings.outbox_table}"
         self._map_insert = mapper.map_insert  # bound once: called per event
         self._submit = delivery.submit
+        prefix = settings.message_prefix
+        self._events = MessageEvents(prefix, settings.column_names(), mapper) if prefix else None
         #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
         self.caught_up = False
 
@@ -188,7 +196,22 @@ class MessageRouter:
             self._count_ignored(type(other).__name__.lower())
 
     def _on_message(self, message: pgoutput.Message) -> None:
-        """A redrive message for this outbox releases its aggregates here, in stream order."""
+        """A table-less event, or a redrive message for this outbox: it releases its
+        aggregates here, in stream order."""
+        events = self._events
+        if events is not None and message.prefix == events.prefix:
+            if not message.transactional:
+                self._refuse(message)
+            elif self._skipping:
+                self._count_ignored("already_in_kafka")
+                self.stats.eos_skipped_events += 1
+            else:
+                txn = self._txn
+                txn.add_event()
+                if self.eos is not None:
+                    self.eos.add_event()
+                self._submit(events.map(message.content), txn)
+            return
         request = parse_redrive_message(message.prefix, message.transactional, message.content)
         if request is None:
             self._count_ignored("message")
@@ -200,6 +223,29 @@ class MessageRouter:
                         " parked: run `cdc-outbox redrive` again",
                         aggregate,
                     )
+
+    def _refuse(self, message: pgoutput.Message) -> None:
+        """A non-transactional event message: dead-lettered, never published (module contract)."""
+        logger.error(
+            "refused a non-transactional message with prefix %r at LSN %X: %s (dead-lettered)",
+            message.prefix,
+            message.lsn,
+            NON_TRANSACTIONAL,
+        )
+        refused = self.stats.refused_messages
+        refused[NON_TRANSACTIONAL] = refused.get(NON_TRANSACTIONAL, 0) + 1
+        tracker, eos = self._tracker, self.eos
+        txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=False)
+        if eos is not None:
+            eos.batch.begin()
+            eos.add_event()
+        txn.add_event()
+        self._submit(DeadLetter(NON_TRANSACTIONAL, None, None, message.content, [], None), txn)
+        end = message.lsn + 1  # a restart does not decode it again (start_decoding_at > LSN)
+        tracker.commit(txn.txn_id, end)
+        if eos is not None:
+            eos.on_commit(end, txn)
+        self._note_written(end)
 
     def _skipped(self, rel: pgoutput.Relation, row: pgoutput.TupleData) -> None:
         """An insert of a transaction Kafka already holds: not sent again, but marked."""

@@ -90,6 +90,12 @@ class RelayCollector(Collector):
             "kind",
             stats.ignored.copy(),
         )
+        yield by_label(
+            p + "refused_messages_total",
+            "Table-less event messages refused (dead-lettered, never published), by reason.",
+            "reason",
+            stats.refused_messages.copy(),
+        )
         yield CounterMetricFamily(
             p + "delivery_errors_total",
             "Failed Kafka deliveries (retried, dead-lettered or halting).",
@@ -235,9 +241,9 @@ METRIC_NAMES = frozenset(
     PREFIX + n
     for n in (
         "build_info", "relay_mode", "events_published_total", "events_dead_lettered_total",
-        "ignored_messages_total", "delivery_errors_total", "transactions_total",
-        "relay_restarts_total", "catch_up_backlog_rows", "catch_up_rows_done", "events_in_flight",
-        "confirmed_lsn_bytes",
+        "ignored_messages_total", "refused_messages_total", "delivery_errors_total",
+        "transactions_total", "relay_restarts_total", "catch_up_backlog_rows", "catch_up_rows_done",
+        "events_in_flight", "confirmed_lsn_bytes",
         "last_confirm_timestamp_seconds", "commit_to_ack_latency_seconds", "monitor_up",
         "monitor_errors_total", "monitor_last_sample_timestamp_seconds", "server_wal_lsn_bytes",
         "slot_present", "slot_active", "slot_confirmed_flush_lsn_bytes", "slot_restart_lsn_bytes",

@@ -109,6 +109,8 @@ class DatabaseState:
     #: PostgreSQL 17+: ``synchronized_standby_slots`` and the slot's ``failover`` column.
     synchronized_standby_slots: str | None = None
     slot_failover: bool | None = None
+    #: ``max_slot_wal_keep_size`` in MB (-1: unlimited, a slot is never invalidated for size).
+    max_slot_wal_keep_size_mb: int = -1
 
 
 _SERVER_SQL = """
@@ -121,7 +123,8 @@ SELECT current_setting('server_version_num')::int, current_setting('server_versi
        r.rolsuper, r.rolreplication, current_user, current_database(),
        has_database_privilege(current_database(), 'CREATE'),
        coalesce(has_schema_privilege(n.oid, 'CREATE'), false),
-       current_setting('track_commit_timestamp') = 'on'
+       current_setting('track_commit_timestamp') = 'on',
+       (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size')
 FROM pg_roles r
 LEFT JOIN pg_namespace n ON n.nspname = %s
 WHERE r.rolname = current_user
@@ -190,8 +193,9 @@ def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
     """Read the server settings, role privileges, outbox table, slot and publication."""
     row = conn.execute(_SERVER_SQL, (settings.outbox_schema,)).fetchone()
     assert row is not None
-    st = DatabaseState(*row[:-1])
-    st.commit_timestamps = bool(row[-1])
+    st = DatabaseState(*row[:-2])
+    st.commit_timestamps = bool(row[-2])
+    st.max_slot_wal_keep_size_mb = int(row[-1])
     trow = conn.execute(_TABLE_SQL, (settings.outbox_schema, settings.outbox_table)).fetchone()
     if trow is not None:
         st.table_oid, st.table_owned, st.table_partitioned = trow

@@ -82,6 +82,7 @@ def busy_stats() -> RelayStats:
         stats.count_published(topic)
     stats.count_dead_lettered("a")
     stats.ignored["message"] = 2
+    stats.refused_messages["non-transactional"] = 3
     stats.delivery_errors, stats.transactions, stats.restarts = 1, 3, 1
     stats.confirmed_lsn, stats.last_confirm_unix, stats.in_flight = 0x1_0000_1000, 1.7e9, 5
     stats.count_retry("topic_missing")
@@ -165,6 +166,7 @@ def test_every_metric_is_exported_with_its_value() -> None:
     assert values["cdc_outbox_events_published_total{topic=b}"] == 1
     assert values["cdc_outbox_events_dead_lettered_total{topic=a}"] == 1
     assert values["cdc_outbox_ignored_messages_total{kind=message}"] == 2
+    assert values["cdc_outbox_refused_messages_total{reason=non-transactional}"] == 3
     assert values["cdc_outbox_relay_mode{mode=polling}"] == 1
     assert values["cdc_outbox_relay_mode{mode=cdc}"] == 0
     assert values["cdc_outbox_confirmed_lsn_bytes"] == 0x1_0000_1000
