@@ -2,7 +2,7 @@
 event, an outbox row (``write_event``) against a logical message (``emit_event``), then the
 row's later costs: the ``cdc_mark_published = "update"`` UPDATE and a VACUUM of the table.
 
-``python -m benchmarks.table_less_cost [--events N] [--per-txn K]`` starts a local PostgreSQL
+``python -m benchmarks table-less-cost [--events N] [--per-txn K]`` starts a local PostgreSQL
 (:mod:`cdc_outbox_dev.sandbox`; no relay, no Kafka: only what the database pays), creates the
 default outbox table (``sql/outbox.sql``) and writes N events, K per transaction, each way.
 WAL is the ``pg_current_wal_insert_lsn()`` delta (whole server; a checkpoint inside a window adds
@@ -11,7 +11,7 @@ full-page images), time the wall clock of the writing client, both divided by N.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks import output
 from cdc_outbox.outbox import write_event
 from cdc_outbox.outbox_messages import emit_event
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
@@ -33,20 +34,35 @@ def _wal(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def _measure(conn: psycopg.Connection[Any], events: int, run: Callable[[], None]) -> str:
+def _measure(
+    conn: psycopg.Connection[Any], events: int, run: Callable[[], None]
+) -> dict[str, float]:
     conn.execute("CHECKPOINT")  # full-page images of a checkpoint do not land in the window
     wal, began = _wal(conn), time.perf_counter()
     run()
     seconds = time.perf_counter() - began
-    return f"{(_wal(conn) - wal) / events:8.0f} B WAL/event {seconds * 1e6 / events:8.1f} us/event"
+    return {
+        "wal_bytes_per_event": round((_wal(conn) - wal) / events, 1),
+        "us_per_event": round(seconds * 1e6 / events, 1),
+    }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _show(step: str, figures: dict[str, float]) -> None:
+    wal, us = figures["wal_bytes_per_event"], figures["us_per_event"]
+    print(f"{step:<16}{wal:8.0f} B WAL/event {us:8.1f} us/event")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m benchmarks table-less-cost`` (see the module docstring)."""
+    parser = output.parser("table-less-cost", (__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--per-txn", type=int, default=10)
     args = parser.parse_args(argv)
     n, k = args.events, args.per_txn
+    if n < 1 or k < 1:
+        print("table-less-cost: --events and --per-txn must be >= 1", file=sys.stderr)
+        return 2
+    steps: dict[str, dict[str, float]] = {}
     with LocalPostgres() as pg, psycopg.connect(pg.dsn) as conn:
         conn.execute(_SQL.read_text())
         conn.commit()
@@ -62,20 +78,25 @@ def main(argv: list[str] | None = None) -> None:
             return run
 
         def sql_step(statement: str) -> Callable[[], None]:
-            return lambda: conn.execute(statement) and None
+            def run() -> None:
+                conn.execute(statement)
+
+            return run
 
         print(f"{n} events, {k} per transaction (PostgreSQL {conn.info.server_version})")
-        print("row insert      ", _measure(conn, n, writing(write_event)))
-        print("message emit    ", _measure(conn, n, writing(emit_event, prefix="app.outbox")))
+        steps["row insert"] = _measure(conn, n, writing(write_event))
+        steps["message emit"] = _measure(conn, n, writing(emit_event, prefix="app.outbox"))
         mark = (
             "UPDATE outbox SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
             " locked_at = NULL WHERE status IN ('PENDING', 'PROCESSING')"  # as the marker does
         )
-        print("row mark update ", _measure(conn, n, sql_step(mark)))
+        steps["row mark update"] = _measure(conn, n, sql_step(mark))
         conn.commit()
         conn.autocommit = True
-        print("row vacuum      ", _measure(conn, n, sql_step("VACUUM outbox")))
-
-
-if __name__ == "__main__":
-    main()
+        steps["row vacuum"] = _measure(conn, n, sql_step("VACUUM outbox"))
+        server = conn.info.server_version
+    for step, figures in steps.items():
+        _show(step, figures)
+    result = {"events": n, "per_txn": k, "server_version": server, "steps": steps}
+    output.save("table-less-cost", result, args)
+    return 0

@@ -28,6 +28,7 @@ NAMES = {
     "latency-legs",
     "latency-floor",
     "producer-flush",
+    "table-less-cost",
 }
 
 
