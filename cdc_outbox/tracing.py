@@ -164,6 +164,16 @@ class _SpanListener:
         self.span = span
         self.spans = spans
 
+    @property
+    def txn(self) -> Any:
+        """The wrapped listener's transaction stamp (exactly-once), if it takes one."""
+        return getattr(self.inner, "txn", None)
+
+    @txn.setter
+    def txn(self, value: Any) -> None:
+        if hasattr(self.inner, "txn"):
+            self.inner.txn = value
+
     def delivered(self, topic: str, headers: Any) -> None:
         self.span.end()
         self.inner.delivered(topic, headers)

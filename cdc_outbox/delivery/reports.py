@@ -57,7 +57,7 @@ class RecordReport(ReportingListener):
         self.key = key
         self.event_id = event_id
         self.epoch = delivery.epoch
-        self.txn = None  # stamped by the producer (not when a tracing span wraps this)
+        self.txn = None  # stamped by the producer (through a tracing span that wraps this too)
 
     def delivered(self, topic: str, headers: Headers) -> None:
         d = self.delivery

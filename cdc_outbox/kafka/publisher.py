@@ -184,6 +184,8 @@ class KafkaPublisher:
             listener.txn = self._txn
             report: Any = listener
         else:
+            if hasattr(listener, "txn"):  # a wrapper (a tracing span) of a ReportingListener
+                setattr(listener, "txn", self._txn)  # noqa: B010 (not in the protocol)
             report = _DeliveryReport(listener, headers)
         produce = self._producer.produce
         while True:

@@ -21,6 +21,7 @@ from cdc_outbox.relay_stats import RelayStats
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient
 
 TOPIC = "t.event.orders"
+_TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 class _HeldReports(FakeProducerClient):
@@ -54,7 +55,8 @@ class _Handle:
 class _Relay:
     """A Delivery and its EosCommitter on a FakeCluster, with a recording marker."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracing: bool = False) -> None:
+        self.tracing = tracing
         self.cluster = FakeCluster()
         self.marker = _Marker()
         self.clients: list[_HeldReports] = []
@@ -66,6 +68,8 @@ class _Relay:
                 "topic_template": "t.event.{aggregate_type}",
                 "eos": {"checkpoint_topic": "t.checkpoints"},
                 "kafka": {"bootstrap_servers": "fake:9092"},
+                "tracing_relay_span": tracing,
+                "columns": {"tracing_span_context": "tracingspancontext"} if tracing else {},
             }
         )
         stats = RelayStats()
@@ -94,7 +98,10 @@ class _Relay:
         self.eos.batch.begin()
         for event_id in ids:
             self.eos.add_event()
-            record = OutboxRecord(TOPIC, b"k", b"{}", [("id", event_id.encode())], event_id)
+            headers = [("id", event_id.encode())]
+            if self.tracing:  # a traced event: its listener is wrapped in the relay's span
+                headers.append(("traceparent", _TRACEPARENT))
+            record = OutboxRecord(TOPIC, b"k", b"{}", headers, event_id)
             self.delivery.submit(record, _Handle())
         self.lsn += 10
         self.eos.batch.end(self.lsn, had_events=True)
@@ -107,8 +114,9 @@ def no_wait_after_commit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_wait_after_commit")
-def test_reports_served_after_the_commit_and_its_wait_still_mark_their_rows() -> None:
-    r = _Relay()
+@pytest.mark.parametrize("tracing", [False, True], ids=["plain", "tracing_relay_span"])
+def test_reports_served_after_the_commit_and_its_wait_still_mark_their_rows(tracing: bool) -> None:
+    r = _Relay(tracing)
     r.txn("a", "b", "c")
     r.hold(True)
     assert r.eos.settle_and_commit(lambda: None, lambda: None)
