@@ -57,12 +57,13 @@ from cdc_outbox.cdc.snapshot_catchup import publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import CdcOutboxError, DatabaseUnavailable, PrivilegeMissing, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position, slot_facts
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class Relay:
         self._mapper = settings.outbox_mapper()
         marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
-        self._bookkept = settings.columns.preset == "default"
+        self._bookkept = OutboxTable.of(settings).has_status
         identity = self._stream.identify() if settings.delivery == "exactly_once" else None
         self.delivery = Delivery(
             settings,

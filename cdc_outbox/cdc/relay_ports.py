@@ -21,10 +21,10 @@ from typing import Protocol
 
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.published_marker import MarkSink
-from cdc_outbox.delivery.failed_rows import FailedRowsStore
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData
+from cdc_outbox.store.failed_rows import FailedRowsStore
 from cdc_outbox.store.relay_state import KeepOutcome, SlotFacts
 
 __all__ = ["RelayPorts", "ReplicationPort"]
@@ -71,7 +71,7 @@ class RelayPorts:
     #: The parked aggregates ``(aggregate_id, blocking event id)`` (default: from the table).
     parked: Callable[[], Iterable[tuple[str, str]]] | None = None
     #: The outbox table's FAILED rows as the delivery marks and compares them
-    #: (:class:`~cdc_outbox.delivery.failed_rows.FailedRows`).
+    #: (:class:`~cdc_outbox.store.failed_rows.FailedRows`).
     failed_rows: FailedRowsStore | None = None
     #: Where the published-marker marks rows (default: the outbox table).
     marks: MarkSink | None = None

@@ -48,13 +48,14 @@ from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.failed_rows import mark_failed
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.store.mark_published import UNPUBLISHED, marking_statement
+from cdc_outbox.store.failed_rows import mark_failed
+from cdc_outbox.store.mark_published import marking_statement
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
@@ -123,23 +124,21 @@ def backlog_query(
     )
     table = outbox_ident(settings)
     order = catch_up_order.order_by(settings, commit_timestamps)
-    if settings.columns.preset != "default":
+    outbox = OutboxTable.of(settings)
+    if not outbox.has_status:
         # No status column: the table holds only unpublished rows (cdc_mark_published =
         # "delete"; the service refuses a catch-up with "off" over a non-empty table).
         return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, table, order)
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
-    return sql.SQL("SELECT {}, status FROM {} WHERE {} OR status = 'FAILED' ORDER BY {}").format(
-        columns, table, UNPUBLISHED, order
+    return sql.SQL("SELECT {}, status FROM {} WHERE {} OR {} ORDER BY {}").format(
+        columns, table, outbox.unpublished(), outbox.failed(), order
     )
 
 
 def backlog_count_query(settings: Settings) -> sql.Composed:
     """One COUNT of the rows :func:`backlog_query` returns (the catch-up's progress total)."""
-    table = outbox_ident(settings)
-    if settings.columns.preset != "default":
-        return sql.SQL("SELECT count(*) FROM {}").format(table)
-    return sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, UNPUBLISHED)
+    return OutboxTable.of(settings).count_unpublished()
 
 
 def _start_progress(
@@ -190,7 +189,7 @@ def publish_backlog(
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                bookkept = settings.columns.preset == "default"
+                bookkept = OutboxTable.of(settings).has_status
                 delivery.parking.load(())  # FAILED rows park their aggregate where they come
                 commit_ts = _commit_timestamps(conn)
                 progress = _start_progress(conn, settings, delivery)

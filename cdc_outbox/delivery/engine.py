@@ -7,7 +7,7 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
 - ``handle.published(topic)`` once Kafka acknowledged the event's record.
 - ``handle.dead_lettered()`` once the event was dead-lettered *durably*: its dead-letter record
   acknowledged on ``dead_letter_topic`` and its outbox row marked ``FAILED`` with the reason
-  (:class:`~cdc_outbox.delivery.failed_rows.FailedRows`), so ``redrive`` finds it in every mode.
+  (:class:`~cdc_outbox.store.failed_rows.FailedRows`), so ``redrive`` finds it in every mode.
 - ``handle.retry(reason)`` when the record failed in a way that is retried (not authorised,
   producer fatal, ...): never a dead letter. ``restart_reason`` is set (and the alert in the
   stats): the caller drops the session and re-sends from its durable position.
@@ -49,7 +49,6 @@ import psycopg
 
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
-from cdc_outbox.delivery.failed_rows import FailedRowsStore
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
     FailureAction,
@@ -67,6 +66,7 @@ from cdc_outbox.kafka.producer_config import eos_config
 from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store.failed_rows import FailedRowsStore
 from cdc_outbox.tracing import RelaySpans
 
 if TYPE_CHECKING:

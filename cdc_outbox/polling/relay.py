@@ -48,7 +48,6 @@ from cdc_outbox import db_pool
 from cdc_outbox.backoff import RECONNECT, Backoff
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, outcome_params
@@ -56,6 +55,7 @@ from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store import polling_sql
+from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader
 

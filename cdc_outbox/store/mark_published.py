@@ -46,7 +46,7 @@ def marking_statement(settings: Settings, match: sql.Composable) -> sql.Composed
     """The CDC housekeeping statement (published-marker, catch-up) of ``settings``: deletes
     with ``cdc_mark_published = "delete"``, else marks; ``match`` selects the ids."""
     table = outbox_ident(settings)
-    state = UNPUBLISHED if settings.columns.preset == "default" else None
+    state = UNPUBLISHED if settings.columns.has_status else None
     return mark_published_statement(
         table, match, delete=settings.cdc_mark_published == "delete", state=state
     )

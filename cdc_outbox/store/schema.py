@@ -63,7 +63,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
     if cols.tracing_span_context is not None:
         lines.append(sql.SQL("{} text").format(sql.Identifier(cols.tracing_span_context)))
     lines += [sql.SQL("{} text").format(sql.Identifier(c)) for c in cols.header_sources()]
-    polling = settings.columns.preset == "default"
+    polling = settings.columns.has_status
     if polling:
         statuses = sql.SQL(", ").join(sql.Literal(s) for s in STATUSES)
         lines += [
@@ -222,7 +222,7 @@ def role_ddl(settings: Settings, role: str = "cdc_outbox") -> list[sql.Composed]
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(settings.outbox_schema), r),
         sql.SQL("GRANT SELECT ON {} TO {}").format(table, r),
     ]
-    if settings.columns.preset == "default":
+    if settings.columns.has_status:
         update_cols = sql.SQL(", ").join(sql.Identifier(c) for c in POLLING_COLUMNS)
         stmts.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(update_cols, table, r))
     stmts.append(sql.SQL("GRANT DELETE ON {} TO {}").format(table, r))

@@ -1,5 +1,5 @@
 """The outbox table's FAILED rows, in memory: what the relay's delivery marks and reads
-(:class:`~cdc_outbox.delivery.failed_rows.FailedRowsStore`, and the ``parked`` port).
+(:class:`~cdc_outbox.store.failed_rows.FailedRowsStore`, and the ``parked`` port).
 
 Model: the events of a :class:`~tests.fakes.replication.FakePostgres` (its current history,
 asked each time: a failover swaps it) are the rows, PENDING unless marked; an aggregate's
@@ -44,7 +44,7 @@ class FakeOutbox:
 
     def parked(self) -> list[tuple[str, str]]:
         """``(aggregate_id, first FAILED event id)`` per parked aggregate (as
-        :func:`~cdc_outbox.delivery.failed_rows.parked_aggregates`)."""
+        :func:`~cdc_outbox.store.failed_rows.parked_aggregates`)."""
         first: dict[str, Event] = {}
         for event in self.events():
             if event.id in self.failed:

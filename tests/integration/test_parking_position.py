@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox.delivery.failed_rows import FailedRows
+from cdc_outbox.store.failed_rows import FailedRows
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
 from tests.relay_support import init_for_catch_up, init_outbox, relay_settings, service_thread

@@ -30,6 +30,7 @@ from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
 from cdc_outbox.store import schema
 from cdc_outbox.store.inspection import id_column_type
+from cdc_outbox.store.outbox_table import OutboxTable
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +72,9 @@ class FailedRowsStore(Protocol):
 
 
 def order_key(settings: Settings) -> sql.Identifier:
-    """The column giving an aggregate's order in the table (``columns.sequence`` or
-    ``created_at``)."""
-    return sql.Identifier(settings.columns.sequence or "created_at")
+    """The column giving an aggregate's order in the table (FAILED rows exist only in a layout
+    with status columns, which has ``created_at``: :attr:`OutboxTable.order_column`)."""
+    return sql.Identifier(OutboxTable.of(settings).order_column or "created_at")
 
 
 class FailedRows:
