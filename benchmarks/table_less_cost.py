@@ -1,6 +1,7 @@
 """What a table-less event saves the database (docs/outboxes.md): WAL bytes and writer time per
-event, an outbox row (``write_event``) against a logical message (``emit_event``), then the
-row's later costs: the ``cdc_mark_published = "update"`` UPDATE and a VACUUM of the table.
+event, an outbox row (``write_event``) against a logical message (``write_event`` with
+``message_prefix``), then the row's later costs: the ``cdc_mark_published = "update"`` UPDATE
+and a VACUUM of the table.
 
 ``python -m benchmarks table-less-cost [--events N] [--per-txn K]`` starts a local PostgreSQL
 (:mod:`cdc_outbox_dev.sandbox`; no relay, no Kafka: only what the database pays), creates the
@@ -21,7 +22,6 @@ import psycopg
 
 from benchmarks import output
 from cdc_outbox.outbox import write_event
-from cdc_outbox.outbox_messages import emit_event
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 _SQL = Path(__file__).resolve().parents[1] / "sql" / "outbox.sql"
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
 
         print(f"{n} events, {k} per transaction (PostgreSQL {conn.info.server_version})")
         steps["row insert"] = _measure(conn, n, writing(write_event))
-        steps["message emit"] = _measure(conn, n, writing(emit_event, prefix="app.outbox"))
+        steps["message emit"] = _measure(conn, n, writing(write_event, message_prefix="app.outbox"))
         mark = (
             "UPDATE outbox SET status = 'PUBLISHED', published_at = now(), locked_by = NULL,"
             " locked_at = NULL WHERE status IN ('PENDING', 'PROCESSING')"  # as the marker does

@@ -22,7 +22,12 @@ Contract of :func:`write_event` / :func:`write_event_async` / :func:`write_event
 * one ``INSERT`` on the caller's connection/cursor, no commit: the event becomes visible
   (and is relayed) if and only if the caller's transaction commits;
 * the return value is the event id (``event_id`` if given, else a new ``uuid4``);
-* :mod:`cdc_outbox.outbox_messages` writes the same events as logical messages instead;
+* with ``message_prefix`` (the relay's setting of that name) the event is not inserted but
+  emitted as a *table-less event*: a transactional logical message,
+  ``pg_logical_emit_message(true, prefix, content)`` (:data:`EMIT_SQL`), relayed if and only
+  if the transaction commits; same validation and return value, nothing written to a table
+  (``table`` then only decides whether headers are allowed), the current span's W3C trace
+  context sent whenever there is one (docs/outboxes.md);
 * when the table names a ``tracing_span_context`` column (unset by default), OpenTelemetry
   (``opentelemetry-api``, the ``otel`` extra) is installed and a span is current, its W3C
   trace context is stored there (:mod:`cdc_outbox.tracing`); otherwise the column is left
@@ -52,12 +57,14 @@ from cdc_outbox.names import IDENT_RE
 from cdc_outbox.tracing import current_span_context
 
 __all__ = [
+    "EMIT_SQL",
     "PRESETS",
     "AggregateId",
     "Dumps",
     "OutboxTable",
     "OutboxWriteError",
     "default_dumps",
+    "prepare_message",
     "write_event",
     "write_event_async",
     "write_event_sqlalchemy",
@@ -235,6 +242,17 @@ def validate(
     return params, eid
 
 
+#: The table-less event (:mod:`cdc_outbox.cdc.message_events`): payload and headers go as the
+#: text of their jsonb value, so the relay publishes the bytes a jsonb row column gives.
+EMIT_SQL = sql.SQL(
+    "SELECT pg_logical_emit_message(true, %s, CAST(jsonb_build_object('id', CAST(%s AS text),"
+    " 'aggregate_type', CAST(%s AS text), 'aggregate_id', CAST(%s AS text),"
+    " 'event_type', CAST(%s AS text), 'payload', CAST(CAST(%s AS jsonb) AS text),"
+    " 'headers', CAST(CAST(%s AS jsonb) AS text),"
+    " 'tracing_span_context', CAST(%s AS text)) AS text))"
+)  # CAST, not ``::``: SQLAlchemy's ``text()`` reads ``:p_1::jsonb`` as no bind at all
+
+
 def prepare(
     table: OutboxTable,
     aggregate_type: str,
@@ -244,8 +262,22 @@ def prepare(
     headers: Mapping[str, Any] | None,
     event_id: uuid.UUID | str | None,
     dumps: Dumps = default_dumps,
+    message_prefix: str | None = None,
 ) -> tuple[sql.Composed, tuple[Any, ...], uuid.UUID]:
-    """Validate one event; return the INSERT, its parameters and the event id (no I/O)."""
+    """Validate one event; return the INSERT (with ``message_prefix``: the logical message),
+    its parameters and the event id (no I/O)."""
+    if message_prefix is not None:
+        return prepare_message(
+            table,
+            message_prefix,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            payload,
+            headers,
+            event_id,
+            dumps,
+        )
     params, eid = validate(
         table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
     )
@@ -254,6 +286,31 @@ def prepare(
         params.append(tracing)
     query = table.insert_sql(with_headers=bool(headers), with_tracing=bool(tracing))
     return query, tuple(params), eid
+
+
+def prepare_message(
+    table: OutboxTable,
+    prefix: str,
+    aggregate_type: str,
+    aggregate_id: AggregateId,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+    event_id: uuid.UUID | str | None,
+    dumps: Dumps = default_dumps,
+) -> tuple[sql.Composed, tuple[Any, ...], uuid.UUID]:
+    """Validate one event; return :data:`EMIT_SQL` as a statement, its parameters and the
+    event id (no I/O). ``prefix`` is the relay's ``message_prefix``: not empty, not under
+    ``cdc_outbox.`` (the relay's own messages)."""
+    if not isinstance(prefix, str) or not prefix or prefix.startswith("cdc_outbox."):
+        raise OutboxWriteError(f"prefix {prefix!r}: not empty, not under 'cdc_outbox.'")
+    params, eid = validate(
+        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
+    )
+    if len(params) == 5:
+        params.append(None)  # no headers
+    params.append(current_span_context())
+    return sql.Composed([EMIT_SQL]), (prefix, *params), eid
 
 
 def write_event(
@@ -267,10 +324,20 @@ def write_event(
     *,
     table: OutboxTable = DEFAULT_TABLE,
     dumps: Dumps = default_dumps,
+    message_prefix: str | None = None,
 ) -> uuid.UUID:
-    """Insert one event in the caller's (psycopg 3, sync) transaction; return its id."""
+    """Insert one event in the caller's (psycopg 3, sync) transaction (with ``message_prefix``:
+    emit it as a table-less event); return its id."""
     query, params, eid = prepare(
-        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
+        table,
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        payload,
+        headers,
+        event_id,
+        dumps,
+        message_prefix,
     )
     conn_or_cursor.execute(query, params)
     return eid
@@ -287,10 +354,19 @@ async def write_event_async(
     *,
     table: OutboxTable = DEFAULT_TABLE,
     dumps: Dumps = default_dumps,
+    message_prefix: str | None = None,
 ) -> uuid.UUID:
     """:func:`write_event` for ``psycopg.AsyncConnection`` / ``AsyncCursor``."""
     query, params, eid = prepare(
-        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
+        table,
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        payload,
+        headers,
+        event_id,
+        dumps,
+        message_prefix,
     )
     await conn_or_cursor.execute(query, params)
     return eid
@@ -307,11 +383,20 @@ def write_event_sqlalchemy(
     *,
     table: OutboxTable = DEFAULT_TABLE,
     dumps: Dumps = default_dumps,
+    message_prefix: str | None = None,
 ) -> uuid.UUID:
     """:func:`write_event` for an SQLAlchemy 2 ``Connection`` or ``Session`` (any driver for
     PostgreSQL); runs in its current transaction (begun if none). Needs ``sqlalchemy``."""
     query, params, eid = prepare(
-        table, aggregate_type, aggregate_id, event_type, payload, headers, event_id, dumps
+        table,
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        payload,
+        headers,
+        event_id,
+        dumps,
+        message_prefix,
     )
     execute_sqlalchemy(conn_or_session, query, params)
     return eid

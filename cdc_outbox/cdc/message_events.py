@@ -7,7 +7,8 @@ Contract of :class:`MessageEvents`:
   ``aggregate_id``, ``event_type``, ``payload`` (the *text* PostgreSQL renders for the jsonb
   payload, so the Kafka value is byte-identical to a row's), ``headers`` (the jsonb text of the
   headers object), ``tracing_span_context``; each a string or null/absent (null: as a NULL
-  column). :func:`cdc_outbox.outbox.emit_event` and ``sql/example_emit_message.sql`` write it;
+  column). :func:`cdc_outbox.outbox.write_event` (``message_prefix``) and
+  ``sql/example_emit_message.sql`` write it;
 * :meth:`MessageEvents.map` hands these values, in ``row_columns`` order, to the relay's own
   :meth:`~cdc_outbox.outbox_mapping.OutboxMapper.map_row`: the same record (or dead letter) a
   row with these values gives. ``headers``/``tracing_span_context`` count only when the outbox

@@ -15,8 +15,7 @@ import psycopg
 
 from cdc_outbox.admin import bootstrap as bootstrap_ops
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL
-from cdc_outbox.outbox import write_event
-from cdc_outbox.outbox_messages import emit_event, emit_event_async, emit_event_sqlalchemy
+from cdc_outbox.outbox import write_event, write_event_async, write_event_sqlalchemy
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import ConsumedMessage, consume_all, wait_until
 from tests.relay_support import (
@@ -53,16 +52,24 @@ def test_messages_and_rows_mixed_reach_kafka_as_rows_do(
         for i in range(3):  # rows and messages interleaved inside each transaction
             order.append(str(write_event(conn, "order", "o-1", "Created", PAYLOAD, HEADERS)))
             order.append(
-                str(emit_event(conn, "order", "o-1", "Created", PAYLOAD, HEADERS, prefix=PREFIX))
+                str(
+                    write_event(
+                        conn, "order", "o-1", "Created", PAYLOAD, HEADERS, message_prefix=PREFIX
+                    )
+                )
             )
-            order.append(str(emit_event(conn, "order", "o-1", f"N{i}", {"i": i}, prefix=PREFIX)))
+            order.append(
+                str(write_event(conn, "order", "o-1", f"N{i}", {"i": i}, message_prefix=PREFIX))
+            )
             conn.commit()
-        emit_event(conn, "order", "o-1", "RolledBack", {}, prefix=PREFIX)
+        write_event(conn, "order", "o-1", "RolledBack", {}, message_prefix=PREFIX)
         conn.rollback()
 
     async def write_async() -> str:
         async with await psycopg.AsyncConnection.connect(pg_dsn) as aconn:
-            eid = await emit_event_async(aconn, "order", "o-1", "Async", {"a": 1}, prefix=PREFIX)
+            eid = await write_event_async(
+                aconn, "order", "o-1", "Async", {"a": 1}, message_prefix=PREFIX
+            )
             await aconn.commit()
             return str(eid)
 
@@ -72,7 +79,9 @@ def test_messages_and_rows_mixed_reach_kafka_as_rows_do(
 
     engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(pg_dsn))
     with Session(engine) as session:
-        eid = emit_event_sqlalchemy(session, "order", "o-1", "Sa", {}, HEADERS, prefix=PREFIX)
+        eid = write_event_sqlalchemy(
+            session, "order", "o-1", "Sa", {}, HEADERS, message_prefix=PREFIX
+        )
         order.append(str(eid))
         session.commit()
     engine.dispose()
@@ -131,7 +140,9 @@ def test_refused_foreign_and_poison_messages(
         later = []
         with psycopg.connect(pg_dsn) as conn:
             for i in range(2):
-                later.append(str(emit_event(conn, "order", "o-3", "L", {"i": i}, prefix=PREFIX)))
+                later.append(
+                    str(write_event(conn, "order", "o-3", "L", {"i": i}, message_prefix=PREFIX))
+                )
                 conn.commit()
             later.append(str(write_event(conn, "order", "o-3", "Row", {})))  # marked as ever
             conn.commit()
@@ -190,9 +201,9 @@ def test_exactly_once_across_a_relay_kill(
             while not stop.is_set():
                 agg = f"a-{n % 5}"
                 ids = [
-                    str(emit_event(conn, "order", agg, "M", {"n": n}, prefix=PREFIX)),
+                    str(write_event(conn, "order", agg, "M", {"n": n}, message_prefix=PREFIX)),
                     str(write_event(conn, "order", agg, "R", {"n": n})),
-                    str(emit_event(conn, "order", agg, "M2", {"n": n}, prefix=PREFIX)),
+                    str(write_event(conn, "order", agg, "M2", {"n": n}, message_prefix=PREFIX)),
                 ]
                 conn.commit()
                 written.setdefault(agg, []).extend(ids)

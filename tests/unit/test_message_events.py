@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cdc_outbox.admin.preflight import evaluate_checks
+from cdc_outbox.backoff import BackoffPolicy
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
 from cdc_outbox.config import Settings
-from cdc_outbox.outbox import OutboxTable, OutboxWriteError
+from cdc_outbox.outbox import EMIT_SQL, OutboxTable, OutboxWriteError, prepare_message
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, OutboxMapper
-from cdc_outbox.outbox_messages import EMIT_SQL, prepare_message
 from cdc_outbox.records import DeadLetter, OutboxRecord
 
 
@@ -185,7 +185,7 @@ def test_auto_mode_retries_the_stream_instead_of_polling_table_less_events(
 
     monkeypatch.setattr(service_mod, "cdc_problem", lambda _: "wal_level is 'replica'")
     monkeypatch.setattr(service_mod, "publication_must_fit", stream_fails)
-    monkeypatch.setattr(service_mod, "doubling", lambda *_: 0.0)
+    monkeypatch.setattr(service_mod, "RECONNECT", BackoffPolicy(base_s=0.0, max_s=0.0))
     monkeypatch.setattr(svc, "_read_state", lambda: None)
     monkeypatch.setattr(svc, "_fall_back", fall_back)
 
