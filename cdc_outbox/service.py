@@ -50,8 +50,9 @@ import psycopg
 
 from cdc_outbox import db_pool
 from cdc_outbox.backoff import RECONNECT
-from cdc_outbox.cdc.relay import CdcUnavailable, Relay
+from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
+from cdc_outbox.cdc.stream_failures import CdcUnavailable
 from cdc_outbox.config import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect

@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox import db_pool
 from cdc_outbox.backoff import RECONNECT, Backoff
@@ -55,10 +54,11 @@ from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStrea
 from cdc_outbox.cdc.slot_watch import SlotWatch
 from cdc_outbox.cdc.snapshot_catchup import publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
+from cdc_outbox.cdc.stream_failures import give_up_if_unusable
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.policy import guarantee_in_effect
-from cdc_outbox.errors import CdcOutboxError, DatabaseUnavailable, PrivilegeMissing, RelayHalted
+from cdc_outbox.errors import CdcOutboxError, DatabaseUnavailable, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
@@ -71,10 +71,6 @@ logger = logging.getLogger(__name__)
 _PROGRESS_LOG_INTERVAL_S = 30.0
 #: A session that streamed this long resets the restart back-off.
 _HEALTHY_SESSION_S = 5.0
-
-
-class CdcUnavailable(CdcOutboxError):
-    """Logical replication cannot be used right now (auto mode falls back to polling)."""
 
 
 class _Restart(Exception):
@@ -197,7 +193,7 @@ class Relay:
                 except (_Restart, ReplicationError, psycopg.Error, TransactionFailed) as exc:
                     failures = 0 if self._session_opened else failures + 1
                     if isinstance(exc, ReplicationError):
-                        self._give_up_if_unusable(exc, failures)
+                        give_up_if_unusable(self.settings, exc, failures)
                     if self._session_opened and time.monotonic() - began >= _HEALTHY_SESSION_S:
                         backoff.reset()  # it streamed healthily: this failure is a new one
                     self.stats.restarts += 1
@@ -244,20 +240,6 @@ class Relay:
         if not self._started and self.marker is not None:
             self.marker.start()
         self._started = True
-
-    def _give_up_if_unusable(self, exc: ReplicationError, failures: int) -> None:
-        if self.settings.mode == "auto" and (
-            exc.permanent or failures >= self.settings.cdc_max_failures
-        ):
-            raise CdcUnavailable(str(exc)) from exc
-        if exc.permanent and exc.missing_privilege:
-            role = conninfo_to_dict(self.settings.postgres_dsn()).get("user") or "<role>"
-            raise PrivilegeMissing(
-                f"privileges: role '{role}' lacks REPLICATION ({exc}) (fix: as a superuser:"
-                f' ALTER ROLE "{role}" REPLICATION)'
-            ) from exc
-        if exc.permanent:
-            raise exc
 
     def _interrupted(self) -> str | None:
         """Why a wait (full producer queue, catch-up) must end now, if it must."""

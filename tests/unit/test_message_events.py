@@ -164,7 +164,7 @@ def test_auto_mode_retries_the_stream_instead_of_polling_table_less_events(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from cdc_outbox import service as service_mod
-    from cdc_outbox.cdc.relay import CdcUnavailable
+    from cdc_outbox.cdc.stream_failures import CdcUnavailable
 
     settings = Settings.model_validate(
         {"dsn": "postgresql://u@h/db", "mode": "auto", "message_prefix": "app"}
