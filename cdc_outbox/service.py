@@ -146,8 +146,7 @@ class Service:
                     return
                 self.stats.role = "leader"
                 try:
-                    self._lead(leadership)
-                    self._must_be_stopping("the leader's phase machine")
+                    self._lead(leadership)  # returns only on a stop request
                     return
                 except NotLeader as exc:
                     logger.error("no longer the leader (%s); standing by", exc)

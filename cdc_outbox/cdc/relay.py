@@ -58,7 +58,7 @@ from cdc_outbox.cdc.stream_failures import give_up_if_unusable
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.policy import guarantee_in_effect
-from cdc_outbox.errors import CdcOutboxError, DatabaseUnavailable, RelayHalted
+from cdc_outbox.errors import DatabaseUnavailable, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
@@ -215,8 +215,6 @@ class Relay:
             raise RelayHalted(self.delivery.halt_reason)
         if self.lost_leadership is not None:
             raise NotLeader(f"leadership lost ({self.lost_leadership}); stopped relaying")
-        if not self._stop_requested:  # the loop ends on a stop request only: never silently
-            raise CdcOutboxError("the relay loop ended without a stop request")
 
     def close(self) -> None:
         """Drop the stream and the producer (unacknowledged records are re-sent later)."""
