@@ -136,7 +136,7 @@ class Service:
                 return
             ensure_state_table(self.settings)
             leadership = self._leadership = Leadership(
-                self.settings, progressing=self._loop_stalled
+                self.settings, loop_stalled=self._loop_stalled
             )
             stack.callback(leadership.release)
             while not self._stop.is_set():

@@ -13,8 +13,8 @@ Contract:
   term is over for good: the renew thread ends it (closing the lock connection) instead of
   renewing, and the renew statement itself refuses an expired lease; only :meth:`acquire`
   starts a new term.
-- With ``progressing``, the lease follows the caller's main loop: a renew finds it stalled
-  (False) and ends the term, so a standby takes over from a leader whose loop hangs.
+- With ``loop_stalled``, the lease follows the caller's main loop: a renew that finds it
+  stalled ends the term, so a standby takes over from a leader whose loop hangs.
 - A standby retries the lock every ``min(0.5, lease/5)`` s. When the holder's lease expired and
   its session did nothing for over half a lease (SIGSTOP, partition), the standby ends that
   session. Once leader, a walsender that started streaming the slot before this leadership is
@@ -113,11 +113,11 @@ class Leadership:
         settings: Settings,
         instance_id: str | None = None,
         *,
-        progressing: Callable[[], str | None] | None = None,
+        loop_stalled: Callable[[], str | None] | None = None,
     ) -> None:
-        """``progressing()``: None while the leader's main loop turns, else why it is stalled
+        """``loop_stalled()``: None while the leader's main loop turns, else why it is stalled
         (checked before each renew; a stalled loop ends the term)."""
-        self._progressing = progressing
+        self._loop_stalled = loop_stalled
         self.instance_id = (
             instance_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         )
@@ -279,7 +279,7 @@ class Leadership:
                         return
                     with self._state_lock:
                         lapsed = not self._fence.valid()
-                    stalled = self._progressing() if self._progressing is not None else None
+                    stalled = self._loop_stalled() if self._loop_stalled is not None else None
                     if lapsed or stalled is not None:
                         lapse = f"the lease lapsed (no renew for over {self._lease / 2:g} s)"
                         self._lose(conn, stalled or lapse)
