@@ -51,17 +51,21 @@ from cdc_outbox.config_input import (
 from cdc_outbox.config_models import (
     COLUMN_PRESETS,
     IDENT_RE,
+    OUTBOX_KEYS,
+    TOPIC_FIELDS,
     ColumnSettings,
     EosSettings,
     HealthSettings,
     KafkaSettings,
+    OutboxSettings,
     PollingSettings,
     SchemaRegistrySettings,
     check_ident,
     check_topic,
+    check_topic_template,
 )
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import ColumnNames, OutboxMapper, is_legal_topic
+from cdc_outbox.outbox_mapping import ColumnNames, OutboxMapper
 from cdc_outbox.redaction import (
     KAFKA_SECRET_MARKERS,
     MASK,
@@ -86,6 +90,7 @@ __all__ = [
     "EosSettings",
     "HealthSettings",
     "KafkaSettings",
+    "OutboxSettings",
     "PollingSettings",
     "SchemaRegistrySettings",
     "Settings",
@@ -101,7 +106,6 @@ WAL_SENDER_TIMEOUT_DEFAULT_S = 60.0
 
 SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 _SLOT_RULE = "lowercase letters, digits, underscore; max 63"
-TOPIC_FIELDS = frozenset({"aggregate_type", "event_type"})
 
 _toml_path: ContextVar[Path | None] = ContextVar("cdc_outbox_toml_path", default=None)
 
@@ -174,6 +178,9 @@ class Settings(BaseSettings):
     cloudevents: Literal["off", "binary", "structured"] = "off"
     #: The CloudEvents ``source``; empty: ``cdc-outbox/<database>/<schema>.<table>``.
     cloudevents_source: str = ""
+    #: Several outbox tables through one slot (``[[outboxes]]``, :class:`OutboxSettings`);
+    #: empty: the single-table keys above are the one entry (see :meth:`outbox_settings`).
+    outboxes: list[OutboxSettings] = Field(default_factory=list)
     schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
@@ -224,21 +231,7 @@ class Settings(BaseSettings):
     @field_validator("topic_template")
     @classmethod
     def _template(cls, v: str) -> str:
-        import string
-
-        try:
-            names = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
-        except ValueError as exc:
-            raise ValueError(f"topic_template {v!r} is not a valid template: {exc}") from None
-        bad = sorted(n for n in names if n not in TOPIC_FIELDS)
-        if bad:
-            raise ValueError(
-                f"topic_template uses unknown field(s) {', '.join(repr(b) for b in bad)}"
-                f" (allowed: {', '.join(sorted(TOPIC_FIELDS))})"
-            )
-        if not is_legal_topic(v.format(aggregate_type="a", event_type="e")):
-            raise ValueError(f"topic_template {v!r} does not give legal Kafka topic names")
-        return v
+        return check_topic_template(v)
 
     @field_validator("dead_letter_topic")
     @classmethod
@@ -274,46 +267,93 @@ class Settings(BaseSettings):
                 " come from the registry)"
             )
         check_settings(self.cloudevents, self.value_format, self.null_payload)
-        if self.tracing_relay_span and self.columns.tracing_span_context is None:
+        self._check_outboxes(explicit)
+        statusless = [o for o in self.outbox_settings() if not o.columns.has_status]
+        if self.tracing_relay_span and all(
+            o.columns.tracing_span_context is None for o in self.outbox_settings()
+        ):
             raise ValueError("tracing_relay_span needs columns.tracing_span_context (the trace"
                              " context the relay span continues)")  # fmt: skip
         if self.tracing_relay_span and importlib.util.find_spec("opentelemetry") is None:
             raise ValueError("tracing_relay_span needs opentelemetry-api: pip install"
                              " 'cdc-outbox[otel]'")  # fmt: skip
-        if self.delivery == "exactly_once" and not self.columns.has_status:
+        if self.delivery == "exactly_once" and statusless:
             raise ValueError(
                 'delivery = "exactly_once" needs the status columns of the default column preset'
-                " (its catch-up marks rows as each Kafka transaction commits)"
+                " (its catch-up marks rows as each Kafka transaction commits):"
+                f" {statusless[0].name} has none"
             )
         if self.delivery == "exactly_once" and self.mode == "polling":
             raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
         if self.message_prefix is not None and self.mode == "polling":
             raise ValueError("message_prefix needs CDC: polling never sees table-less events")
-        if not self.columns.has_status:
-            preset = self.columns.preset
-            if self.on_permanent_error == "dead_letter":
-                if "on_permanent_error" in explicit:
+        if statusless and self.on_permanent_error == "dead_letter":
+            preset, name = statusless[0].columns.preset, statusless[0].name
+            if "on_permanent_error" in explicit:
+                raise ValueError(
+                    f'on_permanent_error = "dead_letter" needs the status columns of the'
+                    f" default column preset to park and redrive events; {name} (the {preset}"
+                    ' preset) has none: use on_permanent_error = "halt"'
+                )
+            self.on_permanent_error = "halt"
+        if self.mode == "auto":
+            for o in self.outbox_settings():
+                if o.columns.has_status and o.cdc_mark_published == "off":
                     raise ValueError(
-                        f'on_permanent_error = "dead_letter" needs the status columns of the'
-                        f" default column preset to park and redrive events; the {preset}"
-                        ' preset has none: use on_permanent_error = "halt"'
+                        f'mode = "auto" with cdc_mark_published = "off" ({o.name}) would'
+                        " publish every row again at each fallback to polling: use"
+                        ' "update" or "delete", or mode = "cdc"'
                     )
-                self.on_permanent_error = "halt"
-            if self.cdc_mark_published == "update":
-                if "cdc_mark_published" in explicit:
-                    raise ValueError(
-                        f'cdc_mark_published = "update" needs a status column; the {preset}'
-                        ' preset has none: use "delete" or "off"'
-                    )
-                self.cdc_mark_published = "off"
-        elif self.mode == "auto" and self.cdc_mark_published == "off":
-            raise ValueError(
-                'mode = "auto" with cdc_mark_published = "off" would publish every row again'
-                ' at each fallback to polling: use "update" or "delete", or mode = "cdc"'
-            )
         return self
 
+    def _single_outbox(self) -> OutboxSettings:
+        """The single-table keys as one :class:`OutboxSettings` (``ValueError`` if invalid)."""
+        entry: dict[str, Any] = {OUTBOX_KEYS[k]: getattr(self, k) for k in OUTBOX_KEYS}
+        if "cdc_mark_published" not in self.model_fields_set:
+            del entry["cdc_mark_published"]  # unset: the layout's default
+        try:
+            return OutboxSettings.model_validate(entry)
+        except ValidationError as exc:
+            raise ValueError(describe(exc).removeprefix("config: ")) from None
+
+    def _check_outboxes(self, explicit: set[str]) -> None:
+        """The single-table keys are refused beside ``[[outboxes]]``; names must differ."""
+        if not self.outboxes:
+            single = self._single_outbox()
+            if self.cdc_mark_published != single.cdc_mark_published:
+                self.cdc_mark_published = single.cdc_mark_published
+            return
+        given = sorted(k for k in OUTBOX_KEYS if k in explicit)
+        if given:
+            raise ValueError(
+                f"[[outboxes]] replaces the single-table key(s) {', '.join(given)}:"
+                " set them in each entry"
+            )
+        seen: set[str] = set()
+        for o in self.outboxes:
+            if o.name in seen:
+                raise ValueError(f"[[outboxes]]: {o.name} is listed twice")
+            seen.add(o.name)
+
     # -- helpers used by the rest of the package ---------------------------------------
+
+    def outbox_settings(self) -> tuple[OutboxSettings, ...]:
+        """Every outbox table, in configuration order (never empty): the ``[[outboxes]]``
+        entries, or the single-table keys as one. Derived at each call, so a ``model_copy``
+        of the single-table keys is seen; read this, never ``outboxes`` itself."""
+        return tuple(self.outboxes) if self.outboxes else (self._single_outbox(),)
+
+    def outbox(self, name: str | None = None) -> OutboxSettings:
+        """The outbox named ``schema.table`` (None: the first; table-less events map with
+        it). ``ConfigError`` names the configured ones when ``name`` is not one of them."""
+        entries = self.outbox_settings()
+        if name is None:
+            return entries[0]
+        for o in entries:
+            if o.name == name:
+                return o
+        known = ", ".join(o.name for o in entries)
+        raise ConfigError(f"config: no outbox {name!r} is configured (configured: {known})")
 
     def postgres_dsn(self) -> str:
         """The real conninfo string / URI, for psycopg. Never log it."""
@@ -323,9 +363,10 @@ class Settings(BaseSettings):
         """Complete librdkafka config: ``bootstrap.servers`` plus the passthrough keys."""
         return {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.config}
 
-    def outbox_mapper(self) -> OutboxMapper:
-        """The row-to-record mapping these settings describe (every mode uses this one)."""
-        args = (self.outbox_schema, self.outbox_table, self.column_names(), self.topic_template)
+    def outbox_mapper(self, outbox: OutboxSettings | None = None) -> OutboxMapper:
+        """The row-to-record mapping of ``outbox`` (None: the first; every mode uses these)."""
+        o = outbox or self.outbox()
+        args = (o.schema_name, o.table, self.column_names(o), o.topic_template)
         kwargs: dict[str, Any] = {
             "tombstones": self.null_payload == "tombstone",
             "reserved_topics": frozenset({self.dead_letter_topic, self.eos.checkpoint_topic}),
@@ -337,15 +378,15 @@ class Settings(BaseSettings):
         return CloudEventsMapper(
             *args,
             mode=self.cloudevents,
-            source=self.cloudevents_source
-            or default_source(str(dbname or ""), self.outbox_schema, self.outbox_table),
+            source=o.cloudevents_source
+            or default_source(str(dbname or ""), o.schema_name, o.table),
             datacontenttype="application/avro" if avro else "application/json",
             **kwargs,
         )
 
-    def column_names(self) -> ColumnNames:
-        """The resolved outbox column names (preset + overrides)."""
-        c = self.columns
+    def column_names(self, outbox: OutboxSettings | None = None) -> ColumnNames:
+        """The resolved column names (preset + overrides) of ``outbox`` (None: the first)."""
+        c = (outbox or self.outbox()).columns
         return ColumnNames(
             id=c.id,
             aggregate_type=c.aggregate_type,

@@ -23,14 +23,18 @@ from cdc_outbox.redaction import MASK, is_secret_kafka_key
 __all__ = [
     "COLUMN_PRESETS",
     "IDENT_RE",
+    "OUTBOX_KEYS",
+    "TOPIC_FIELDS",
     "ColumnSettings",
     "EosSettings",
     "HealthSettings",
     "KafkaSettings",
+    "OutboxSettings",
     "PollingSettings",
     "SchemaRegistrySettings",
     "check_ident",
     "check_topic",
+    "check_topic_template",
 ]
 
 _IDENT_RULE = "letters, digits, _ or $, not starting with a digit; max 63"
@@ -56,6 +60,29 @@ def check_topic(what: str, value: str) -> str:
     """``value`` if it is a legal Kafka topic name, else ``ValueError`` naming ``what``."""
     if not is_legal_topic(value):
         raise ValueError(f"{what} {value!r} is not a legal Kafka topic name")
+    return value
+
+
+#: The fields a topic template may use.
+TOPIC_FIELDS = frozenset({"aggregate_type", "event_type"})
+
+
+def check_topic_template(value: str) -> str:
+    """``value`` if it is a topic template giving legal Kafka topic names, else ``ValueError``."""
+    import string
+
+    try:
+        names = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"topic_template {value!r} is not a valid template: {exc}") from None
+    bad = sorted(n for n in names if n not in TOPIC_FIELDS)
+    if bad:
+        raise ValueError(
+            f"topic_template uses unknown field(s) {', '.join(repr(b) for b in bad)}"
+            f" (allowed: {', '.join(sorted(TOPIC_FIELDS))})"
+        )
+    if not is_legal_topic(value.format(aggregate_type="a", event_type="e")):
+        raise ValueError(f"topic_template {value!r} does not give legal Kafka topic names")
     return value
 
 
@@ -133,6 +160,65 @@ class ColumnSettings(_Strict):
                 )
             check_ident(f"columns.header_columns.{header}", column)
         return v
+
+
+#: The top-level keys that describe one outbox table; with ``[[outboxes]]`` they are refused
+#: (each entry has its own), without it they are the one entry.
+OUTBOX_KEYS = {
+    "outbox_schema": "schema",
+    "outbox_table": "table",
+    "columns": "columns",
+    "topic_template": "topic_template",
+    "cdc_mark_published": "cdc_mark_published",
+    "cloudevents_source": "cloudevents_source",
+}
+
+
+class OutboxSettings(_Strict):
+    """One outbox table (an ``[[outboxes]]`` entry, or the single-table top-level keys).
+
+    Keys: ``schema``, ``table``, ``[columns]``, ``topic_template``, ``cdc_mark_published`` and
+    ``cloudevents_source``, with the top-level keys' meanings and defaults. A layout without
+    status columns never keeps ``cdc_mark_published = "update"``: left unset it becomes
+    ``"off"``, set explicitly it is refused.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+    schema_name: str = Field(default="public", alias="schema")
+    table: str = "outbox"
+    columns: ColumnSettings = Field(default_factory=lambda: ColumnSettings.model_validate({}))
+    topic_template: str = "outbox.event.{aggregate_type}"
+    #: after Kafka acknowledges an event: mark its row PUBLISHED, delete it, or leave it.
+    cdc_mark_published: Literal["update", "delete", "off"] = "update"
+    #: The CloudEvents ``source``; empty: ``cdc-outbox/<database>/<schema>.<table>``.
+    cloudevents_source: str = ""
+
+    @field_validator("schema_name", "table")
+    @classmethod
+    def _ident(cls, v: str, info: Any) -> str:
+        return check_ident("schema" if info.field_name == "schema_name" else "table", v)
+
+    @field_validator("topic_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        return check_topic_template(v)
+
+    @model_validator(mode="after")
+    def _marking_fits_layout(self) -> OutboxSettings:
+        if not self.columns.has_status and self.cdc_mark_published == "update":
+            if "cdc_mark_published" in self.model_fields_set:
+                raise ValueError(
+                    f'{self.name}: cdc_mark_published = "update" needs a status column; the'
+                    f' {self.columns.preset} preset has none: use "delete" or "off"'
+                )
+            self.cdc_mark_published = "off"
+        return self
+
+    @property
+    def name(self) -> str:
+        """``schema.table``: how messages, labels and ``--table`` name this outbox."""
+        return f"{self.schema_name}.{self.table}"
 
 
 def _dotted(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -101,6 +101,8 @@ def _env_text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, dict):
         return json.dumps(value)
+    if isinstance(value, list):  # [[outboxes]]
+        return json.dumps([v.model_dump(mode="json", by_alias=True) for v in value])
     if value is None:
         return ""  # the only optional setting, columns.headers: "" means "no headers column"
     return str(value)

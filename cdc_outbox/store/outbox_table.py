@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.outbox_mapping import ColumnNames
 
 __all__ = ["STATUSES", "UNPUBLISHED_STATES", "OutboxTable"]
@@ -51,16 +51,22 @@ class OutboxTable:
     sequence: str | None = None
 
     @classmethod
-    def of(cls, settings: Settings) -> OutboxTable:
-        """The outbox table ``settings`` configure."""
+    def of(cls, settings: Settings, outbox: OutboxSettings | None = None) -> OutboxTable:
+        """The outbox table ``outbox`` of ``settings`` (None: the first configured)."""
+        o = outbox or settings.outbox()
         return cls(
-            schema=settings.outbox_schema,
-            table=settings.outbox_table,
-            columns=settings.column_names(),
-            has_status=settings.columns.has_status,
-            marking=settings.cdc_mark_published,
-            sequence=settings.columns.sequence,
+            schema=o.schema_name,
+            table=o.table,
+            columns=settings.column_names(o),
+            has_status=o.columns.has_status,
+            marking=o.cdc_mark_published,
+            sequence=o.columns.sequence,
         )
+
+    @classmethod
+    def all_of(cls, settings: Settings) -> tuple[OutboxTable, ...]:
+        """Every outbox table ``settings`` configure, in configuration order."""
+        return tuple(cls.of(settings, o) for o in settings.outbox_settings())
 
     @property
     def ident(self) -> sql.Identifier:

@@ -359,3 +359,72 @@ def test_exactly_once_refuses_what_it_cannot_honour() -> None:
     assert "eos.checkpoint_topic" in config_error(
         overrides={**eos, "eos": {"checkpoint_topic": "bad topic"}}
     )
+
+
+# -- several outbox tables ([[outboxes]]) ------------------------------------------------------
+
+
+def test_the_single_table_keys_are_the_one_outbox() -> None:
+    s = Settings.model_validate(
+        {"dsn": "host=db", "outbox_schema": "billing", "columns": {"preset": "debezium"}}
+    )
+    (only,) = s.outbox_settings()
+    assert (only.name, only.columns.preset, only.cdc_mark_published) == (
+        "billing.outbox",
+        "debezium",
+        "off",
+    )
+    assert s.outbox() == only
+
+
+def test_outboxes_list_each_with_its_own_layout(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'dsn = "host=db"\non_permanent_error = "halt"\nmode = "cdc"\n'
+        '[[outboxes]]\nschema = "billing"\ntopic_template = "billing.{aggregate_type}"\n'
+        '[[outboxes]]\nschema = "shipping"\ntable = "events"\ncdc_mark_published = "delete"\n'
+        '[outboxes.columns]\npreset = "debezium"\n'
+    )
+    s = load_settings(path)
+    assert [o.name for o in s.outboxes] == ["billing.outbox", "shipping.events"]
+    assert s.outboxes[1].columns.has_status is False
+    assert s.outbox_mapper(s.outboxes[1]).table == "events"
+    assert s.outbox("shipping.events") is s.outboxes[1]
+    with pytest.raises(ConfigError, match=r"no outbox .x\.y. is configured"):
+        s.outbox("x.y")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"outbox_table": "t"}, "replaces the single-table key"),
+        ({}, "listed twice"),
+    ],
+)
+def test_outboxes_refuses_ambiguity(extra: dict[str, object], message: str) -> None:
+    entries = [{"table": "a"}] if extra else [{"table": "a"}, {"table": "a"}]
+    with pytest.raises(ValueError, match=message):
+        Settings.model_validate({"dsn": "host=db", "outboxes": entries, **extra})
+
+
+def test_a_statusless_entry_makes_permanent_errors_halt_and_refuses_exactly_once() -> None:
+    entries = [{"table": "a"}, {"table": "b", "columns": {"preset": "debezium"}}]
+    s = Settings.model_validate({"dsn": "host=db", "mode": "cdc", "outboxes": entries})
+    assert (s.on_permanent_error, s.outboxes[1].cdc_mark_published) == ("halt", "off")
+    with pytest.raises(ValueError, match=r"public\.b"):
+        Settings.model_validate(
+            {"dsn": "host=db", "mode": "cdc", "outboxes": entries, "delivery": "exactly_once"}
+        )
+    with pytest.raises(ValueError, match=r'public\.b: cdc_mark_published = "update"'):
+        Settings.model_validate(
+            {
+                "dsn": "host=db",
+                "outboxes": [
+                    {
+                        "table": "b",
+                        "cdc_mark_published": "update",
+                        "columns": {"preset": "debezium"},
+                    }
+                ],
+            }
+        )
