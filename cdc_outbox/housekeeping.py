@@ -14,10 +14,11 @@ from psycopg import sql
 
 from cdc_outbox import db_pool
 from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin.preflight import missing_from_publication
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError, PreflightError, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.store import relay_state, schema
-from cdc_outbox.store.outbox_table import OutboxTable
+from cdc_outbox.store.inspection import inspect_database
 
 __all__ = [
     "cdc_problem",
@@ -82,31 +83,44 @@ def publication_must_fit(settings: Settings) -> None:
 
 
 def statusless_catch_up_must_be_safe(settings: Settings, reason: str) -> None:
-    """Raise ``PreflightError`` (exit 3) before a catch-up that would publish every row again:
-    a layout without a status column keeps published rows only with ``cdc_mark_published =
-    "off"``, and then nothing tells them from unpublished ones. An empty table is fine."""
-    if OutboxTable.of(settings).has_status or settings.cdc_mark_published != "off":
+    """Raise ``PreflightError`` (exit 3) before a catch-up that would publish every row of an
+    outbox table again: a layout without a status column keeps published rows only with
+    ``cdc_mark_published = "off"``, and then nothing tells them from unpublished ones. Checked
+    per table; an empty table is fine."""
+    unsafe = [
+        o for o in settings.outbox_settings()
+        if not o.columns.has_status and o.cdc_mark_published == "off"
+    ]  # fmt: skip
+    if not unsafe:
         return
     with db_pool.pooled(settings) as conn:
-        rows = bootstrap.unpublished_rows(conn, settings)
-    if rows:
-        raise PreflightError(
-            f"a catch-up is needed ({reason}) but {settings.outbox_schema}."
-            f"{settings.outbox_table} has {rows} rows and, without a status column and with"
-            ' cdc_mark_published = "off", published ones cannot be told from unpublished'
-            ' ones: it would publish all of them again (fix: cdc_mark_published = "delete",'
-            " or delete the rows already in Kafka, then restart)"
-        )
+        for outbox in unsafe:
+            rows = bootstrap.unpublished_rows(conn, settings, [outbox])
+            if rows:
+                raise PreflightError(
+                    f"a catch-up is needed ({reason}) but {outbox.name} has {rows} rows and,"
+                    ' without a status column and with cdc_mark_published = "off", published'
+                    " ones cannot be told from unpublished ones: it would publish all of them"
+                    ' again (fix: cdc_mark_published = "delete", or delete the rows already'
+                    " in Kafka, then restart)"
+                )
 
 
 def ensure_publication(settings: Settings) -> None:
+    """Create the publication of every configured outbox table, or add the configured tables
+    it lacks (called before a catch-up, whose fresh slot and snapshot then cover them)."""
     with db_pool.pooled(settings) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_publication WHERE pubname = %s", (settings.publication_name,)
-        ).fetchone()
-        if exists is None:
+        st = inspect_database(conn, settings)
+        if st.publication is None:
             conn.execute(schema.publication_ddl(settings))
             logger.info("created publication %s", settings.publication_name)
+        elif missing := missing_from_publication(st, settings):
+            conn.execute(schema.add_to_publication_ddl(settings, missing))
+            logger.info(
+                "added %s to publication %s",
+                ", ".join(o.name for o in missing),
+                settings.publication_name,
+            )
 
 
 def drop_slot_quietly(settings: Settings, *, leader_id: str) -> None:

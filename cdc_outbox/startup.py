@@ -8,10 +8,11 @@ Contract (:func:`check_kafka_config`, then :func:`check_before_run`):
   :data:`LOG_EVERY_S`), until ``stop`` is set (then it returns ``False``);
 - a refused login ends it (``AuthenticationFailed``, exit 6);
 - then ``init``'s own preflight checks (:func:`cdc_outbox.admin.preflight.preflight`, not a
-  second copy of them) decide: a missing outbox table or column (for the columns the
-  configured mode needs, polling columns included in ``auto`` and ``polling`` mode) raises
-  ``SchemaMissing`` (exit 4); a role without REPLICATION in ``cdc`` mode, or without the table
-  privileges the mode needs, raises ``PrivilegeMissing`` (exit 5). In ``auto`` mode a role
+  second copy of them) decide, for every configured outbox table: a missing outbox table or
+  column (for the columns the configured mode needs, polling columns included in ``auto`` and
+  ``polling`` mode for a table with status columns) raises ``SchemaMissing`` (exit 4); a role
+  without REPLICATION in ``cdc`` mode, or without the table privileges the mode needs on a
+  table, raises ``PrivilegeMissing`` (exit 5); the message names the table. In ``auto`` mode a role
   without REPLICATION is no error: polling needs none (the service falls back).
 """
 
@@ -26,13 +27,12 @@ from psycopg import sql
 
 from cdc_outbox.admin import bootstrap
 from cdc_outbox.admin.checks import Check
-from cdc_outbox.admin.preflight import evaluate_checks
+from cdc_outbox.admin.preflight import evaluate_checks, table_state
 from cdc_outbox.backoff import STARTUP, Backoff
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
 from cdc_outbox.store.inspection import DatabaseState, inspect_database
-from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.schema import POLLING_COLUMNS, outbox_ident
 
 __all__ = ["LOG_EVERY_S", "check_before_run", "check_kafka_config"]
@@ -64,7 +64,11 @@ def check_before_run(settings: Settings, stop: threading.Event) -> bool:
             with bootstrap.connect(settings) as conn:
                 state = inspect_database(conn, settings)
                 checks = evaluate_checks(state, settings, create_table=False)
-                privileges = _table_privileges(conn, settings) if state.table_oid else {}
+                privileges = {
+                    o.name: _table_privileges(conn, settings, o)
+                    for o in settings.outbox_settings()
+                    if table_state(state, o).oid is not None
+                }
             break
         except (CdcOutboxError, psycopg.Error) as exc:
             raise_if_cannot_heal(exc)
@@ -83,15 +87,15 @@ def check_before_run(settings: Settings, stop: threading.Event) -> bool:
     return True
 
 
-def _needs_polling_columns(settings: Settings) -> bool:
-    return settings.mode in ("auto", "polling") and OutboxTable.of(settings).has_status
+def _needs_polling_columns(settings: Settings, outbox: OutboxSettings) -> bool:
+    return settings.mode in ("auto", "polling") and outbox.columns.has_status
 
 
-def _needed_privileges(settings: Settings) -> list[str]:
+def _needed_privileges(settings: Settings, outbox: OutboxSettings) -> list[str]:
     needed = ["SELECT"]
-    if _needs_polling_columns(settings) or settings.cdc_mark_published == "update":
+    if _needs_polling_columns(settings, outbox) or outbox.cdc_mark_published == "update":
         needed.append("UPDATE")
-    if settings.cdc_mark_published == "delete" and settings.mode != "polling":
+    if outbox.cdc_mark_published == "delete" and settings.mode != "polling":
         needed.append("DELETE")
     return needed
 
@@ -104,14 +108,10 @@ _PRIVILEGE_FUNCTION = {
 }
 
 
-def _table_name(settings: Settings) -> str:
-    return f"{settings.outbox_schema}.{settings.outbox_table}"
-
-
-def _table_privileges(conn: psycopg.Connection[tuple[object, ...]], settings: Settings
-                      ) -> dict[str, bool]:  # fmt: skip
-    table = outbox_ident(settings).as_string(conn)
-    names = _needed_privileges(settings)
+def _table_privileges(conn: psycopg.Connection[tuple[object, ...]], settings: Settings,
+                      outbox: OutboxSettings) -> dict[str, bool]:  # fmt: skip
+    table = outbox_ident(settings, outbox).as_string(conn)
+    names = _needed_privileges(settings, outbox)
     row = conn.execute(
         sql.SQL("SELECT {}").format(
             sql.SQL(", ").join(
@@ -126,22 +126,41 @@ def _table_privileges(conn: psycopg.Connection[tuple[object, ...]], settings: Se
 
 
 def _judge(
-    settings: Settings, state: DatabaseState, checks: list[Check], privileges: dict[str, bool]
+    settings: Settings,
+    state: DatabaseState,
+    checks: list[Check],
+    privileges: dict[str, dict[str, bool]],
 ) -> None:
+    """Raise for the first unusable outbox table (in configuration order), then REPLICATION."""
+    for outbox in settings.outbox_settings():
+        _judge_table(settings, state, outbox, privileges.get(outbox.name, {}))
     by_name = {c.name: c for c in checks}
-    table = _table_name(settings)
-    if not by_name["outbox_table"].ok:
+    replication = by_name.get("replication_privilege")
+    if settings.mode == "cdc" and replication is not None and not replication.ok:
+        raise PrivilegeMissing(f"privileges: {replication.detail} (fix: {replication.fix})")
+
+
+def _judge_table(
+    settings: Settings,
+    state: DatabaseState,
+    outbox: OutboxSettings,
+    privileges: dict[str, bool],
+) -> None:
+    table, ts = outbox.name, table_state(state, outbox)
+    if ts.oid is None:
         raise SchemaMissing(
-            f"schema: {by_name['outbox_table'].detail} (fix: `cdc-outbox init --create-table`"
-            " creates it, or set outbox_schema / outbox_table to the outbox table)"
+            f"schema: table {table} does not exist (fix: `cdc-outbox init --create-table`"
+            " creates it, or set outbox_schema / outbox_table (the [[outboxes]] entry) to the"
+            " outbox table)"
         )
-    if not by_name["outbox_columns"].ok:
+    missing = [c for c in settings.column_names(outbox).row_columns() if c not in ts.columns]
+    if missing:
         raise SchemaMissing(
-            f"schema: table {table}: {by_name['outbox_columns'].detail} (fix: add them to the"
-            " table, or map them with the columns.* settings)"
+            f"schema: table {table}: missing column(s): {', '.join(missing)} (fix: add them to"
+            " the table, or map them with the columns.* settings)"
         )
-    if _needs_polling_columns(settings):
-        missing = [c for c in POLLING_COLUMNS if c not in state.table_columns]
+    if _needs_polling_columns(settings, outbox):
+        missing = [c for c in POLLING_COLUMNS if c not in ts.columns]
         if missing:
             raise SchemaMissing(
                 f"schema: table {table} lacks the polling column(s) {', '.join(missing)}"
@@ -155,6 +174,3 @@ def _judge(
             f"privileges: role '{role}' lacks {', '.join(lacking)} on {table} (fix: GRANT"
             f' {", ".join(lacking)} ON {table} TO "{role}")'
         )
-    replication = by_name.get("replication_privilege")
-    if settings.mode == "cdc" and replication is not None and not replication.ok:
-        raise PrivilegeMissing(f"privileges: {replication.detail} (fix: {replication.fix})")

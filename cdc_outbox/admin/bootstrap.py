@@ -4,12 +4,17 @@
   failed check); ``init`` raises :class:`PreflightFailed` (exit 3) if any check failed.
   Checks live in :mod:`cdc_outbox.admin.preflight`, catalog queries in
   :mod:`cdc_outbox.store.inspection`; both are re-exported here.
-- :func:`init` creates what is missing - the outbox table (only with ``create_table``), a
-  publication of the outbox's inserts, a ``pgoutput`` logical slot - and nothing else. An
-  existing publication that differs (other tables, other operations) is a failed check, never
-  altered. Idempotent: a second run has no actions.
-- :func:`status` reports slot position/lag/retained WAL, publication tables, pending rows.
-- :func:`drop` drops the slot and the publication, never the table.
+- :func:`init` creates what is missing - each configured outbox table (only with
+  ``create_table``; its schema too, if missing), ONE publication of the inserts of every
+  configured table, a ``pgoutput`` logical slot - and nothing else. An existing publication
+  lacking configured tables gets them added (an ``[[outboxes]]`` entry added later); one that
+  differs otherwise (other tables, other operations) is a failed check, never altered. When
+  tables are added next to an existing slot and already hold unpublished rows (which that slot
+  never streams), the relay's phase is set to CATCHING_UP: its next start publishes them.
+  Idempotent: a second run has no actions.
+- :func:`status` reports slot position/lag/retained WAL, publication tables, and per outbox
+  table its unpublished rows, oldest unpublished age, FAILED rows and parked aggregates.
+- :func:`drop` drops the slot and the publication, never a table.
 
 Connection failures raise :class:`DatabaseUnavailable` (exit 1).
 """
@@ -31,9 +36,11 @@ from cdc_outbox.admin.preflight import (
     MIN_SERVER_VERSION,
     PreflightFailed,
     evaluate_checks,
+    missing_from_publication,
     preflight,
+    table_state,
 )
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, PreflightError
 from cdc_outbox.ha.leadership_rules import application_name
@@ -42,10 +49,12 @@ from cdc_outbox.redaction import redact, redact_dsn
 from cdc_outbox.store import relay_state, schema
 from cdc_outbox.store.inspection import (
     Conn,
+    OutboxFigures,
     PublicationStatus,
     SlotStatus,
     inspect_database,
     inspect_standby,
+    outbox_figures,
 )
 from cdc_outbox.store.outbox_table import OutboxTable
 
@@ -135,18 +144,29 @@ class InitReport:
 
 
 def init(settings: Settings, create_table: bool = False, dry_run: bool = False) -> InitReport:
-    """Create the missing table (only with ``create_table``), publication and slot."""
+    """Create the missing tables (only with ``create_table``), publication (or add the
+    configured tables it lacks) and slot."""
     with connect(settings) as conn:
         st = inspect_database(conn, settings)
-        checks = evaluate_checks(st, settings, create_table)
+        checks = evaluate_checks(st, settings, create_table, adding=True)
         if not all(c.ok for c in checks):
             raise PreflightFailed(checks)
         ddl: list[tuple[str, sql.Composed]] = []
-        if st.table_oid is None:
-            stmts = schema.outbox_table_ddl(settings)
+        new_schemas: set[str] = set()
+        for outbox in settings.outbox_settings():
+            ts = table_state(st, outbox)
+            if ts.oid is not None:
+                continue
+            if not ts.schema_exists and outbox.schema_name not in new_schemas:
+                new_schemas.add(outbox.schema_name)
+                ddl.append(("create_schema", schema.create_schema_ddl(outbox.schema_name)))
+            stmts = schema.outbox_table_ddl(settings, outbox)
             ddl += [("create_table" if i == 0 else "create_index", s) for i, s in enumerate(stmts)]
+        added = missing_from_publication(st, settings)
         if st.publication is None:
             ddl.append(("create_publication", schema.publication_ddl(settings)))
+        elif added:
+            ddl.append(("add_to_publication", schema.add_to_publication_ddl(settings, added)))
         ddl += relay_state.missing_ddl(conn, settings)
         slot_sql = None
         if st.slot is None:
@@ -168,28 +188,7 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
                 row = conn.execute(slot_sql).fetchone()
                 point = None if row is None else Lsn.parse(row[0])
                 logger.info("init: created slot %s at %s", settings.slot_name, point)
-            backlog = unpublished_rows(conn, settings)
-            # A new slot never streams rows committed before its consistent point. Counted
-            # after it exists, no unpublished row means none of those is unpublished: the
-            # relay streams this slot (STREAMING at its point). Otherwise its first start
-            # publishes them (catch-up) before it streams.
-            relay_state.record_new_slot(
-                conn, settings, None if backlog else point, created=point is not None
-            )
-            if backlog and point is not None:
-                logger.warning(
-                    "init: %d unpublished rows already in %s.%s; the relay publishes them"
-                    " (catch-up) before it streams",
-                    backlog,
-                    settings.outbox_schema,
-                    settings.outbox_table,
-                )
-            elif point is not None:
-                logger.info(
-                    "init: no unpublished rows: the relay streams slot %s from %s",
-                    settings.slot_name,
-                    point,
-                )
+            _record_slot(conn, settings, point, added)
             for check in checks:
                 if check.warning:
                     logger.warning("init: %s: %s (%s)", check.name, check.detail, check.fix)
@@ -198,10 +197,59 @@ def init(settings: Settings, create_table: bool = False, dry_run: bool = False) 
         return InitReport(checks, actions, dry_run)
 
 
-def unpublished_rows(conn: Conn, settings: Settings) -> int:
-    """Rows a catch-up would publish (all rows for a layout without a status column)."""
-    row = conn.execute(OutboxTable.of(settings).count_unpublished()).fetchone()
-    return int(row[0]) if row else 0
+def _record_slot(
+    conn: Conn, settings: Settings, point: Lsn | None, added: list[OutboxSettings]
+) -> None:
+    """Record the slot's phase: a new slot streams from its point unless rows are already
+    unpublished; tables added next to an existing slot with unpublished rows need a catch-up
+    (the slot never streams rows committed before they joined the publication)."""
+    backlog = unpublished_rows(conn, settings)
+    # A new slot never streams rows committed before its consistent point. Counted after it
+    # exists, no unpublished row means none of those is unpublished: the relay streams this
+    # slot (STREAMING at its point). Otherwise its first start publishes them (catch-up).
+    relay_state.record_new_slot(
+        conn, settings, None if backlog else point, created=point is not None
+    )
+    names = ", ".join(o.name for o in settings.outbox_settings())
+    if backlog and point is not None:
+        logger.warning(
+            "init: %d unpublished rows already in %s; the relay publishes them (catch-up)"
+            " before it streams",
+            backlog,
+            names,
+        )
+    elif point is not None:
+        logger.info(
+            "init: no unpublished rows: the relay streams slot %s from %s",
+            settings.slot_name,
+            point,
+        )
+    elif added and (waiting := unpublished_rows(conn, settings, added)):
+        conn.execute(
+            sql.SQL("UPDATE {} SET phase = 'CATCHING_UP', updated_at = now()"
+                    " WHERE slot_name = %s").format(schema.relay_state_ident(settings)),
+            (settings.slot_name,),
+        )  # fmt: skip
+        logger.warning(
+            "init: %d unpublished rows already in %s, added to publication %s: slot %s never"
+            " streams them; the relay's next start publishes them (catch-up): restart it",
+            waiting,
+            ", ".join(o.name for o in added),
+            settings.publication_name,
+            settings.slot_name,
+        )
+
+
+def unpublished_rows(
+    conn: Conn, settings: Settings, outboxes: list[OutboxSettings] | None = None
+) -> int:
+    """Rows a catch-up would publish (all rows for a layout without a status column), summed
+    over ``outboxes`` (None: every configured outbox table)."""
+    total = 0
+    for outbox in settings.outbox_settings() if outboxes is None else outboxes:
+        row = conn.execute(OutboxTable.of(settings, outbox).count_unpublished()).fetchone()
+        total += int(row[0]) if row else 0
+    return total
 
 
 # -- status --------------------------------------------------------------------------------
@@ -222,6 +270,9 @@ class StatusReport:
     #: Dead-lettered rows (FAILED) and the aggregates they park (default preset only).
     failed_rows: int | None = None
     parked_aggregates: int | None = None
+    #: Per configured outbox table (schema.table), in configuration order; the totals above
+    #: sum the tables with status columns.
+    outboxes: list[OutboxFigures] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (LSNs as text)."""
@@ -237,12 +288,11 @@ def status(settings: Settings) -> StatusReport:
     """Read-only snapshot of the slot, publication and outbox (works for the relay role)."""
     with connect(settings) as conn:
         st = inspect_database(conn, settings)
-        pending = failed = parked = None
-        outbox = OutboxTable.of(settings)
-        if st.table_oid is not None and outbox.has_status and "status" in st.table_columns:
-            row = conn.execute(outbox.status_counts()).fetchone()
-            if row is not None:
-                pending, failed, parked = (int(v) for v in row)
+        figures = outbox_figures(conn, settings)
+        kept = [f for f in figures if f.failed_rows is not None]
+        pending = _total([f.pending_rows for f in kept])
+        failed = _total([f.failed_rows for f in kept])
+        parked = _total([f.parked_aggregates for f in kept])
         relay = None
         if relay_state.table_exists(conn, settings):
             relay = relay_state.read_state(conn, settings).to_dict()
@@ -260,8 +310,8 @@ def status(settings: Settings) -> StatusReport:
         return StatusReport(
             database=redact_dsn(settings.postgres_dsn()),
             server_version=st.version,
-            outbox_table=f"{settings.outbox_schema}.{settings.outbox_table}",
-            table_exists=st.table_oid is not None,
+            outbox_table=", ".join(f.outbox for f in figures),
+            table_exists=all(f.exists for f in figures),
             pending_rows=pending,
             slot=st.slot,
             publication=st.publication,
@@ -269,7 +319,14 @@ def status(settings: Settings) -> StatusReport:
             relay=relay,
             failed_rows=failed,
             parked_aggregates=parked,
+            outboxes=figures,
         )
+
+
+def _total(values: list[int | None]) -> int | None:
+    """The sum, None when there is nothing to sum."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 # -- drop ----------------------------------------------------------------------------------

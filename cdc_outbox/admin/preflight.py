@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.failover_checks import primary_failover_checks, table_less_checks
-from cdc_outbox.cdc.catch_up_order import order_key
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.errors import PreflightError
-from cdc_outbox.store.inspection import Conn, DatabaseState, inspect_database
+from cdc_outbox.store.inspection import Conn, DatabaseState, TableState, inspect_database
+from cdc_outbox.store.outbox_table import OutboxTable
 
-__all__ = ["MIN_SERVER_VERSION", "PreflightFailed", "evaluate_checks", "preflight"]
+__all__ = [
+    "MIN_SERVER_VERSION",
+    "PreflightFailed",
+    "evaluate_checks",
+    "missing_from_publication",
+    "preflight",
+    "table_state",
+]
 
 #: PostgreSQL 15: returning to CDC creates the slot with CREATE_REPLICATION_SLOT ... (SNAPSHOT
 #: 'export'), the option syntax PostgreSQL 15 introduced.
@@ -34,15 +41,12 @@ class PreflightFailed(PreflightError):
         )
 
 
-def _required_columns(settings: Settings) -> list[str]:
-    return settings.column_names().row_columns()
-
-
 def preflight(conn: Conn, settings: Settings, *, create_table: bool = False) -> list[Check]:
     """Readiness checks; names: server_version, wal_level, replication_privilege,
-    replication_slots, wal_senders, outbox_table, outbox_columns, catch_up_order (when the
-    table exists or will be created), publication, slot; on PostgreSQL 17+ failover_slot
-    (when the slot exists) and synchronized_standby_slots (warnings only)."""
+    replication_slots, wal_senders; per configured outbox table outbox_table, outbox_columns,
+    catch_up_order (when the table exists or will be created), each detail naming the table;
+    message_prefix_id (with ``message_prefix``); publication, slot; on PostgreSQL 17+
+    failover_slot (when the slot exists) and synchronized_standby_slots (warnings only)."""
     return evaluate_checks(inspect_database(conn, settings), settings, create_table)
 
 
@@ -50,8 +54,20 @@ def _check(name: str, ok: bool, detail: str, fix: str = "") -> Check:
     return Check(name, ok, detail, "" if ok else fix)
 
 
-def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -> list[Check]:
-    """The :func:`preflight` checks for an already inspected database."""
+def table_state(st: DatabaseState, outbox: OutboxSettings) -> TableState:
+    """What ``st`` found of ``outbox`` (absent if it was not inspected)."""
+    for ts in st.tables:
+        if ts.name == outbox.name:
+            return ts
+    return TableState(outbox.schema_name, outbox.table, schema_exists=False,
+                      can_create_in_schema=False)  # fmt: skip
+
+
+def evaluate_checks(
+    st: DatabaseState, settings: Settings, create_table: bool, *, adding: bool = False
+) -> list[Check]:
+    """The :func:`preflight` checks for an already inspected database; ``adding`` (``init``):
+    configured tables the publication lacks will be added, so they are no failed check."""
     priv = st.superuser or st.replication
     free_slots = st.max_slots - st.used_slots
     free_senders = st.max_senders - st.used_senders
@@ -72,27 +88,11 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
                f"{free_senders} of {st.max_senders} WAL senders free",
                "raise max_wal_senders (restart)"),
     ]  # fmt: skip
-    table = f"{settings.outbox_schema}.{settings.outbox_table}"
-    if st.table_oid is not None:
-        missing = [c for c in _required_columns(settings) if c not in st.table_columns]
-        checks.append(_check("outbox_table", True, f"table {table} exists"))
-        checks.append(_check("outbox_columns", not missing,
-                             f"missing column(s): {', '.join(missing)}" if missing
-                             else "all columns present",
-                             "fix the columns.* settings or the table"))  # fmt: skip
-        checks.append(_order_check(st, settings))
-    elif create_table:
-        ok = st.can_create_in_schema
-        checks.append(_check("outbox_table", ok,
-                             f"table {table} will be created" if ok
-                             else f"no CREATE privilege on schema {settings.outbox_schema}",
-                             "run init as the schema owner"))  # fmt: skip
-        checks.append(_order_check(st, settings))
-    else:
-        checks.append(_check("outbox_table", False, f"table {table} does not exist",
-                             "pass --create-table, or run the SQL that"
-                             " `cdc-outbox sql outbox` prints"))  # fmt: skip
-    checks.append(_publication_check(st, settings, table))
+    for outbox in settings.outbox_settings():
+        checks += _table_checks(st, settings, outbox, create_table)
+    if settings.message_prefix is not None:
+        checks.append(_table_less_id_check(settings, table_state(st, settings.outbox())))
+    checks.append(_publication_check(st, settings, adding))
     checks.append(_slot_check(st, settings))
     checks += primary_failover_checks(
         st.version_num, st.synchronized_standby_slots, st.slot_failover
@@ -104,60 +104,168 @@ def evaluate_checks(st: DatabaseState, settings: Settings, create_table: bool) -
     return checks
 
 
-def _order_check(st: DatabaseState, settings: Settings) -> Check:
+def _table_checks(
+    st: DatabaseState, settings: Settings, outbox: OutboxSettings, create_table: bool
+) -> list[Check]:
+    """outbox_table, outbox_columns and catch_up_order of one outbox table."""
+    ts, table = table_state(st, outbox), outbox.name
+    if ts.oid is not None:
+        missing = [c for c in settings.column_names(outbox).row_columns() if c not in ts.columns]
+        return [
+            _check("outbox_table", True, f"table {table} exists"),
+            _check("outbox_columns", not missing,
+                   f"missing column(s): {', '.join(missing)} (table {table})" if missing
+                   else f"all columns present (table {table})",
+                   "fix the columns.* settings or the table"),
+            _order_check(st, settings, outbox, ts),
+        ]  # fmt: skip
+    if create_table:
+        if ts.schema_exists:
+            ok = ts.can_create_in_schema
+            detail = (f"table {table} will be created" if ok
+                      else f"no CREATE privilege on schema {outbox.schema_name}")  # fmt: skip
+        else:
+            ok = st.can_create_in_db
+            detail = (f"schema {outbox.schema_name} and table {table} will be created" if ok
+                      else f"schema {outbox.schema_name} does not exist and role '{st.user}'"
+                      " may not create it")  # fmt: skip
+        return [
+            _check("outbox_table", ok, detail, "run init as the schema owner (or create the"
+                   f" schema {outbox.schema_name} first)"),
+            _order_check(st, settings, outbox, ts),
+        ]  # fmt: skip
+    return [
+        _check(
+            "outbox_table",
+            False,
+            f"table {table} does not exist",
+            "pass --create-table, or run the SQL that `cdc-outbox sql outbox` prints",
+        )
+    ]
+
+
+#: Id column types a table-less event's UUID fits in (``format_type`` names).
+_UUID_HOLDERS = ("uuid", "text", "character varying")
+
+
+def _table_less_id_check(settings: Settings, ts: TableState) -> Check:
+    """Table-less events are mapped like the first outbox's rows: its id column must hold
+    their UUID event ids (uuid or text; varchar of 36 or more)."""
+    column = settings.column_names(settings.outbox()).id
+    kind = ts.id_type
+    if kind is None:  # the table (or column) is missing or will be created: other checks
+        return _check(
+            "message_prefix_id", True, f"{ts.name}.{column} will be checked once it exists"
+        )
+    base, _, size = kind.partition("(")
+    ok = base in _UUID_HOLDERS and (not size or int(size.rstrip(")")) >= 36)
+    return _check("message_prefix_id", ok,
+                  f"table-less events get UUID ids, mapped like {ts.name}'s rows: its id column"
+                  f" {column} is {kind}",
+                  f"make {ts.name}.{column} uuid or text, or list an outbox with such an id"
+                  " column first")  # fmt: skip
+
+
+def _order_check(
+    st: DatabaseState, settings: Settings, outbox: OutboxSettings, ts: TableState
+) -> Check:
     """The order a catch-up gives each aggregate's rows (cdc_outbox.cdc.catch_up_order)."""
-    sequence = settings.columns.sequence
-    if sequence is not None and st.table_oid is not None and sequence not in st.table_columns:
-        return _check("catch_up_order", False, f"columns.sequence: no column {sequence!r}",
-                      "fix columns.sequence or the table")  # fmt: skip
-    key = order_key(settings, st.commit_timestamps)
+    sequence = outbox.columns.sequence
+    table = outbox.name
+    if sequence is not None and ts.oid is not None and sequence not in ts.columns:
+        return _check("catch_up_order", False, f"{table}: columns.sequence: no column"
+                      f" {sequence!r}", "fix columns.sequence or the table")  # fmt: skip
+    column = OutboxTable.of(settings, outbox).order_column
+    if column is not None:
+        key: str | None = f"column {column}"
+    elif st.commit_timestamps:
+        key = "commit timestamps (track_commit_timestamp)"
+    else:
+        key = None
     if key is None:
         return Check(
             "catch_up_order",
             True,
-            "a catch-up orders each aggregate's rows by transaction id only: commit order only"
-            " if each transaction writing an aggregate's events got its transaction id after"
-            " the previous one committed",
+            f"{table}: a catch-up orders each aggregate's rows by transaction id only: commit"
+            " order only if each transaction writing an aggregate's events got its transaction"
+            " id after the previous one committed",
             "set columns.sequence (a per-aggregate version or insert-timestamp column), or"
             " track_commit_timestamp = on (restart)",
             warning=True,
         )
-    return _check("catch_up_order", True, f"a catch-up orders each aggregate's rows by {key}")
+    return _check("catch_up_order", True, f"{table}: a catch-up orders each aggregate's rows"
+                  f" by {key}")  # fmt: skip
 
 
-def _publication_check(st: DatabaseState, settings: Settings, table: str) -> Check:
+def missing_from_publication(st: DatabaseState, settings: Settings) -> list[OutboxSettings]:
+    """Configured outbox tables the existing publication does not list (``init`` adds them);
+    [] when there is no publication, or it is FOR ALL TABLES."""
+    pub = st.publication
+    if pub is None or pub.all_tables:
+        return []
+    return [
+        o for o in settings.outbox_settings()
+        if not set(table_state(st, o).published_as(pub.via_root)) & set(pub.tables)
+    ]  # fmt: skip
+
+
+def _publication_check(st: DatabaseState, settings: Settings, adding: bool) -> Check:
+    """``adding`` (``init``): configured tables missing from the publication are added, not
+    a problem; otherwise (status, run) they are: their inserts would not be streamed."""
     name, pub = settings.publication_name, st.publication
+    states = [table_state(st, o) for o in settings.outbox_settings()]
+    tables = ", ".join(ts.name for ts in states)
     if pub is None:
-        can = (st.superuser or st.table_owned or st.table_oid is None) and st.can_create_in_db
+        can = st.can_create_in_db and all(
+            st.superuser or ts.owned or ts.oid is None for ts in states
+        )
         return _check("publication", can,
                       f"publication '{name}' will be created" if can else
                       f"publication '{name}' is missing and role '{st.user}' may not create it",
-                      "run init as the outbox table's owner (or a superuser)")  # fmt: skip
+                      "run init as the outbox tables' owner (or a superuser)")  # fmt: skip
     # Without publish_via_partition_root a partitioned table is listed (and streamed) as its
     # leaf partitions: the relay, which maps the outbox table's relation, would ignore them.
-    leaves = st.table_partitioned and not pub.via_root
-    covered = sorted(st.table_partitions) if leaves else [table]
+    expected = sorted(n for ts in states for n in ts.published_as(pub.via_root))
+    missing = missing_from_publication(st, settings)
+    extra = sorted(set(pub.tables) - set(expected))
+    listed = set(pub.tables)
+    partial = any(
+        listed & set(names) and not listed >= set(names)
+        for names in (ts.published_as(pub.via_root) for ts in states)
+    )
     problems = []
-    if pub.all_tables or sorted(pub.tables) != covered:
+    if pub.all_tables or extra or partial:
         problems.append(f"covers {'ALL TABLES' if pub.all_tables else ', '.join(pub.tables)}")
+    if missing and not adding:
+        problems.append(f"lacks {', '.join(o.name for o in missing)}")
     if pub.operations != ["insert"]:
         problems.append(f"publishes {', '.join(pub.operations) or 'nothing'}")
     options = "publish = 'insert', publish_via_partition_root = true"
     fix = (
         f"`cdc-outbox drop --yes` then init again, or ALTER PUBLICATION {name} "
-        f"SET TABLE {table}; ALTER PUBLICATION {name} SET ({options})"
+        f"SET TABLE {tables}; ALTER PUBLICATION {name} SET ({options})"
     )
-    if leaves:
+    if missing and problems == [f"lacks {', '.join(o.name for o in missing)}"]:
+        fix = "run `cdc-outbox init` (it adds them)"
+    partitioned = [ts.name for ts in states if ts.partitioned]
+    if partitioned and not pub.via_root:
         problems.append(
-            f"lacks publish_via_partition_root ({table} is partitioned: its rows "
-            "would be streamed under the partitions' names, which the relay ignores)"
+            f"lacks publish_via_partition_root ({', '.join(partitioned)} is partitioned: its"
+            " rows would be streamed under the partitions' names, which the relay ignores)"
         )
         if len(problems) == 1:
             fix = f"ALTER PUBLICATION {name} SET ({options})"
+    if missing and adding and not problems:
+        owned = all(st.superuser or table_state(st, o).owned for o in missing)
+        return _check("publication", owned,
+                      f"publication '{name}': {', '.join(o.name for o in missing)} will be added"
+                      if owned else f"publication '{name}' lacks"
+                      f" {', '.join(o.name for o in missing)} and role '{st.user}' may not add"
+                      " them", "run init as the outbox tables' owner (or a superuser)")  # fmt: skip
     return _check("publication", not problems,
-                  f"publication '{name}' {' and '.join(problems)}; expected inserts of {table} only"
-                  if problems else f"publication '{name}' publishes inserts of {table}", fix,
-                  )  # fmt: skip
+                  f"publication '{name}' {' and '.join(problems)}; expected inserts of {tables}"
+                  " only" if problems else f"publication '{name}' publishes inserts of {tables}",
+                  fix)  # fmt: skip
 
 
 def _slot_check(st: DatabaseState, settings: Settings) -> Check:

@@ -12,6 +12,7 @@ from cdc_outbox.admin import bootstrap
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.cli.common import print_json, settings_from, stdout
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.store.inspection import OutboxFigures
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
@@ -133,16 +134,8 @@ def status(
     else:
         tables = "ALL TABLES" if pub.all_tables else (", ".join(pub.tables) or "none")
         table.add_row("publication", f"{pub.name}: {tables} ({', '.join(pub.operations)})")
-    exists = "" if report.table_exists else " (missing)"
-    table.add_row("outbox table", report.outbox_table + exists)
-    pending = "n/a" if report.pending_rows is None else str(report.pending_rows)
-    table.add_row("pending rows (polling)", pending)
-    if report.failed_rows is not None:
-        table.add_row(
-            "dead letters",
-            f"{report.failed_rows} FAILED rows parking {report.parked_aggregates} aggregates"
-            " (`cdc-outbox redrive`)",
-        )
+    for figures in report.outboxes or []:
+        table.add_row(f"outbox {figures.outbox}", _outbox_line(figures))
     relay = report.relay
     if relay is None:
         table.add_row("relay", "no state table (run `cdc-outbox init`)")
@@ -164,6 +157,21 @@ def status(
     stdout.print(_checks_table(report.checks))
     if on_standby is not None:
         stdout.print(_checks_table(on_standby, "Standby checks (failover slots)"))
+
+
+def _outbox_line(f: OutboxFigures) -> str:
+    """One outbox table's figures for ``status``: unpublished rows, the oldest one's age,
+    dead letters."""
+    if not f.exists:
+        return "missing (`cdc-outbox init --create-table` creates it)"
+    line = f"{f.unpublished_rows} unpublished"
+    if f.oldest_unpublished_age_seconds is not None:
+        line += f" (oldest {f.oldest_unpublished_age_seconds:.0f} s)"
+    if f.failed_rows is not None:
+        line += f", {f.failed_rows} FAILED parking {f.parked_aggregates} aggregates" + (
+            " (`cdc-outbox redrive`)" if f.failed_rows else ""
+        )
+    return line
 
 
 def drop(

@@ -1,7 +1,8 @@
-"""Read-only inspection of the server, outbox table, replication slot and publication.
+"""Read-only inspection of the server, outbox tables, replication slot and publication.
 
 :func:`inspect_database` gathers everything preflight, ``init``, ``status`` and ``drop`` need
-in one :class:`DatabaseState` (a few catalog queries, no writes). :func:`id_column_type` tells
+in one :class:`DatabaseState` (a few catalog queries per configured outbox table, no writes):
+one :class:`TableState` per table, in configuration order. :func:`id_column_type` tells
 statements that match rows by id which array type to cast their ids to.
 """
 
@@ -13,21 +14,26 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.schema import FAILOVER_SLOTS_VERSION
 
 __all__ = [
     "ColumnType",
     "Conn",
     "DatabaseState",
+    "OutboxFigures",
     "PublicationStatus",
     "SlotStatus",
     "StandbyState",
+    "TableState",
     "id_column_type",
     "inspect_database",
     "inspect_standby",
+    "inspect_table",
+    "outbox_figures",
 ]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -81,8 +87,39 @@ class PublicationStatus:
 
 
 @dataclass(slots=True)
+class TableState:
+    """One configured outbox table as the catalog shows it (``oid`` None: it does not exist).
+
+    ``schema_exists``/``can_create_in_schema``: its schema exists and the role may create in
+    it; ``id_type``: the id column's type as ``format_type`` shows it (None: no such column).
+    """
+
+    schema: str
+    table: str
+    oid: int | None = None
+    owned: bool = False
+    partitioned: bool = False
+    partitions: list[str] = field(default_factory=list)  # leaves, if partitioned
+    columns: set[str] = field(default_factory=set)
+    schema_exists: bool = True
+    can_create_in_schema: bool = True
+    id_type: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``schema.table``."""
+        return f"{self.schema}.{self.table}"
+
+    def published_as(self, via_root: bool) -> list[str]:
+        """The names a publication lists this table under: its leaves when it is partitioned
+        and the publication lacks ``publish_via_partition_root``, else its own."""
+        return sorted(self.partitions) if self.partitioned and not via_root else [self.name]
+
+
+@dataclass(slots=True)
 class DatabaseState:
-    """What :func:`inspect_database` found; ``slot``/``publication`` are None if absent."""
+    """What :func:`inspect_database` found; ``slot``/``publication`` are None if absent;
+    ``tables``: every configured outbox table, in configuration order."""
 
     version_num: int
     version: str
@@ -96,12 +133,7 @@ class DatabaseState:
     user: str
     database: str
     can_create_in_db: bool
-    can_create_in_schema: bool
-    table_oid: int | None = None
-    table_owned: bool = False
-    table_partitioned: bool = False
-    table_partitions: list[str] = field(default_factory=list)  # leaves, if partitioned
-    table_columns: set[str] = field(default_factory=set)
+    tables: list[TableState] = field(default_factory=list)
     slot: SlotStatus | None = None
     publication: PublicationStatus | None = None
     #: track_commit_timestamp is on (a catch-up can order rows by commit time).
@@ -122,20 +154,20 @@ SELECT current_setting('server_version_num')::int, current_setting('server_versi
        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int,
        r.rolsuper, r.rolreplication, current_user, current_database(),
        has_database_privilege(current_database(), 'CREATE'),
-       coalesce(has_schema_privilege(n.oid, 'CREATE'), false),
        current_setting('track_commit_timestamp') = 'on',
        (SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size')
 FROM pg_roles r
-LEFT JOIN pg_namespace n ON n.nspname = %s
 WHERE r.rolname = current_user
 """
+_SCHEMA_SQL = "SELECT has_schema_privilege(oid, 'CREATE') FROM pg_namespace WHERE nspname = %s"
 _TABLE_SQL = """
 SELECT c.oid, pg_has_role(c.relowner, 'USAGE'), c.relkind = 'p'
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
 _COLUMNS_SQL = (
-    "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+    " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
 )
 _LEAVES_SQL = """
 SELECT n.nspname, c.relname
@@ -189,20 +221,35 @@ def inspect_standby(conn: Conn, slot_name: str) -> StandbyState:
     return StandbyState(version, recovery, sync or "off", feedback, slot, primary, synced)
 
 
+def inspect_table(conn: Conn, schema: str, table: str, id_column: str) -> TableState:
+    """One outbox table's :class:`TableState` (``id_column``: the column whose type to read)."""
+    ts = TableState(schema, table)
+    srow = conn.execute(_SCHEMA_SQL, (schema,)).fetchone()
+    ts.schema_exists = srow is not None
+    ts.can_create_in_schema = bool(srow[0]) if srow is not None else False
+    trow = conn.execute(_TABLE_SQL, (schema, table)).fetchone()
+    if trow is not None:
+        ts.oid, ts.owned, ts.partitioned = trow
+        if ts.partitioned:
+            leaves = conn.execute(_LEAVES_SQL, (ts.oid,))
+            ts.partitions = sorted(f"{s}.{t}" for s, t in leaves)
+        types: dict[str, str] = dict(conn.execute(_COLUMNS_SQL, (ts.oid,)).fetchall())
+        ts.columns = set(types)
+        ts.id_type = types.get(id_column)
+    return ts
+
+
 def inspect_database(conn: Conn, settings: Settings) -> DatabaseState:
-    """Read the server settings, role privileges, outbox table, slot and publication."""
-    row = conn.execute(_SERVER_SQL, (settings.outbox_schema,)).fetchone()
+    """Read the server settings, role privileges, every outbox table, slot and publication."""
+    row = conn.execute(_SERVER_SQL).fetchone()
     assert row is not None
     st = DatabaseState(*row[:-2])
     st.commit_timestamps = bool(row[-2])
     st.max_slot_wal_keep_size_mb = int(row[-1])
-    trow = conn.execute(_TABLE_SQL, (settings.outbox_schema, settings.outbox_table)).fetchone()
-    if trow is not None:
-        st.table_oid, st.table_owned, st.table_partitioned = trow
-        if st.table_partitioned:
-            leaves = conn.execute(_LEAVES_SQL, (st.table_oid,))
-            st.table_partitions = sorted(f"{s}.{t}" for s, t in leaves)
-        st.table_columns = {r[0] for r in conn.execute(_COLUMNS_SQL, (st.table_oid,))}
+    st.tables = [
+        inspect_table(conn, o.schema_name, o.table, settings.column_names(o).id)
+        for o in settings.outbox_settings()
+    ]
     st.slot = slot_status(conn, settings.slot_name)
     if st.version_num >= FAILOVER_SLOTS_VERSION:
         frow = conn.execute(_FAILOVER_SQL, (settings.slot_name,)).fetchone()
@@ -265,12 +312,74 @@ WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0
 """
 
 
-def id_column_type(conn: Conn, settings: Settings) -> ColumnType:
-    """The SQL type of the outbox's id column (one catalog query); :class:`ConfigError` if
-    the table or column does not exist."""
-    column = settings.column_names().id
-    schema, table = settings.outbox_schema, settings.outbox_table
+def id_column_type(conn: Conn, settings: Settings, outbox: OutboxSettings | None = None
+                   ) -> ColumnType:  # fmt: skip
+    """The SQL type of the id column of ``outbox`` (None: the first; one catalog query);
+    :class:`ConfigError` if the table or column does not exist."""
+    o = outbox or settings.outbox()
+    column = settings.column_names(o).id
+    schema, table = o.schema_name, o.table
     row = conn.execute(_COLUMN_TYPE_SQL, (schema, table, column)).fetchone()
     if row is None:
         raise ConfigError(f"config: no column {column!r} in table {schema}.{table}")
     return ColumnType(*row)
+
+
+@dataclass(slots=True)
+class OutboxFigures:
+    """What one outbox table holds now (``status``, ``lag``, the per-table gauges).
+
+    ``unpublished_rows``: PENDING or PROCESSING rows (every row of a layout without status
+    columns); ``oldest_unpublished_age_seconds``: the oldest of them, by ``created_at`` (0 when
+    there is none; None without that column); ``failed_rows``/``parked_aggregates``: dead
+    letters and the aggregates they park (None without status columns). All None when the
+    table does not exist (``exists`` False)."""
+
+    outbox: str
+    exists: bool = False
+    unpublished_rows: int | None = None
+    oldest_unpublished_age_seconds: float | None = None
+    pending_rows: int | None = None
+    failed_rows: int | None = None
+    parked_aggregates: int | None = None
+
+
+_REL_COLUMNS_SQL = """
+SELECT a.attname FROM pg_attribute a
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+def outbox_figures(conn: Conn, settings: Settings) -> list[OutboxFigures]:
+    """:class:`OutboxFigures` of every configured outbox table, in configuration order (one
+    catalog query and one count per table)."""
+    figures = []
+    for outbox in OutboxTable.all_of(settings):
+        f = OutboxFigures(outbox.name)
+        figures.append(f)
+        columns = {r[0] for r in conn.execute(_REL_COLUMNS_SQL, (outbox.ident.as_string(conn),))}
+        if not columns:
+            continue
+        f.exists = True
+        if not (outbox.has_status and {"status", "created_at"} <= columns):
+            row = conn.execute(outbox.count_unpublished()).fetchone()
+            f.unpublished_rows = int(row[0]) if row else 0
+            continue
+        unpublished = outbox.unpublished()
+        query = sql.SQL(
+            "SELECT count(*) FILTER (WHERE {u}),"
+            " coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE {u})), 0)::float8,"
+            " count(*) FILTER (WHERE {p}), count(*) FILTER (WHERE {f}),"
+            " count(DISTINCT {agg}) FILTER (WHERE {f}) FROM {t}"
+        ).format(
+            u=unpublished,
+            p=sql.SQL("status = 'PENDING'"),
+            f=outbox.failed(),
+            agg=sql.Identifier(outbox.columns.aggregate_id),
+            t=outbox.ident,
+        )
+        row = conn.execute(query).fetchone()
+        assert row is not None
+        f.unpublished_rows, age, f.pending_rows, f.failed_rows, f.parked_aggregates = row
+        f.oldest_unpublished_age_seconds = max(float(age), 0.0)
+    return figures

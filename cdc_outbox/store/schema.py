@@ -1,4 +1,9 @@
-"""DDL for the outbox, the consumer-side ``processed_events`` table, the publication and roles.
+"""DDL for the outbox tables, the consumer-side ``processed_events`` table, the publication
+and roles.
+
+Per-table statements take the :class:`OutboxSettings` of one outbox (None: the first
+configured); the publication and the role cover every configured outbox table. The relay's own
+state table lives in the first outbox's schema.
 
 Every configured name goes through ``psycopg.sql.Identifier``; nothing is string-formatted.
 Functions return lists of ``sql.Composed`` statements; render with ``.as_string(conn)``.
@@ -8,10 +13,11 @@ Functions return lists of ``sql.Composed`` statements; render with ``.as_string(
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.store.processed_events import PROCESSED_EVENTS_TABLE as PROCESSED_EVENTS_TABLE
 from cdc_outbox.store.processed_events import consumer_tables_ddl
 
@@ -33,22 +39,32 @@ RELAY_STATE_TABLE = "cdc_outbox_relay_state"
 PHASES = ("POLLING", "CATCHING_UP", "STREAMING")
 
 
-def outbox_ident(settings: Settings) -> sql.Identifier:
-    """``schema.table`` of the outbox."""
-    return sql.Identifier(settings.outbox_schema, settings.outbox_table)
+def outbox_ident(settings: Settings, outbox: OutboxSettings | None = None) -> sql.Identifier:
+    """``schema.table`` of ``outbox`` (None: the first configured)."""
+    o = outbox or settings.outbox()
+    return sql.Identifier(o.schema_name, o.table)
+
+
+def create_schema_ddl(schema: str) -> sql.Composed:
+    """``CREATE SCHEMA IF NOT EXISTS`` (``init --create-table`` for an outbox in a new schema)."""
+    return sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
 
 
 def _index_name(table: str, suffix: str) -> str:
     return f"{table[: 63 - len(suffix)]}{suffix}"
 
 
-def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
-    """CREATE TABLE (+ pending index for the default preset), ``IF NOT EXISTS``.
+def outbox_table_ddl(
+    settings: Settings, outbox: OutboxSettings | None = None
+) -> list[sql.Composed]:
+    """CREATE TABLE (+ pending index for the default preset), ``IF NOT EXISTS``, of ``outbox``
+    (None: the first configured).
 
     default preset: the event columns, ``headers`` (unless disabled), ``created_at`` and the
     polling columns. debezium preset: Debezium's outbox shape (no polling columns).
     """
-    cols = settings.column_names()
+    o = outbox or settings.outbox()
+    cols = settings.column_names(o)
     lines: list[sql.Composable] = [
         sql.SQL("{} uuid PRIMARY KEY DEFAULT gen_random_uuid()").format(sql.Identifier(cols.id)),
         sql.SQL("{} text NOT NULL").format(sql.Identifier(cols.aggregate_type)),
@@ -63,7 +79,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
     if cols.tracing_span_context is not None:
         lines.append(sql.SQL("{} text").format(sql.Identifier(cols.tracing_span_context)))
     lines += [sql.SQL("{} text").format(sql.Identifier(c)) for c in cols.header_sources()]
-    polling = settings.columns.has_status
+    polling = o.columns.has_status
     if polling:
         statuses = sql.SQL(", ").join(sql.Literal(s) for s in STATUSES)
         lines += [
@@ -80,7 +96,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
             sql.SQL("published_at timestamptz"),
             sql.SQL("last_error text"),
         ]
-    table = outbox_ident(settings)
+    table = outbox_ident(settings, o)
     stmts = [
         sql.SQL("CREATE TABLE IF NOT EXISTS {} (\n    {}\n)").format(
             table, sql.SQL(",\n    ").join(lines)
@@ -90,15 +106,14 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
         stmts.append(
             sql.SQL(
                 "CREATE INDEX IF NOT EXISTS {} ON {} (available_at) WHERE status = 'PENDING'"
-            ).format(sql.Identifier(_index_name(settings.outbox_table, "_pending_idx")), table)
+            ).format(sql.Identifier(_index_name(o.table, "_pending_idx")), table)
         )
-        cols = settings.column_names()
         stmts.append(
             sql.SQL(
                 "CREATE INDEX IF NOT EXISTS {} ON {} ({}, created_at)"
                 " WHERE status IN ('PENDING', 'PROCESSING')"
             ).format(
-                sql.Identifier(_index_name(settings.outbox_table, "_unpublished_idx")),
+                sql.Identifier(_index_name(o.table, "_unpublished_idx")),
                 table,
                 sql.Identifier(cols.aggregate_id),
             )
@@ -107,7 +122,7 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
             sql.SQL(
                 "CREATE INDEX IF NOT EXISTS {} ON {} ({}, created_at) WHERE status = 'FAILED'"
             ).format(
-                sql.Identifier(_index_name(settings.outbox_table, "_failed_idx")),
+                sql.Identifier(_index_name(o.table, "_failed_idx")),
                 table,
                 sql.Identifier(cols.aggregate_id),
             )
@@ -116,8 +131,9 @@ def outbox_table_ddl(settings: Settings) -> list[sql.Composed]:
 
 
 def relay_state_ident(settings: Settings) -> sql.Identifier:
-    """``schema.cdc_outbox_relay_state``: one row per slot (:mod:`cdc_outbox.store.relay_state`)."""
-    return sql.Identifier(settings.outbox_schema, RELAY_STATE_TABLE)
+    """``schema.cdc_outbox_relay_state`` in the first outbox's schema: one row per slot
+    (:mod:`cdc_outbox.store.relay_state`)."""
+    return sql.Identifier(settings.outbox().schema_name, RELAY_STATE_TABLE)
 
 
 def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
@@ -153,17 +169,29 @@ def processed_events_ddl(schema: str = "public") -> list[sql.Composed]:
     return consumer_tables_ddl(schema)
 
 
-def publication_ddl(settings: Settings) -> sql.Composed:
-    """A publication of the outbox table's inserts only.
+def _tables(settings: Settings, outboxes: Sequence[OutboxSettings] | None) -> sql.Composed:
+    chosen = settings.outbox_settings() if outboxes is None else outboxes
+    return sql.SQL(", ").join(outbox_ident(settings, o) for o in chosen)
 
-    ``publish_via_partition_root``: when the outbox is partitioned, inserts into its partitions
+
+def publication_ddl(settings: Settings) -> sql.Composed:
+    """One publication of the inserts of every configured outbox table, only.
+
+    ``publish_via_partition_root``: when an outbox is partitioned, inserts into its partitions
     are streamed as inserts into the outbox table itself (the relation the relay maps); for a
     plain table it changes nothing.
     """
     return sql.SQL(
         "CREATE PUBLICATION {} FOR TABLE {}"
         " WITH (publish = 'insert', publish_via_partition_root = true)"
-    ).format(sql.Identifier(settings.publication_name), outbox_ident(settings))
+    ).format(sql.Identifier(settings.publication_name), _tables(settings, None))
+
+
+def add_to_publication_ddl(settings: Settings, outboxes: Sequence[OutboxSettings]) -> sql.Composed:
+    """Adds ``outboxes`` (configured tables the publication lacks) to the publication."""
+    return sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+        sql.Identifier(settings.publication_name), _tables(settings, outboxes)
+    )
 
 
 def drop_publication_ddl(settings: Settings) -> sql.Composed:
@@ -211,21 +239,24 @@ def drop_slot_sql(settings: Settings) -> sql.Composed:
 def role_ddl(settings: Settings, role: str = "cdc_outbox") -> list[sql.Composed]:
     """Least-privilege relay role (the CREATE ROLE has no password; set one separately).
 
-    REPLICATION for the slot; SELECT for polling and status; UPDATE on the polling columns
-    only and DELETE (cleanup of published rows). Creating the publication needs table
-    ownership, so ``init`` is run by the table owner and ``run`` by this role.
+    REPLICATION for the slot; per outbox table SELECT for polling and status, UPDATE on the
+    polling columns only and DELETE (cleanup of published rows). Creating the publication
+    needs table ownership, so ``init`` is run by the table owner and ``run`` by this role.
     """
     r = sql.Identifier(role)
-    table = outbox_ident(settings)
-    stmts = [
-        sql.SQL("CREATE ROLE {} WITH LOGIN REPLICATION").format(r),
-        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(settings.outbox_schema), r),
-        sql.SQL("GRANT SELECT ON {} TO {}").format(table, r),
+    stmts = [sql.SQL("CREATE ROLE {} WITH LOGIN REPLICATION").format(r)]
+    schemas = [settings.outbox().schema_name]
+    schemas += [o.schema_name for o in settings.outbox_settings() if o.schema_name not in schemas]
+    stmts += [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(s), r) for s in schemas
     ]
-    if settings.columns.has_status:
-        update_cols = sql.SQL(", ").join(sql.Identifier(c) for c in POLLING_COLUMNS)
-        stmts.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(update_cols, table, r))
-    stmts.append(sql.SQL("GRANT DELETE ON {} TO {}").format(table, r))
+    for o in settings.outbox_settings():
+        table = outbox_ident(settings, o)
+        stmts.append(sql.SQL("GRANT SELECT ON {} TO {}").format(table, r))
+        if o.columns.has_status:
+            update_cols = sql.SQL(", ").join(sql.Identifier(c) for c in POLLING_COLUMNS)
+            stmts.append(sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(update_cols, table, r))
+        stmts.append(sql.SQL("GRANT DELETE ON {} TO {}").format(table, r))
     stmts.append(
         sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(relay_state_ident(settings), r)
     )

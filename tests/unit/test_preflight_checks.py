@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 from pydantic import SecretStr
 
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.preflight import evaluate_checks
 from cdc_outbox.config import Settings
-from cdc_outbox.store.inspection import DatabaseState, PublicationStatus
+from cdc_outbox.store.inspection import DatabaseState, PublicationStatus, TableState
 
 SETTINGS = Settings(dsn=SecretStr("host=db.example dbname=shop"))
 COLUMNS = {"id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"}
@@ -18,7 +19,12 @@ LEAVES = ["public.outbox_2025", "public.outbox_2026"]
 
 
 def ready(**changes: Any) -> DatabaseState:
-    """A PostgreSQL 15 ready for the relay: outbox table, publication; the slot is missing."""
+    """A PostgreSQL 15 ready for the relay: outbox table, publication; the slot is missing.
+    ``table_<field>`` changes the outbox table's :class:`TableState` field."""
+    table = {
+        k.removeprefix("table_"): changes.pop(k) for k in list(changes) if k.startswith("table_")
+    }
+    table = {"oid": 16384, "owned": True, "columns": set(COLUMNS), "id_type": "uuid", **table}
     state = DatabaseState(
         version_num=150013,
         version="15.13",
@@ -32,10 +38,7 @@ def ready(**changes: Any) -> DatabaseState:
         user="owner",
         database="shop",
         can_create_in_db=True,
-        can_create_in_schema=True,
-        table_oid=16384,
-        table_owned=True,
-        table_columns=set(COLUMNS),
+        tables=[TableState("public", "outbox", **table)],
         publication=PublicationStatus("cdc_outbox_pub", ["public.outbox"], ["insert"], False),
     )
     return dataclasses.replace(state, **changes)
@@ -147,3 +150,87 @@ def test_commit_timestamps_or_a_sequence_column_give_the_commit_order() -> None:
 def test_the_default_layout_orders_by_created_at_without_a_warning() -> None:
     result = check(ready(), "catch_up_order")
     assert result.ok and not result.warning and "created_at" in result.detail
+
+
+# -- several outbox tables ([[outboxes]]) ------------------------------------------------------
+
+TWO = Settings(
+    dsn=SecretStr("host=db.example dbname=shop"),
+    outboxes=[{"schema": "public", "table": "outbox"}, {"schema": "billing", "table": "outbox"}],
+)
+
+
+def two_tables(**billing: Any) -> DatabaseState:
+    """Both tables exist; the publication lists only public.outbox (billing added later)."""
+    state = ready()
+    fields = {"oid": 16999, "owned": True, "columns": set(COLUMNS), **billing}
+    state.tables.append(TableState("billing", "outbox", **fields))
+    return state
+
+
+def test_each_configured_table_is_checked_and_named() -> None:
+    state = two_tables(columns={"id", "payload"})
+    checks = evaluate_checks(state, TWO, create_table=False)
+    tables = [c.detail for c in checks if c.name == "outbox_table"]
+    assert tables == ["table public.outbox exists", "table billing.outbox exists"]
+    [bad] = [c for c in checks if c.name == "outbox_columns" and not c.ok]
+    assert bad.detail.startswith("missing column(s): aggregate_type")
+    assert bad.detail.endswith("(table billing.outbox)")
+    gone = evaluate_checks(ready(), TWO, create_table=False)  # billing.outbox never inspected
+    assert [c.detail for c in gone if c.name == "outbox_table" and not c.ok] == [
+        "table billing.outbox does not exist"
+    ]
+
+
+def test_a_table_missing_from_the_publication_is_added_by_init_and_fails_elsewhere() -> None:
+    state = two_tables()
+    [running] = [c for c in evaluate_checks(state, TWO, False) if c.name == "publication"]
+    assert not running.ok
+    assert "lacks billing.outbox" in running.detail
+    assert running.fix == "run `cdc-outbox init` (it adds them)"
+    [init] = [c for c in evaluate_checks(state, TWO, False, adding=True) if c.name == "publication"]
+    assert init.ok and init.detail == "publication 'cdc_outbox_pub': billing.outbox will be added"
+    foreign = two_tables(owned=False)
+    [refused] = [
+        c for c in evaluate_checks(foreign, TWO, False, adding=True) if c.name == "publication"
+    ]
+    assert not refused.ok and "may not add them" in refused.detail
+    listed = publication(tables=["billing.outbox", "public.outbox"])
+    both = dataclasses.replace(two_tables(), publication=listed)
+    assert check_of(both, TWO, "publication").ok
+
+
+def check_of(state: DatabaseState, settings: Settings, name: str) -> Check:
+    [found] = [c for c in evaluate_checks(state, settings, create_table=False) if c.name == name]
+    return found
+
+
+def test_a_new_schema_is_created_when_the_role_may() -> None:
+    state = ready()
+    state.tables.append(TableState("billing", "outbox", schema_exists=False))
+    checks = evaluate_checks(state, TWO, create_table=True, adding=True)
+    [billing] = [c for c in checks if c.name == "outbox_table" and "billing" in c.detail]
+    assert (
+        billing.ok and billing.detail == "schema billing and table billing.outbox will be created"
+    )
+    denied = dataclasses.replace(state, can_create_in_db=False)
+    checks = evaluate_checks(denied, TWO, create_table=True, adding=True)
+    [billing] = [c for c in checks if c.name == "outbox_table" and "billing" in c.detail]
+    assert not billing.ok and "may not create it" in billing.detail
+
+
+@pytest.mark.parametrize(
+    ("id_type", "ok"),
+    [("uuid", True), ("text", True), ("character varying(36)", True),
+     ("character varying(20)", False), ("bigint", False)],
+)  # fmt: skip
+def test_table_less_events_need_a_first_outbox_id_column_that_holds_a_uuid(
+    id_type: str, ok: bool
+) -> None:
+    on = SETTINGS.model_copy(update={"message_prefix": "app"})
+    result = check_of(ready(table_id_type=id_type), on, "message_prefix_id")
+    assert result.ok is ok
+    assert f"its id column id is {id_type}" in result.detail
+    assert [
+        c for c in evaluate_checks(ready(), SETTINGS, False) if c.name == "message_prefix_id"
+    ] == []

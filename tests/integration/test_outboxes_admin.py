@@ -1,0 +1,145 @@
+"""Several outbox tables ([[outboxes]]) through the real CLI: init, status, drop, redrive and
+cleanup against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.helpers import run_cli
+from tests.integration.test_bootstrap_cli import flags, publication_row, query
+
+BILLING = {"schema": "billing", "table": "events"}
+PUBLIC = {"schema": "public", "table": "outbox"}
+
+
+def outboxes(*entries: dict[str, Any]) -> str:
+    return json.dumps(list(entries))
+
+
+@pytest.fixture
+def names(pg_dsn: str) -> Iterator[dict[str, str]]:
+    """Unique slot/publication names; the slot is dropped afterwards."""
+    tag = uuid.uuid4().hex[:10]
+    got = {"slot": f"t_slot_{tag}", "publication": f"t_pub_{tag}"}
+    yield got
+    query(
+        pg_dsn,
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+        " WHERE slot_name = %s AND NOT active",
+        (got["slot"],),
+    )
+
+
+def cli(names: dict[str, str], dsn: str, *args: str, entries: str) -> Any:
+    return run_cli(*flags(names), *args, dsn=dsn, CDC_OUTBOX_OUTBOXES=entries)
+
+
+def insert(dsn: str, table: str, aggregate: str, status: str = "PENDING") -> None:
+    statement = sql.SQL(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, status)"
+        " VALUES ('order', %s, 'Created', '{{}}', %s)"
+    ).format(sql.Identifier(*table.split(".")))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement, (aggregate, status))
+
+
+def phase(dsn: str, slot: str) -> str:
+    [(value,)] = query(
+        dsn, "SELECT phase FROM public.cdc_outbox_relay_state WHERE slot_name = %s", (slot,)
+    )
+    return str(value)
+
+
+def test_init_creates_every_table_and_one_publication_status_and_drop_cover_them(
+    pg_dsn: str, names: dict[str, str]
+) -> None:
+    both = outboxes(PUBLIC, BILLING)
+    init = cli(names, pg_dsn, "init", "--create-table", "--json", entries=both)
+    assert init.returncode == 0, init.stderr
+    actions = [a["name"] for a in json.loads(init.stdout)["actions"]]
+    assert actions.count("create_table") == 2 and actions.count("create_schema") == 1
+    [(_, ins, upd, dele, trunc, tables)] = publication_row(pg_dsn, names["publication"])
+    assert (ins, upd, dele, trunc) == (True, False, False, False)
+    assert sorted(tables) == ["billing.events", "public.outbox"]
+
+    insert(pg_dsn, "billing.events", "b1")
+    insert(pg_dsn, "billing.events", "b2", "FAILED")
+    insert(pg_dsn, "public.outbox", "p1")
+    insert(pg_dsn, "public.outbox", "p2")
+    insert(pg_dsn, "public.outbox", "p3", "PUBLISHED")
+    status = cli(names, pg_dsn, "status", "--json", entries=both)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    by_name = {o["outbox"]: o for o in report["outboxes"]}
+    assert list(by_name) == ["public.outbox", "billing.events"]
+    assert by_name["public.outbox"]["unpublished_rows"] == 2
+    assert by_name["billing.events"]["unpublished_rows"] == 1
+    assert (by_name["billing.events"]["failed_rows"], by_name["public.outbox"]["failed_rows"]) == (
+        1,
+        0,
+    )
+    assert by_name["billing.events"]["parked_aggregates"] == 1
+    assert all(o["oldest_unpublished_age_seconds"] >= 0 for o in by_name.values())
+    assert (report["pending_rows"], report["failed_rows"]) == (3, 1)
+    assert all(check["ok"] for check in report["checks"]), report["checks"]
+    human = cli(names, pg_dsn, "status", entries=both)
+    assert "billing.events" in human.stdout and "public.outbox" in human.stdout
+
+    drop = cli(names, pg_dsn, "drop", "--yes", entries=both)
+    assert drop.returncode == 0, drop.stderr
+    assert publication_row(pg_dsn, names["publication"]) == []
+    assert query(pg_dsn, "SELECT count(*) FROM billing.events") == [(2,)]
+
+
+def test_init_again_adds_a_new_outbox_entry_to_the_publication(
+    pg_dsn: str, names: dict[str, str]
+) -> None:
+    first = cli(names, pg_dsn, "init", "--create-table", entries=outboxes(PUBLIC))
+    assert first.returncode == 0, first.stderr
+    assert phase(pg_dsn, names["slot"]) == "STREAMING"
+    query(pg_dsn, "CREATE SCHEMA billing")
+    query(pg_dsn, "CREATE TABLE billing.events (LIKE public.outbox INCLUDING ALL)")
+    insert(pg_dsn, "billing.events", "b1")  # written before the table joins the publication
+
+    both = outboxes(PUBLIC, BILLING)
+    lacking = cli(names, pg_dsn, "status", "--json", entries=both)
+    [pub_check] = [c for c in json.loads(lacking.stdout)["checks"] if c["name"] == "publication"]
+    assert not pub_check["ok"] and "lacks billing.events" in pub_check["detail"]
+
+    second = cli(names, pg_dsn, "init", "--json", entries=both)
+    assert second.returncode == 0, second.stderr
+    assert [a["name"] for a in json.loads(second.stdout)["actions"]] == ["add_to_publication"]
+    [(*_, tables)] = publication_row(pg_dsn, names["publication"])
+    assert sorted(tables) == ["billing.events", "public.outbox"]
+    # The existing slot never streams b1: the relay's next start catches it up.
+    assert phase(pg_dsn, names["slot"]) == "CATCHING_UP"
+
+    third = cli(names, pg_dsn, "init", entries=both)
+    assert third.returncode == 0 and "nothing to do" in third.stdout
+
+
+def test_message_prefix_needs_a_first_outbox_id_column_holding_a_uuid(
+    pg_dsn: str, names: dict[str, str]
+) -> None:
+    query(pg_dsn, "CREATE SCHEMA billing")
+    query(
+        pg_dsn,
+        "CREATE TABLE billing.events (id bigint PRIMARY KEY, aggregate_type text,"
+        " aggregate_id text, event_type text, payload jsonb, headers jsonb)",
+    )
+    entries = outboxes({**BILLING, "cdc_mark_published": "off"}, PUBLIC)
+    result = run_cli(
+        *flags(names), "init", "--create-table", dsn=pg_dsn, CDC_OUTBOX_OUTBOXES=entries,
+        CDC_OUTBOX_MESSAGE_PREFIX="app", CDC_OUTBOX_MODE="cdc",
+    )  # fmt: skip
+    assert result.returncode == 3, result.stdout
+    assert "message_prefix_id" in result.stderr and "id is bigint" in result.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT to_regclass('public.outbox')").fetchone() == (None,)
