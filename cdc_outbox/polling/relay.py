@@ -1,7 +1,12 @@
 """The polling relay: claims outbox rows by their status columns and publishes them to Kafka.
 
-Contract (at-least-once, per-aggregate order):
+Contract (at-least-once, per-aggregate order per table):
 
+- Every configured outbox table with status columns is polled (a table without them cannot
+  be). Each table has its own worker (claim statements, advisory-lock namespace, mapping,
+  delivery and parking: an aggregate id in two tables is two independent sequences); one
+  pass claims from every table in turn, each up to its share of ``batch_size``, so a table
+  with a big backlog never starves a small one.
 - Claim (:mod:`cdc_outbox.store.polling_sql`): rows go PENDING -> PROCESSING (``locked_by``,
   ``locked_at``). Per aggregate only the leading run of unpublished rows (by ``created_at``,
   then physical position) that are all PENDING and due, and only while no row of the aggregate
@@ -34,10 +39,7 @@ Contract (at-least-once, per-aggregate order):
 from __future__ import annotations
 
 import logging
-import os
 import random
-import secrets
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,69 +48,26 @@ import psycopg
 
 from cdc_outbox import db_pool
 from cdc_outbox.backoff import RECONNECT, Backoff
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
-from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, outcome_params
+from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RetryCounts, outcome_params
+from cdc_outbox.polling.rows import _Row, batch_shares, default_worker_id
 from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store import polling_sql
 from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
-from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader
 
 logger = logging.getLogger(__name__)
 
 
-def default_worker_id() -> str:
-    """``host:pid:random`` (unique per worker instance; stored in ``locked_by``)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-class _Row:
-    """One claimed row, and the :class:`~cdc_outbox.delivery.outcomes.EventHandle` of its event."""
-
-    def __init__(self, relay: PollingRelay, values: tuple[Any, ...]) -> None:
-        self.extra = values[11:]  # the header_sources() columns, as text
-        (
-            self.rank,
-            self.id,
-            self.id_text,
-            self.agg_type,
-            self.aggregate_id,
-            self.event_type,
-            self.payload,
-            self.headers,
-            self.tracing,
-            self.attempts,
-            self.created_unix,
-        ) = values[:11]
-        self.relay = relay
-        self.outcome: str | None = None
-        self.error: str | None = None
-
-    def published(self, topic: str) -> None:
-        self._settle(OK)
-        if self.relay.stats.latency_observers:
-            self.relay.stats.observe_latency(time.time() - self.created_unix, 1)
-
-    def dead_lettered(self) -> None:
-        self._settle(DEAD)
-
-    def retry(self, reason: str) -> None:
-        self.error = reason
-        self._settle(RETRY)
-
-    def _settle(self, outcome: str) -> None:
-        if self.outcome is None:
-            self.outcome = outcome
-            self.relay._outstanding -= 1
-
-
 class PollingRelay:
-    """A polling worker over the outbox table; see the module contract."""
+    """A polling worker over every outbox table with status columns (see the module
+    contract): it serves the first itself and one sibling worker per other table (``outbox``
+    given: a worker of that one table only, claiming up to ``batch_size`` rows per pass)."""
 
     def __init__(
         self,
@@ -117,23 +76,38 @@ class PollingRelay:
         worker_id: str | None = None,
         *,
         is_leader: Callable[[], bool] | None = None,
+        outbox: OutboxSettings | None = None,
+        batch_size: int | None = None,
     ) -> None:
-        if not OutboxTable.of(settings).has_status:
+        tables = [o for o in settings.outbox_settings() if o.columns.has_status]
+        o = outbox or (tables[0] if tables else settings.outbox())
+        if not o.columns.has_status:
             raise ConfigError(
                 "config: polling mode needs the status columns of the default column preset"
-                f" (status, attempts, available_at, ...); the {settings.columns.preset} preset"
-                ' has none: use mode = "cdc" or columns.preset = "default"'
+                f" (status, attempts, available_at, ...); {o.name} (the {o.columns.preset}"
+                ' preset) has none: use mode = "cdc" or columns.preset = "default"'
             )
+        shares = batch_shares(settings.polling.batch_size, len(tables))
+        siblings = list(zip(tables[1:], shares[1:], strict=True)) if outbox is None else []
+        self.outbox = o
         self.settings = settings
+        #: ``settings`` narrowed to this table, for the store helpers of "the" outbox table.
+        self._own = settings.model_copy(update={"outboxes": [self.outbox]})
+        self._batch = batch_size or (shares[0] if outbox is None else settings.polling.batch_size)
         self.stats = stats if stats is not None else RelayStats(mode="polling")
         self.stats.mode = "polling"
         self.worker_id = worker_id or default_worker_id()
         self._is_leader = is_leader
-        self._sql = polling_sql.build(settings)
-        self._ns = polling_sql.advisory_namespace(settings.outbox_schema, settings.outbox_table)
-        self._mapper = settings.outbox_mapper()
-        self._with_headers = settings.column_names().headers is not None
-        self._with_tracing = settings.column_names().tracing_span_context is not None
+        self._sql = polling_sql.build(settings, self.outbox)
+        self._ns = polling_sql.advisory_namespace(self.outbox.schema_name, self.outbox.table)
+        self._mapper = settings.outbox_mapper(self.outbox)
+        self._with_headers = settings.column_names(self.outbox).headers is not None
+        self._with_tracing = settings.column_names(self.outbox).tracing_span_context is not None
+        self._siblings = [
+            PollingRelay(settings, self.stats, self.worker_id, is_leader=is_leader,
+                         outbox=o, batch_size=n)
+            for o, n in siblings
+        ]  # fmt: skip
         self._conn: psycopg.Connection[Any] | None = None
         self._delivery: Delivery | None = None
         self._stop = False
@@ -150,20 +124,25 @@ class PollingRelay:
     def request_stop(self) -> None:
         """Finish the in-flight batch (acks awaited up to ``shutdown_grace_s``), then return."""
         self._stop = True
+        for sibling in self._siblings:
+            sibling.request_stop()
 
     def run(self) -> None:
-        """Claim and publish until :meth:`request_stop`; database and Kafka trouble is waited
-        out with backoff (``backoff.RECONNECT``), never raised. Raises ``RelayHalted`` (halt
-        policy) and ``NotLeader`` (an elected relay that lost its lease)."""
+        """Claim and publish until :meth:`request_stop`, one pass over every table at a time;
+        database and Kafka trouble is waited out with backoff (``backoff.RECONNECT``), never
+        raised. Raises ``RelayHalted`` (halt policy) and ``NotLeader`` (an elected relay that
+        lost its lease)."""
         polling = self.settings.polling
         backoff = Backoff(RECONNECT)
+        workers = [self, *self._siblings]
         swept_all = self._is_leader is None  # a leader first takes over every lease
         try:
             while not self._stop:
                 self.stats.beat()
                 try:
                     if not swept_all:
-                        self.sweep(everything=True)
+                        for worker in workers:
+                            worker.sweep(everything=True)
                         swept_all = True
                     self.run_once()
                     backoff.reset()
@@ -172,27 +151,40 @@ class PollingRelay:
                     self.stats.restarts += 1
                     delay = backoff.failed()
                     logger.warning("polling relay: %s; retrying in %.1fs", exc, delay)
-                    self._close_connection()
+                    for worker in workers:
+                        worker._close_connection()
                     self._sleep(delay)
                     continue
-                delivery = self._require_delivery()
-                if delivery.halt_reason is not None:
-                    raise RelayHalted(delivery.halt_reason)
+                deliveries = [worker._require_delivery() for worker in workers]
+                for delivery in deliveries:
+                    if delivery.halt_reason is not None:
+                        raise RelayHalted(delivery.halt_reason)
                 if self._lost_lead():
                     raise NotLeader("leadership lost; stopped polling")
-                if delivery.restart_reason is not None:
+                restarting = [d for d in deliveries if d.restart_reason is not None]
+                for delivery in restarting:
                     delivery.abandon()
+                if restarting:
                     self._sleep(backoff.failed())
-                elif not self._more:
+                elif not any(worker._more for worker in workers):
                     self._sleep(polling.poll_interval_s)
         finally:
             self.close()
 
     def run_once(self) -> int:
-        """Sweep if due, claim one batch, publish it, record the outcomes; returns rows claimed.
+        """One pass: for each table in turn, sweep if due, claim up to its share, publish it,
+        record the outcomes; returns rows claimed.
 
         Raises ``psycopg.Error`` on database trouble; outcomes not yet written are kept and
         written first by the next call."""
+        claimed = self._run_table_once()
+        for sibling in self._siblings:
+            if self._stop:
+                break
+            claimed += sibling._run_table_once()
+        return claimed
+
+    def _run_table_once(self) -> int:
         conn = self._connect()
         if self._unmarked:
             self._write_outcomes(conn, self._unmarked)
@@ -202,7 +194,7 @@ class PollingRelay:
         if rows:
             delivery = self._require_delivery()
             aggregates = sorted({r.aggregate_id for r in rows})
-            delivery.parking.load(parked_aggregates(conn, self.settings, aggregates))
+            delivery.parking.load(parked_aggregates(conn, self._own, aggregates))
             self._publish(rows)
             self._write_outcomes(self._connect(), rows)
         return len(rows)
@@ -223,14 +215,17 @@ class PollingRelay:
         statuses = [r[0] for r in cur.fetchall()]
         if statuses:
             logger.warning(
-                "swept %d rows with an expired lease (%d now FAILED)",
+                "%s: swept %d rows with an expired lease (%d now FAILED)",
+                self.outbox.name,
                 len(statuses),
                 statuses.count("FAILED"),
             )
         return len(statuses)
 
     def close(self) -> None:
-        """Drop the producer (unacknowledged records are purged) and the connection."""
+        """Drop the producers (unacknowledged records are purged) and the connections."""
+        for sibling in self._siblings:
+            sibling.close()
         if self._delivery is not None:
             left = self._delivery.close(timeout=0.0 if self._lost_lead() else 0.5)
             if left:
@@ -241,7 +236,7 @@ class PollingRelay:
     # -- claim -------------------------------------------------------------------------------
 
     def _claim(self, conn: psycopg.Connection[Any]) -> list[_Row]:
-        batch = self.settings.polling.batch_size
+        batch = self._batch
         max_aggs = min(batch, polling_sql.MAX_AGGREGATES_PER_CLAIM)
         with conn.transaction():
             params = {"scan": max(4 * batch, 100), "max_aggs": max_aggs, "ns": self._ns}
@@ -392,9 +387,9 @@ class PollingRelay:
     def _require_delivery(self) -> Delivery:
         if self._delivery is None:
             self._delivery = Delivery(
-                self.settings,
+                self._own,
                 self.stats,
-                failed_rows=FailedRows(self.settings),
+                failed_rows=FailedRows(self._own),
                 interrupted=self._interrupted,
             )
         return self._delivery

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config import OutboxSettings, Settings
 from cdc_outbox.store.mark_published import mark_published_statement
 from cdc_outbox.store.schema import outbox_ident
 
@@ -63,10 +63,11 @@ class PollingSql:
     sweep: sql.Composed
 
 
-def build(settings: Settings) -> PollingSql:
-    """The statements for ``settings`` (default column preset; polling columns by fixed name)."""
-    cols = settings.column_names()
-    t = outbox_ident(settings)
+def build(settings: Settings, outbox: OutboxSettings | None = None) -> PollingSql:
+    """The statements for the outbox table ``outbox`` (None: the first configured; default
+    column preset; polling columns by fixed name)."""
+    cols = settings.column_names(outbox)
+    t = outbox_ident(settings, outbox)
     oid = sql.Identifier("o", cols.id)
     agg = sql.Identifier(cols.aggregate_id)
     headers = (
