@@ -7,7 +7,10 @@ Contract:
 - :func:`cleanup` deletes PUBLISHED rows whose ``published_at`` is older than a cutoff fixed
   at the start, in batches of ``batch_size`` rows, each its own short transaction (locks and
   WAL stay bounded; it can run next to the relay). Other statuses are never deleted.
-- Both need the polling columns (default column preset); dry runs change nothing.
+- Both work on one outbox table (``table``: ``schema.table``) or, by default, on every
+  configured table with status columns, one after the other; a table without them cannot be
+  named (``ConfigError``). Counts are per table (``*_by_table``) or summed. Dry runs change
+  nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from cdc_outbox.config import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.redrive import redrive_aggregates
-from cdc_outbox.store.schema import outbox_ident
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -83,14 +85,25 @@ class FailedRow:
     attempts: int
     created_at: datetime
     last_error: str | None
+    #: ``schema.table`` of the outbox table the row is in.
+    table: str = ""
 
 
-def _require_polling_columns(settings: Settings, what: str) -> None:
-    if not OutboxTable.of(settings).has_status:
+def tables_for(settings: Settings, what: str, table: str | None = None) -> list[OutboxTable]:
+    """The outbox tables ``what`` (redrive, cleanup) works on: ``table`` (``schema.table``),
+    or every configured table with status columns; ``ConfigError`` if there is none."""
+    if table is not None:
+        chosen = [OutboxTable.of(settings, settings.outbox(table))]
+    else:
+        chosen = [t for t in OutboxTable.all_of(settings) if t.has_status]
+    if not chosen or not chosen[0].has_status:
+        refused = [o for o in settings.outbox_settings() if table in (None, o.name)]
+        presets = "/".join(sorted({o.columns.preset for o in refused}))
         raise ConfigError(
             f"config: {what} needs the status columns of the default column preset;"
-            f" the {settings.columns.preset} preset has none"
+            f" the {presets} preset has none ({', '.join(o.name for o in refused)})"
         )
+    return chosen
 
 
 def _canonical_id(text: str) -> str:
@@ -100,10 +113,10 @@ def _canonical_id(text: str) -> str:
         return text
 
 
-def _matching(settings: Settings, flt: RedriveFilter) -> tuple[sql.Composed, dict[str, Any]]:
-    """SELECT of the ids of FAILED rows matching ``flt``, oldest first."""
-    cols = settings.column_names()
-    conds: list[sql.Composable] = [OutboxTable.of(settings).failed()]
+def _matching(outbox: OutboxTable, flt: RedriveFilter) -> tuple[sql.Composed, dict[str, Any]]:
+    """SELECT of the ids of FAILED rows of ``outbox`` matching ``flt``, oldest first."""
+    cols = outbox.columns
+    conds: list[sql.Composable] = [outbox.failed()]
     params: dict[str, Any] = {}
     if flt.ids:
         conds.append(sql.SQL("{}::text = ANY(%(ids)s::text[])").format(sql.Identifier(cols.id)))
@@ -119,7 +132,7 @@ def _matching(settings: Settings, flt: RedriveFilter) -> tuple[sql.Composed, dic
         params["until"] = flt.until
     query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY created_at").format(
         sql.Identifier(cols.id),
-        outbox_ident(settings),
+        outbox.ident,
         sql.SQL(" AND ").join(conds),
     )
     if flt.limit is not None:
@@ -128,52 +141,72 @@ def _matching(settings: Settings, flt: RedriveFilter) -> tuple[sql.Composed, dic
     return query, params
 
 
-def failed_rows(settings: Settings, flt: RedriveFilter, sample: int = 20) -> list[FailedRow]:
-    """Up to ``sample`` of the FAILED rows ``flt`` matches, oldest first (for previews)."""
-    _require_polling_columns(settings, "redrive")
-    cols = settings.column_names()
-    matching, params = _matching(settings, flt)
-    query = sql.SQL(
-        "SELECT {id}::text, {agg}, {et}, attempts, created_at, last_error FROM {t}"
-        " WHERE {id} IN ({matching}) ORDER BY created_at LIMIT %(sample)s"
-    ).format(
-        id=sql.Identifier(cols.id),
-        agg=sql.Identifier(cols.aggregate_id),
-        et=sql.Identifier(cols.event_type),
-        t=outbox_ident(settings),
-        matching=matching,
-    )
+def failed_rows(
+    settings: Settings, flt: RedriveFilter, sample: int = 20, *, table: str | None = None
+) -> list[FailedRow]:
+    """Up to ``sample`` of the FAILED rows ``flt`` matches per table, oldest first (for
+    previews)."""
+    found: list[FailedRow] = []
     with psycopg.connect(settings.postgres_dsn()) as conn:
-        rows = conn.execute(query, {**params, "sample": sample}).fetchall()
-    return [FailedRow(*r) for r in rows]
+        for outbox in tables_for(settings, "redrive", table):
+            cols = outbox.columns
+            matching, params = _matching(outbox, flt)
+            query = sql.SQL(
+                "SELECT {id}::text, {agg}, {et}, attempts, created_at, last_error FROM {t}"
+                " WHERE {id} IN ({matching}) ORDER BY created_at LIMIT %(sample)s"
+            ).format(
+                id=sql.Identifier(cols.id),
+                agg=sql.Identifier(cols.aggregate_id),
+                et=sql.Identifier(cols.event_type),
+                t=outbox.ident,
+                matching=matching,
+            )
+            rows = conn.execute(query, {**params, "sample": sample}).fetchall()
+            found += [FailedRow(r[0], r[1], r[2], r[3], r[4], r[5], outbox.name) for r in rows]
+    return found
 
 
-def redrive(settings: Settings, flt: RedriveFilter, *, dry_run: bool = False) -> int:
-    """Redrive the aggregates of the FAILED rows ``flt`` matches: every FAILED row of each is
-    published again, in order (:mod:`cdc_outbox.store.redrive`); returns rows (that would
-    be) moved."""
-    _require_polling_columns(settings, "redrive")
-    matching, params = _matching(settings, flt)
-    cols = settings.column_names()
+def redrive(
+    settings: Settings, flt: RedriveFilter, *, dry_run: bool = False, table: str | None = None
+) -> int:
+    """:func:`redrive_by_table`, summed."""
+    return sum(redrive_by_table(settings, flt, dry_run=dry_run, table=table).values())
+
+
+def redrive_by_table(
+    settings: Settings, flt: RedriveFilter, *, dry_run: bool = False, table: str | None = None
+) -> dict[str, int]:
+    """Redrive the aggregates of the FAILED rows ``flt`` matches, per table: every FAILED row
+    of each is published again, in order (:mod:`cdc_outbox.store.redrive`); returns rows
+    (that would be) moved per ``schema.table`` (``flt.limit`` applies per table)."""
+    counts: dict[str, int] = {}
+    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
+        for outbox in tables_for(settings, "redrive", table):
+            counts[outbox.name] = _redrive_table(conn, outbox, flt, dry_run)
+    return counts
+
+
+def _redrive_table(
+    conn: psycopg.Connection[Any], outbox: OutboxTable, flt: RedriveFilter, dry_run: bool
+) -> int:
+    matching, params = _matching(outbox, flt)
+    cols = outbox.columns
     aggregates_of = sql.SQL("SELECT DISTINCT {agg} FROM {t} WHERE {id} IN ({matching})").format(
         agg=sql.Identifier(cols.aggregate_id),
-        t=outbox_ident(settings),
+        t=outbox.ident,
         id=sql.Identifier(cols.id),
         matching=matching,
     )
-    with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
-        aggregates = [str(r[0]) for r in conn.execute(aggregates_of, params).fetchall()]
-        if dry_run:
-            row = conn.execute(
-                sql.SQL("SELECT count(*) FROM {} WHERE {} AND {} = ANY(%s)").format(
-                    outbox_ident(settings),
-                    OutboxTable.of(settings).failed(),
-                    sql.Identifier(cols.aggregate_id),
-                ),
-                (aggregates,),
-            ).fetchone()
-            return int(row[0]) if row else 0
-        return redrive_aggregates(conn, settings, aggregates)
+    aggregates = [str(r[0]) for r in conn.execute(aggregates_of, params).fetchall()]
+    if dry_run:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE {} AND {} = ANY(%s)").format(
+                outbox.ident, outbox.failed(), sql.Identifier(cols.aggregate_id)
+            ),
+            (aggregates,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+    return redrive_aggregates(conn, outbox, aggregates)
 
 
 def cleanup(
@@ -182,34 +215,62 @@ def cleanup(
     *,
     batch_size: int = 1000,
     dry_run: bool = False,
+    table: str | None = None,
 ) -> int:
+    """:func:`cleanup_by_table`, summed."""
+    return sum(
+        cleanup_by_table(
+            settings, older_than, batch_size=batch_size, dry_run=dry_run, table=table
+        ).values()
+    )
+
+
+def cleanup_by_table(
+    settings: Settings,
+    older_than: timedelta,
+    *,
+    batch_size: int = 1000,
+    dry_run: bool = False,
+    table: str | None = None,
+) -> dict[str, int]:
     """Delete PUBLISHED rows published more than ``older_than`` ago; returns rows (that would
-    be) deleted. Each batch of at most ``batch_size`` rows commits on its own."""
-    _require_polling_columns(settings, "cleanup")
+    be) deleted per ``schema.table``. Each batch of at most ``batch_size`` rows commits on
+    its own; the cutoff is fixed once, at the start."""
+    outboxes = tables_for(settings, "cleanup", table)
     if batch_size <= 0:
         raise ConfigError("cleanup --batch-size must be > 0")
-    table = outbox_ident(settings)
-    id_col = sql.Identifier(settings.columns.id)
-    published = OutboxTable.of(settings).published()
-    old = sql.SQL("{} AND published_at < %(cutoff)s").format(published)
+    counts: dict[str, int] = {}
     with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
         row = conn.execute("SELECT now() - %s::interval", (older_than,)).fetchone()
         assert row is not None
         cutoff = row[0]
-        if dry_run:
-            counted = conn.execute(
-                sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, old),
-                {"cutoff": cutoff},
-            ).fetchone()
-            return int(counted[0]) if counted else 0
-        delete = sql.SQL(
-            "WITH b AS MATERIALIZED"
-            " (SELECT {id} FROM {t} WHERE {old} LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
-            " DELETE FROM {t} AS o USING b WHERE o.{id} = b.{id}"
-        ).format(t=table, id=id_col, old=old)
-        total = 0
-        while True:
-            deleted = max(conn.execute(delete, {"cutoff": cutoff, "n": batch_size}).rowcount, 0)
-            total += deleted
-            if deleted < batch_size:
-                return total
+        for outbox in outboxes:
+            counts[outbox.name] = _cleanup_table(conn, outbox, cutoff, batch_size, dry_run)
+    return counts
+
+
+def _cleanup_table(
+    conn: psycopg.Connection[Any],
+    outbox: OutboxTable,
+    cutoff: datetime,
+    batch_size: int,
+    dry_run: bool,
+) -> int:
+    table, id_col = outbox.ident, sql.Identifier(outbox.columns.id)
+    old = sql.SQL("{} AND published_at < %(cutoff)s").format(outbox.published())
+    if dry_run:
+        counted = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, old), {"cutoff": cutoff}
+        ).fetchone()
+        return int(counted[0]) if counted else 0
+    delete = sql.SQL(
+        "WITH b AS MATERIALIZED"
+        " (SELECT {id} FROM {t} WHERE {old} LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
+        " DELETE FROM {t} AS o USING b WHERE o.{id} = b.{id}"
+    ).format(t=table, id=id_col, old=old)
+    total = 0
+    while True:
+        deleted = max(conn.execute(delete, {"cutoff": cutoff, "n": batch_size}).rowcount, 0)
+        total += deleted
+        if deleted < batch_size:
+            return total

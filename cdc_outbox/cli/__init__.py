@@ -67,7 +67,12 @@ def _global(
         str | None, typer.Option("--publication", help="Publication name (publication_name).")
     ] = None,
     table: Annotated[
-        str | None, typer.Option("--table", help="Outbox table name (outbox_table).")
+        str | None,
+        typer.Option(
+            "--table",
+            help="Outbox table name (outbox_table); as schema.table: one configured outbox"
+            " table (redrive, cleanup: only that one).",
+        ),
     ] = None,
     schema: Annotated[
         str | None, typer.Option("--schema", help="Outbox table schema (outbox_schema).")

@@ -41,6 +41,10 @@ class GlobalOptions:
     config: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     log_level: str | None = None
+    #: ``--table schema.table`` (dotted): names one configured outbox table (commands that
+    #: work per table, redrive and cleanup, take only it); undotted, ``--table`` sets
+    #: ``outbox_table``.
+    table: str | None = None
 
 
 #: Global options that set a setting: parameter name -> setting key (``config`` and
@@ -68,6 +72,8 @@ def set_global(opts: GlobalOptions, name: str, value: Any) -> None:
         return
     if name == "config":
         opts.config = Path(value)
+    elif name == "table" and "." in str(value):
+        opts.table = str(value)
     elif name == "log_level":
         opts.log_level = str(value)
     else:
@@ -145,7 +151,14 @@ def settings_from(ctx: typer.Context) -> Settings:
     settings = load_settings(opts.config, overrides)
     _SECRETS.update(settings.secret_values())
     setup_logging(settings.log_level, settings.log_format)
+    if opts.table is not None:
+        settings.outbox(opts.table)  # ConfigError (exit 2) unless it is a configured one
     return settings
+
+
+def selected_table(ctx: typer.Context) -> str | None:
+    """The outbox table ``--table schema.table`` names (None: not given; every table)."""
+    return global_options(ctx).table
 
 
 def scrub(text: str) -> str:

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
-from cdc_outbox.cli.common import print_json, settings_from, stdout
+from cdc_outbox.cli.common import print_json, selected_table, settings_from, stdout
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Only count; change nothing.")]
@@ -55,9 +55,11 @@ def redrive(
     FAILED row of each is deleted and inserted again as PENDING, oldest first, so every mode
     (CDC included) publishes them in their original order, ahead of the aggregate's later
     events. Prints how many rows moved (with --dry-run: how many would, and a sample).
-    Run it as the outbox table's owner (it needs INSERT and DELETE).
+    Every outbox table with status columns, one after the other, unless --table schema.table
+    names one. Run it as the outbox table's owner (it needs INSERT and DELETE).
     """
     settings = settings_from(ctx)
+    table = selected_table(ctx)
     now = datetime.now(UTC)
     flt = outbox_admin.RedriveFilter(
         ids=tuple(ids or ()),
@@ -67,15 +69,18 @@ def redrive(
         limit=limit,
         everything=everything,
     )
-    sample = outbox_admin.failed_rows(settings, flt) if dry_run else []
-    count = outbox_admin.redrive(settings, flt, dry_run=dry_run)
+    sample = outbox_admin.failed_rows(settings, flt, table=table) if dry_run else []
+    by_table = outbox_admin.redrive_by_table(settings, flt, dry_run=dry_run, table=table)
+    count = sum(by_table.values())
     if json_out:
         print_json(
             {
                 "dry_run": dry_run,
                 "count": count,
+                "tables": by_table,
                 "sample": [
                     {
+                        "table": r.table,
                         "id": r.id,
                         "aggregate_id": r.aggregate_id,
                         "event_type": r.event_type,
@@ -89,11 +94,12 @@ def redrive(
         )
         return
     if sample:
-        table = Table(title="FAILED rows (oldest first)", title_justify="left")
-        for col in ("id", "aggregate", "event type", "attempts", "created at", "last error"):
-            table.add_column(col)
+        rows = Table(title="FAILED rows (oldest first)", title_justify="left")
+        for col in ("table", "id", "aggregate", "event type", "attempts", "created at", "error"):
+            rows.add_column(col)
         for r in sample:
-            table.add_row(
+            rows.add_row(
+                r.table,
                 r.id,
                 r.aggregate_id,
                 r.event_type,
@@ -101,11 +107,21 @@ def redrive(
                 r.created_at.isoformat(timespec="seconds"),
                 (r.last_error or "")[:120],
             )
-        stdout.print(table)
+        stdout.print(rows)
+    per_table = _per_table(by_table)
     if dry_run:
-        stdout.print(f"dry run: {count} FAILED rows would be redriven")
+        stdout.print(f"dry run: {count} FAILED rows would be redriven{per_table}")
     else:
-        stdout.print(f"redrove {count} FAILED rows (now PENDING, in their original order)")
+        stdout.print(
+            f"redrove {count} FAILED rows (now PENDING, in their original order){per_table}"
+        )
+
+
+def _per_table(counts: dict[str, int]) -> str:
+    """`` (a.b: 1, c.d: 2)`` when there are several tables, else nothing."""
+    if len(counts) < 2:
+        return ""
+    return " (" + ", ".join(f"{name}: {n}" for name, n in counts.items()) + ")"
 
 
 def cleanup(
@@ -125,14 +141,26 @@ def cleanup(
     """Delete PUBLISHED outbox rows older than --older-than, in bounded batches.
 
     Each batch is its own short transaction, so it is safe to run next to the relay (e.g. from
-    cron). Rows in any other status are never deleted.
+    cron). Rows in any other status are never deleted. Every outbox table with status columns,
+    one after the other, unless --table names one.
     """
     settings = settings_from(ctx)
+    table = selected_table(ctx)
     age = outbox_admin.parse_duration(older_than)
-    count = outbox_admin.cleanup(settings, age, batch_size=batch_size, dry_run=dry_run)
+    by_table = outbox_admin.cleanup_by_table(
+        settings, age, batch_size=batch_size, dry_run=dry_run, table=table
+    )
+    count = sum(by_table.values())
     if json_out:
-        print_json({"dry_run": dry_run, "count": count, "older_than_s": age.total_seconds()})
+        print_json(
+            {
+                "dry_run": dry_run,
+                "count": count,
+                "tables": by_table,
+                "older_than_s": age.total_seconds(),
+            }
+        )
     elif dry_run:
-        stdout.print(f"dry run: {count} published rows would be deleted")
+        stdout.print(f"dry run: {count} published rows would be deleted{_per_table(by_table)}")
     else:
-        stdout.print(f"deleted {count} published rows")
+        stdout.print(f"deleted {count} published rows{_per_table(by_table)}")

@@ -31,8 +31,9 @@ def print_sql(
     ctx: typer.Context,
     name: Annotated[DdlName, typer.Argument(help="Which DDL to print.")],
 ) -> None:
-    """Print the DDL of the outbox table (and the relay's state table), the consumer's
-    processed-events tables, or the relay role's grants; needs no database."""
+    """Print the DDL of the outbox tables (each configured one, with its schema unless it is
+    public, and the relay's state table), the consumer's processed-events tables, or the relay
+    role's grants; needs no database."""
     from cdc_outbox.store import schema
 
     # No connection is made, so no dsn is needed: a placeholder stands in for it.
@@ -40,9 +41,14 @@ def print_sql(
     settings = settings_from(ctx)
     statements: list[sql.Composed]
     if name is DdlName.outbox:
-        statements = schema.outbox_table_ddl(settings) + schema.relay_state_ddl(settings)
+        statements = []
+        for outbox in settings.outbox_settings():
+            if outbox.schema_name != "public":
+                statements.append(schema.create_schema_ddl(outbox.schema_name))
+            statements += schema.outbox_table_ddl(settings, outbox)
+        statements += schema.relay_state_ddl(settings)
     elif name is DdlName.processed_events:
-        statements = schema.processed_events_ddl(settings.outbox_schema)
+        statements = schema.processed_events_ddl(settings.outbox().schema_name)
     else:
         statements = schema.role_ddl(settings)
     for statement in statements:

@@ -27,8 +27,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import Settings
-from cdc_outbox.store import schema
 from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = [
@@ -76,27 +74,28 @@ def parse_redrive_message(
     )
 
 
-def _insertable_columns(conn: psycopg.Connection[Any], settings: Settings) -> list[str]:
+def _insertable_columns(conn: psycopg.Connection[Any], outbox: OutboxTable) -> list[str]:
     rows = conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
         " AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-        (schema.outbox_ident(settings).as_string(conn),),
+        (outbox.ident.as_string(conn),),
     ).fetchall()
     return [str(r[0]) for r in rows]
 
 
 def redrive_aggregates(
-    conn: psycopg.Connection[Any], settings: Settings, aggregates: Sequence[str]
+    conn: psycopg.Connection[Any], outbox: OutboxTable, aggregates: Sequence[str]
 ) -> int:
-    """Redrive every FAILED row of ``aggregates`` (see the module contract); returns rows.
+    """Redrive every FAILED row of ``aggregates`` of the table ``outbox`` (see the module
+    contract); returns rows.
 
     ``conn`` must not be in a transaction; the work commits before this returns."""
     if not aggregates:
         return 0
-    cols = settings.column_names()
-    table = schema.outbox_ident(settings)
+    cols = outbox.columns
+    table = outbox.ident
     agg = sql.Identifier(cols.aggregate_id)
-    failed = sql.SQL("{} AND {} = ANY(%(aggs)s)").format(OutboxTable.of(settings).failed(), agg)
+    failed = sql.SQL("{} AND {} = ANY(%(aggs)s)").format(outbox.failed(), agg)
     params = {"aggs": list(aggregates)}
     with conn.transaction():
         locked = conn.execute(
@@ -107,7 +106,7 @@ def redrive_aggregates(
         ).fetchall()
         if not locked:
             return 0
-        names = _insertable_columns(conn, settings)
+        names = _insertable_columns(conn, outbox)
         idents = sql.SQL(", ").join(sql.Identifier(n) for n in names)
         conn.execute(
             sql.SQL(
@@ -117,7 +116,7 @@ def redrive_aggregates(
             params,
         )
         message = {
-            "table": f"{settings.outbox_schema}.{settings.outbox_table}",
+            "table": outbox.name,
             "aggregates": sorted(set(aggregates)),
             "ids": [r[0] for r in locked],
         }

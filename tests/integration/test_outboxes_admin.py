@@ -143,3 +143,63 @@ def test_message_prefix_needs_a_first_outbox_id_column_holding_a_uuid(
     assert "message_prefix_id" in result.stderr and "id is bigint" in result.stderr
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT to_regclass('public.outbox')").fetchone() == (None,)
+
+
+def _statuses(dsn: str, table: str) -> dict[str, str]:
+    """``{aggregate_id: status}`` of ``table``'s rows."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT aggregate_id, status FROM {}").format(sql.Identifier(*table.split(".")))
+        ).fetchall()
+    return {str(a): str(s) for a, s in rows}
+
+
+def _age_published(dsn: str, table: str, days: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET published_at = now() - %s * interval '1 day'"
+                " WHERE status = 'PUBLISHED'"
+            ).format(sql.Identifier(*table.split("."))),
+            (days,),
+        )
+
+
+def test_redrive_and_cleanup_take_a_table_and_default_to_every_table(pg_dsn: str) -> None:
+    debezium = {"schema": "cdc", "table": "raw", "columns": {"preset": "debezium"}}
+    entries = outboxes(PUBLIC, BILLING, {**debezium, "cdc_mark_published": "delete"})
+    env = {"CDC_OUTBOX_OUTBOXES": entries, "CDC_OUTBOX_MODE": "cdc"}
+    ddl = run_cli("sql", "outbox", dsn=pg_dsn, **env)  # every table, and its schema
+    assert ddl.returncode == 0, ddl.stderr
+    query(pg_dsn, ddl.stdout)
+    for table in ("public.outbox", "billing.events"):
+        insert(pg_dsn, table, "shared", "FAILED")  # the same aggregate id in both tables
+        insert(pg_dsn, table, "done", "PUBLISHED")
+        _age_published(pg_dsn, table, 10)
+
+    one = run_cli("redrive", "--all", "--table", "billing.events", "--json", dsn=pg_dsn, **env)
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["tables"] == {"billing.events": 1}
+    assert _statuses(pg_dsn, "billing.events")["shared"] == "PENDING"
+    assert _statuses(pg_dsn, "public.outbox")["shared"] == "FAILED"  # another sequence
+
+    dry = run_cli("redrive", "--all", "--dry-run", "--json", dsn=pg_dsn, **env)
+    doc = json.loads(dry.stdout)
+    assert doc["tables"] == {"public.outbox": 1, "billing.events": 0}  # not the debezium one
+    assert [r["table"] for r in doc["sample"]] == ["public.outbox"]
+    every = run_cli("redrive", "--all", dsn=pg_dsn, **env)
+    assert every.returncode == 0 and "public.outbox: 1" in every.stdout, every.stdout
+    assert _statuses(pg_dsn, "public.outbox")["shared"] == "PENDING"
+
+    refused = run_cli("redrive", "--all", "--table", "cdc.raw", dsn=pg_dsn, **env)
+    assert refused.returncode == 2 and "the debezium preset has none (cdc.raw)" in refused.stderr
+    unknown = run_cli("cleanup", "--older-than", "7d", "--table", "nope.x", dsn=pg_dsn, **env)
+    assert unknown.returncode == 2 and "no outbox 'nope.x'" in unknown.stderr
+
+    only = run_cli("cleanup", "--older-than", "7d", "--table", "public.outbox", "--json",
+                   dsn=pg_dsn, **env)  # fmt: skip
+    assert json.loads(only.stdout)["tables"] == {"public.outbox": 1}
+    assert "done" in _statuses(pg_dsn, "billing.events")
+    rest = run_cli("cleanup", "--older-than", "7d", "--json", dsn=pg_dsn, **env)
+    assert json.loads(rest.stdout)["tables"] == {"public.outbox": 0, "billing.events": 1}
+    assert "done" not in _statuses(pg_dsn, "billing.events")
