@@ -49,6 +49,7 @@ from contextlib import ExitStack
 import psycopg
 
 from cdc_outbox import db_pool
+from cdc_outbox.admin.preflight import polling_fallback_blocked
 from cdc_outbox.backoff import RECONNECT
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
@@ -84,7 +85,6 @@ from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.startup import check_before_run, check_kafka_config
 from cdc_outbox.store import relay_state
 from cdc_outbox.store.inspection import SlotStatus
-from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader, Phase
 
 logger = logging.getLogger(__name__)
@@ -157,18 +157,12 @@ class Service:
     def _lead(self, lead: Leadership) -> None:
         settings = self.settings
         mode = settings.mode
-        if mode == "auto" and not OutboxTable.of(settings).has_status:
+        blocked = polling_fallback_blocked(settings) if mode == "auto" else None
+        if blocked is not None:
             logger.warning(
-                "auto mode: the %s table layout has no polling columns; relaying by CDC only",
-                settings.columns.preset,
-            )
-            mode = "cdc"
-        if mode == "auto" and settings.message_prefix is not None:
-            logger.warning(
-                "auto mode: table-less events (message_prefix %r) live only in the WAL, polling"
-                " cannot relay them; relaying by CDC only (a failing stream is retried, never"
+                "auto mode: %s; relaying by CDC only (a failing stream is retried, never"
                 " replaced by polling)",
-                settings.message_prefix,
+                blocked[1],
             )
             mode = "cdc"
         failures = 0

@@ -1,0 +1,78 @@
+"""Several outbox tables ([[outboxes]]) in the operator paths that need no server: auto mode's
+fallback rule, the batch shares of the polling relay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdc_outbox import service as service_mod
+from cdc_outbox.admin.preflight import polling_fallback_blocked
+from cdc_outbox.backoff import BackoffPolicy
+from cdc_outbox.cdc.stream_failures import CdcUnavailable
+from cdc_outbox.config import Settings
+from cdc_outbox.polling.rows import batch_shares
+
+DEFAULT = {"schema": "public", "table": "outbox"}
+DEBEZIUM = {"schema": "cdc", "table": "raw", "columns": {"preset": "debezium"},
+            "cdc_mark_published": "delete"}  # fmt: skip
+
+
+def _settings(*entries: dict[str, Any], **values: Any) -> Settings:
+    return Settings.model_validate(
+        {"dsn": "postgresql://u@h/db", "mode": "auto", "outboxes": list(entries), **values}
+    )
+
+
+def test_auto_mode_falls_back_only_when_every_table_can_be_polled() -> None:
+    assert polling_fallback_blocked(_settings(DEFAULT, {**DEFAULT, "schema": "b"})) is None
+    reason, message = polling_fallback_blocked(_settings(DEFAULT, DEBEZIUM)) or ("", "")
+    assert reason == "statusless_outbox"
+    assert message == "cdc.raw has no status columns (cannot be polled)"
+    table_less = polling_fallback_blocked(_settings(DEFAULT, message_prefix="app"))
+    assert table_less is not None and table_less[0] == "table_less_events"
+
+
+def test_a_statusless_table_anywhere_keeps_auto_mode_on_cdc(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first table has status columns, the second has none: polling would never relay
+    the second one's rows, so a failing stream is retried, never replaced by polling."""
+    svc = service_mod.Service(_settings(DEFAULT, DEBEZIUM))
+    fell_back: list[str] = []
+    attempts: list[int] = []
+
+    def stream_fails(_: Settings) -> None:
+        attempts.append(1)
+        if len(attempts) == 3:
+            svc.request_stop()
+        raise CdcUnavailable("the replication connection failed")
+
+    def fall_back(_: Any, problem: str) -> None:
+        fell_back.append(problem)
+        svc.request_stop()
+
+    monkeypatch.setattr(service_mod, "cdc_problem", lambda _: "wal_level is 'replica'")
+    monkeypatch.setattr(service_mod, "publication_must_fit", stream_fails)
+    monkeypatch.setattr(service_mod, "RECONNECT", BackoffPolicy(base_s=0.0, max_s=0.0))
+    monkeypatch.setattr(svc, "_read_state", lambda: None)
+    monkeypatch.setattr(svc, "_fall_back", fall_back)
+
+    class Lead:
+        def is_leader(self) -> bool:
+            return True
+
+    with caplog.at_level("WARNING", logger="cdc_outbox.service"):
+        svc._lead(Lead())  # type: ignore[arg-type]
+    assert fell_back == []
+    assert len(attempts) == 3
+    assert "cdc.raw has no status columns (cannot be polled); relaying by CDC only" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("batch", "tables", "shares"),
+    [(100, 1, [100]), (100, 3, [34, 33, 33]), (2, 3, [1, 1, 1]), (10, 2, [5, 5])],
+)
+def test_each_table_gets_its_share_of_the_batch(batch: int, tables: int, shares: list[int]) -> None:
+    assert batch_shares(batch, tables) == shares
