@@ -31,6 +31,7 @@ from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.monitoring.lag import (
     LagSample,
     outbox_columns,
+    read_outboxes,
     read_polling,
     read_slot,
 )
@@ -43,7 +44,7 @@ DATABASE_KEYS = (
     "slot_spill_bytes", "slot_stream_txns", "slot_stream_count", "slot_stream_bytes",
     "slot_total_txns", "slot_total_bytes", "oldest_unpublished_age_seconds", "polling_pending",
     "polling_processing", "polling_failed", "polling_retrying_rows", "polling_retry_attempts",
-    "mode",
+    "outboxes", "mode",
 )  # fmt: skip
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -123,6 +124,7 @@ def collect(settings: Settings, conn: bootstrap.Conn, url: str | None) -> dict[s
         read_polling(conn, settings, sample, outbox_columns(conn, settings))
     elif relay is not None:
         sample.oldest_unpublished_age_seconds = relay.get("oldest_unpublished_age_seconds")
+    read_outboxes(conn, settings, sample)
     data = sample.to_dict()
     doc = {key: data[key] for key in DATABASE_KEYS}
     doc.update(relay=relay, relay_url=url, relay_error=relay_error)
@@ -195,6 +197,8 @@ def render(doc: dict[str, Any], history: Mapping[str, Iterable[float]] | None = 
             f"pending {doc['polling_pending']:,}, processing {doc['polling_processing']:,}, "
             f"failed {doc['polling_failed']:,}, retrying {doc['polling_retrying_rows']:,}",
         )
+    for f in doc.get("outboxes") or []:
+        table.add_row(f"outbox {f['outbox']}", _outbox_line(f))
     relay = doc["relay"]
     if relay is None:
         table.add_row("relay", f"[yellow]{doc['relay_error']}[/]")
@@ -226,6 +230,18 @@ def render(doc: dict[str, Any], history: Mapping[str, Iterable[float]] | None = 
             f"{relay['heartbeats_total']:,} ok, {relay.get('heartbeat_errors_total', 0):,} failed",
         )
     return table
+
+
+def _outbox_line(f: Mapping[str, Any]) -> str:
+    """One outbox table: unpublished rows, the oldest one's age, dead letters."""
+    if not f["exists"]:
+        return "[red]missing[/]"
+    line = f"{_count(f['unpublished_rows'])} unpublished"
+    if f["oldest_unpublished_age_seconds"] is not None:
+        line += f", oldest {_seconds(f['oldest_unpublished_age_seconds'])}"
+    if f["failed_rows"] is not None:
+        line += f", {f['failed_rows']:,} FAILED ({f['parked_aggregates']:,} aggregates parked)"
+    return line
 
 
 def sparkline(values: Iterable[float]) -> str:

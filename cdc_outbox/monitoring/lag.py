@@ -17,7 +17,7 @@ import psycopg
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.redaction import redact
-from cdc_outbox.store import schema
+from cdc_outbox.store.inspection import outbox_figures
 from cdc_outbox.store.outbox_table import OutboxTable
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -55,6 +55,10 @@ class LagSample:
     polling_failed: int | None = None
     polling_retrying_rows: int | None = None
     polling_retry_attempts: int | None = None
+    #: Per configured outbox table (``outbox`` = schema.table), each an
+    #: :class:`~cdc_outbox.store.inspection.OutboxFigures` as a dict; the tables whose rows
+    #: tell what is unpublished in the mode (:func:`figure_tables`).
+    outboxes: list[dict[str, Any]] | None = None
     # relay (from RelayStats and the latency histogram, over the last sampling interval)
     mode: str | None = None
     role: str | None = None  # leader or standby (single active instance)
@@ -115,10 +119,15 @@ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
 POLLING_NEEDS = frozenset({"status", "attempts"})
 
 
-def outbox_columns(conn: Conn, settings: Settings) -> frozenset[str]:
-    """Column names of the outbox table (empty if it does not exist or is not visible)."""
-    name = schema.outbox_ident(settings).as_string(conn)
-    return frozenset(r[0] for r in conn.execute(_COLUMNS_SQL, (name,)))
+def outbox_columns(conn: Conn, settings: Settings) -> dict[str, frozenset[str]]:
+    """Column names of each outbox table by ``schema.table`` (empty if it does not exist or
+    is not visible)."""
+    return {
+        outbox.name: frozenset(
+            r[0] for r in conn.execute(_COLUMNS_SQL, (outbox.ident.as_string(conn),))
+        )
+        for outbox in OutboxTable.all_of(settings)
+    }
 
 
 def read_slot(conn: Conn, settings: Settings, sample: LagSample) -> None:
@@ -130,25 +139,49 @@ def read_slot(conn: Conn, settings: Settings, sample: LagSample) -> None:
 
 
 def read_polling(
-    conn: Conn, settings: Settings, sample: LagSample, columns: frozenset[str]
+    conn: Conn, settings: Settings, sample: LagSample, columns: dict[str, frozenset[str]]
 ) -> None:
-    """Fill the polling counts and the oldest unpublished (PENDING/PROCESSING) row's age.
+    """Fill the polling counts (summed over the outbox tables) and the oldest unpublished
+    (PENDING/PROCESSING) row's age (the oldest of every table).
 
-    Needs the ``status`` and ``attempts`` columns (age also ``created_at``); without them the
-    fields stay ``None``.
+    Needs the ``status`` and ``attempts`` columns (age also ``created_at``); a table without
+    them is left out, and with none the fields stay ``None``.
     """
-    outbox = OutboxTable.of(settings)
-    if not outbox.has_status or not columns >= POLLING_NEEDS:
-        return
-    query = outbox.polling_counts(with_age="created_at" in columns)
-    row = conn.execute(query).fetchone()
-    assert row is not None
-    pending, processing, failed, retrying, attempts_sum = (int(v) for v in row[:5])
-    sample.polling_pending, sample.polling_processing = pending, processing
-    sample.polling_failed, sample.polling_retrying_rows = failed, retrying
-    sample.polling_retry_attempts = attempts_sum
-    if "created_at" in columns:  # no unpublished row: age 0
-        sample.oldest_unpublished_age_seconds = max(float(row[5] or 0.0), 0.0)
+    for outbox in OutboxTable.all_of(settings):
+        have = columns.get(outbox.name, frozenset())
+        if not outbox.has_status or not have >= POLLING_NEEDS:
+            continue
+        row = conn.execute(outbox.polling_counts(with_age="created_at" in have)).fetchone()
+        assert row is not None
+        pending, processing, failed, retrying, attempts_sum = (int(v) for v in row[:5])
+        sample.polling_pending = (sample.polling_pending or 0) + pending
+        sample.polling_processing = (sample.polling_processing or 0) + processing
+        sample.polling_failed = (sample.polling_failed or 0) + failed
+        sample.polling_retrying_rows = (sample.polling_retrying_rows or 0) + retrying
+        sample.polling_retry_attempts = (sample.polling_retry_attempts or 0) + attempts_sum
+        if "created_at" in have:  # no unpublished row: age 0
+            age = max(float(row[5] or 0.0), 0.0)
+            sample.oldest_unpublished_age_seconds = max(
+                sample.oldest_unpublished_age_seconds or 0.0, age
+            )
+
+
+def figure_tables(settings: Settings, mode: str | None) -> list[OutboxTable]:
+    """The outbox tables whose rows tell what is unpublished in ``mode``: a table with status
+    columns, unless CDC leaves its rows unmarked (``cdc_mark_published = "off"`` outside
+    polling); a table without them only when CDC deletes published rows."""
+    return [
+        t
+        for t in OutboxTable.all_of(settings)
+        if (t.has_status and (mode == "polling" or t.marking != "off"))
+        or (not t.has_status and t.marking == "delete")
+    ]
+
+
+def read_outboxes(conn: Conn, settings: Settings, sample: LagSample) -> None:
+    """Fill ``sample.outboxes``: the figures of each of :func:`figure_tables`."""
+    figures = outbox_figures(conn, settings, figure_tables(settings, sample.mode))
+    sample.outboxes = [asdict(f) for f in figures]
 
 
 class WalClock:

@@ -256,6 +256,7 @@ METRIC_NAMES = frozenset(
         "heartbeat_last_success_timestamp_seconds", "role", "phase", "delivery_retries_total",
         "delivery_alert", "order_broken_total", "delivery_guarantee", "kafka_transactions_total",
         "untrusted_checkpoints_total", "slot_invalidations_total", "standby_held_transactions",
-        "standby_wait_seconds",
+        "standby_wait_seconds", "polling_fallback_disabled", "outbox_unpublished_rows",
+        "outbox_oldest_unpublished_age_seconds", "outbox_failed_rows", "outbox_parked_aggregates",
     )
 )  # fmt: skip

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from cdc_outbox.admin.preflight import FALLBACK_BLOCKERS, polling_fallback_blocked
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.metric_families import PREFIX, counter, gauge, one_of
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from cdc_outbox.monitoring.lag import LagSample
     from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 
-__all__ = ["heartbeat_families", "monitor_families"]
+__all__ = ["OUTBOX_GAUGES", "heartbeat_families", "monitor_families", "outbox_families"]
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 POLLING_STATUSES = ("pending", "processing", "failed")
@@ -25,8 +26,42 @@ def lsn_bytes(text: str) -> float:
     return float(Lsn.parse(text))
 
 
+#: Per outbox table gauges: (name, help, OutboxFigures field); labelled ``outbox`` =
+#: schema.table, one series per configured table the monitor samples (bounded cardinality).
+OUTBOX_GAUGES = (
+    ("outbox_unpublished_rows", "Unpublished rows (PENDING/PROCESSING; every row of a table"
+     " without status columns) of the outbox table.", "unpublished_rows"),
+    ("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished row of the outbox"
+     " table (by created_at; 0 when there is none).", "oldest_unpublished_age_seconds"),
+    ("outbox_failed_rows", "Dead-lettered (FAILED) rows of the outbox table.", "failed_rows"),
+    ("outbox_parked_aggregates", "Aggregates of the outbox table parked behind a FAILED row"
+     " (until `cdc-outbox redrive`).", "parked_aggregates"),
+)  # fmt: skip
+
+
+def outbox_families(figures: list[dict[str, Any]]) -> Iterable[Metric]:
+    """The :data:`OUTBOX_GAUGES`, one sample per outbox table with that figure known."""
+    for name, doc, key in OUTBOX_GAUGES:
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=["outbox"])
+        for f in figures:
+            if f.get(key) is not None:
+                family.add_metric([str(f["outbox"])], float(f[key]))
+        yield family
+
+
 def monitor_families(monitor: SlotMonitor) -> Iterable[Metric]:
     s: LagSample | None = monitor.latest
+    settings = monitor.settings
+    blocked = polling_fallback_blocked(settings) if settings.mode == "auto" else None
+    yield one_of(
+        PREFIX + "polling_fallback_disabled",
+        "Auto mode only: 1 for the reason it relays by CDC only and never falls back to polling"
+        " (table_less_events: message_prefix; statusless_outbox: a table without status"
+        " columns), 0 for the others.",
+        "reason",
+        FALLBACK_BLOCKERS if settings.mode == "auto" else (),
+        None if blocked is None else blocked[0],
+    )
     yield gauge("monitor_up", "1 if the last slot-monitor sample succeeded.", monitor.up)
     yield counter("monitor_errors_total", "Failed slot-monitor samples.", monitor.errors)
     yield gauge(
@@ -133,6 +168,7 @@ def monitor_families(monitor: SlotMonitor) -> Iterable[Metric]:
     yield gauge(
         "polling_retrying_rows", "PENDING rows that failed at least once.", s.polling_retrying_rows
     )
+    yield from outbox_families(s.outboxes or [])
     yield gauge(
         "polling_retry_attempts",
         "Attempts made so far by the retrying PENDING rows.",

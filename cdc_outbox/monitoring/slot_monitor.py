@@ -31,6 +31,7 @@ from cdc_outbox.monitoring.lag import (
     lsn_value,
     one_line,
     outbox_columns,
+    read_outboxes,
     read_polling,
     read_slot,
 )
@@ -88,7 +89,7 @@ class SlotMonitor(BackgroundLoop):
         self._latest: LagSample | None = None
         self._lock = threading.Lock()
         self._clock = WalClock()
-        self._columns: frozenset[str] | None = None
+        self._columns: dict[str, frozenset[str]] | None = None
         self._previous: _Previous | None = None
         self._attached: list[RelayStats] = []
         self._last_error_log = float("-inf")
@@ -161,6 +162,7 @@ class SlotMonitor(BackgroundLoop):
             read_slot(conn, self.settings, sample)
             if sample.mode == "polling":
                 read_polling(conn, self.settings, sample, self._columns)
+            read_outboxes(conn, self.settings, sample)
         wal = lsn_value(sample.wal_lsn)
         if wal is not None:
             self._clock.add(now, wal)

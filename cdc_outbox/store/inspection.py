@@ -8,6 +8,7 @@ statements that match rows by id which array type to cast their ids to.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,11 +351,13 @@ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
 """
 
 
-def outbox_figures(conn: Conn, settings: Settings) -> list[OutboxFigures]:
-    """:class:`OutboxFigures` of every configured outbox table, in configuration order (one
-    catalog query and one count per table)."""
+def outbox_figures(
+    conn: Conn, settings: Settings, outboxes: Sequence[OutboxTable] | None = None
+) -> list[OutboxFigures]:
+    """:class:`OutboxFigures` of ``outboxes`` (None: every configured outbox table), in
+    configuration order (one catalog query and one count per table)."""
     figures = []
-    for outbox in OutboxTable.all_of(settings):
+    for outbox in OutboxTable.all_of(settings) if outboxes is None else outboxes:
         f = OutboxFigures(outbox.name)
         figures.append(f)
         columns = {r[0] for r in conn.execute(_REL_COLUMNS_SQL, (outbox.ident.as_string(conn),))}
@@ -370,7 +373,7 @@ def outbox_figures(conn: Conn, settings: Settings) -> list[OutboxFigures]:
             "SELECT count(*) FILTER (WHERE {u}),"
             " coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE {u})), 0)::float8,"
             " count(*) FILTER (WHERE {p}), count(*) FILTER (WHERE {f}),"
-            " count(DISTINCT {agg}) FILTER (WHERE {f}) FROM {t}"
+            " count(DISTINCT {agg}) FILTER (WHERE {f}) FROM {t} WHERE {u} OR {f}"
         ).format(
             u=unpublished,
             p=sql.SQL("status = 'PENDING'"),

@@ -35,14 +35,27 @@ def full_sample() -> LagSample:
         slot_stream_count=5, slot_stream_bytes=6, slot_total_txns=7, slot_total_bytes=8,
         oldest_unpublished_age_seconds=12.5, polling_pending=10, polling_processing=2,
         polling_failed=1, polling_retrying_rows=3, polling_retry_attempts=7, mode="polling",
+        outboxes=[
+            {"outbox": "public.outbox", "exists": True, "unpublished_rows": 12,
+             "oldest_unpublished_age_seconds": 12.5, "pending_rows": 10, "failed_rows": 1,
+             "parked_aggregates": 1},
+            {"outbox": "billing.events", "exists": True, "unpublished_rows": 4,
+             "oldest_unpublished_age_seconds": 0.0, "pending_rows": 4, "failed_rows": 0,
+             "parked_aggregates": 0},
+            {"outbox": "cdc.raw", "exists": True, "unpublished_rows": 3,
+             "oldest_unpublished_age_seconds": None, "pending_rows": None, "failed_rows": None,
+             "parked_aggregates": None},
+        ],
     )  # fmt: skip
 
 
-def scrape(stats: RelayStats, sample: LagSample | None) -> tuple[str, dict[str, float]]:
+def scrape(
+    stats: RelayStats, sample: LagSample | None, settings: Settings = SETTINGS
+) -> tuple[str, dict[str, float]]:
     """Exposition text and {sample name + labels: value} of a registry with every source."""
     histogram = LatencyHistogram()
     stats.latency_observers.append(histogram.observe)
-    monitor = SlotMonitor(SETTINGS, lambda: stats, histogram)
+    monitor = SlotMonitor(settings, lambda: stats, histogram)
     if sample is not None:
         monitor.record(sample)
         monitor.up = True
@@ -244,3 +257,29 @@ def test_delivery_guarantee_and_kafka_transactions_are_exported() -> None:
     assert 'cdc_outbox_delivery_guarantee{guarantee="at_least_once"} 0.0' in text
     assert 'cdc_outbox_kafka_transactions_total{outcome="committed"} 7.0' in text
     assert 'cdc_outbox_kafka_transactions_total{outcome="aborted"} 2.0' in text
+
+
+def test_each_outbox_table_gets_its_own_labelled_gauges() -> None:
+    _, values = scrape(busy_stats(), full_sample())
+    assert values["cdc_outbox_outbox_unpublished_rows{outbox=public.outbox}"] == 12
+    assert values["cdc_outbox_outbox_unpublished_rows{outbox=billing.events}"] == 4
+    assert values["cdc_outbox_outbox_unpublished_rows{outbox=cdc.raw}"] == 3
+    assert values["cdc_outbox_outbox_oldest_unpublished_age_seconds{outbox=public.outbox}"] == 12.5
+    assert values["cdc_outbox_outbox_failed_rows{outbox=public.outbox}"] == 1
+    assert values["cdc_outbox_outbox_parked_aggregates{outbox=billing.events}"] == 0
+    # a table without status columns has no FAILED rows nor created_at: absent, not zero
+    assert "cdc_outbox_outbox_failed_rows{outbox=cdc.raw}" not in values
+    assert "cdc_outbox_outbox_oldest_unpublished_age_seconds{outbox=cdc.raw}" not in values
+
+
+def test_auto_mode_says_when_it_will_not_fall_back_to_polling() -> None:
+    _, values = scrape(busy_stats(), None)
+    assert values["cdc_outbox_polling_fallback_disabled{reason=table_less_events}"] == 0
+    assert values["cdc_outbox_polling_fallback_disabled{reason=statusless_outbox}"] == 0
+    table_less = SETTINGS.model_copy(update={"message_prefix": "app"})
+    _, values = scrape(busy_stats(), None, table_less)
+    assert values["cdc_outbox_polling_fallback_disabled{reason=table_less_events}"] == 1
+    assert values["cdc_outbox_polling_fallback_disabled{reason=statusless_outbox}"] == 0
+    cdc = SETTINGS.model_copy(update={"mode": "cdc", "message_prefix": "app"})
+    _, values = scrape(busy_stats(), None, cdc)  # never falls back anyway: no samples
+    assert not any(k.startswith("cdc_outbox_polling_fallback_disabled") for k in values)
