@@ -203,3 +203,53 @@ def test_redrive_and_cleanup_take_a_table_and_default_to_every_table(pg_dsn: str
     rest = run_cli("cleanup", "--older-than", "7d", "--json", dsn=pg_dsn, **env)
     assert json.loads(rest.stdout)["tables"] == {"public.outbox": 0, "billing.events": 1}
     assert "done" not in _statuses(pg_dsn, "billing.events")
+
+
+def test_metrics_and_lag_show_each_outbox_table(pg_dsn: str) -> None:
+    from cdc_outbox.config import Settings
+    from cdc_outbox.monitoring import start_monitoring
+    from cdc_outbox.relay_stats import RelayStats
+    from tests.helpers import wait_until
+    from tests.integration.test_monitoring import free_port, scrape
+
+    entries = [PUBLIC, BILLING]
+    settings = Settings.model_validate(
+        {"dsn": pg_dsn, "mode": "polling", "metrics_port": free_port(),
+         "monitor_interval_s": 0.5, "outboxes": entries}
+    )  # fmt: skip
+    ddl = run_cli("sql", "outbox", dsn=pg_dsn, CDC_OUTBOX_OUTBOXES=outboxes(*entries))
+    query(pg_dsn, ddl.stdout)
+    insert(pg_dsn, "public.outbox", "p1")
+    insert(pg_dsn, "billing.events", "b1")
+    insert(pg_dsn, "billing.events", "b2")
+    insert(pg_dsn, "billing.events", "b3", "FAILED")
+    query(pg_dsn, "UPDATE billing.events SET created_at = now() - interval '1 hour'")
+    with start_monitoring(settings, lambda: RelayStats(mode="polling")):
+        m = wait_until(
+            lambda: (
+                (v := scrape(settings)).get(
+                    "cdc_outbox_outbox_unpublished_rows{outbox=billing.events}"
+                )
+                and v
+            )
+        )
+    assert m["cdc_outbox_outbox_unpublished_rows{outbox=public.outbox}"] == 1
+    assert m["cdc_outbox_outbox_unpublished_rows{outbox=billing.events}"] == 2
+    assert m["cdc_outbox_outbox_failed_rows{outbox=billing.events}"] == 1
+    assert m["cdc_outbox_outbox_parked_aggregates{outbox=public.outbox}"] == 0
+    assert m["cdc_outbox_outbox_oldest_unpublished_age_seconds{outbox=billing.events}"] >= 3600
+    assert m["cdc_outbox_outbox_oldest_unpublished_age_seconds{outbox=public.outbox}"] < 600
+    assert m["cdc_outbox_polling_rows{status=pending}"] == 3  # summed over the tables
+    lag = run_cli("lag", "--json", dsn=pg_dsn, CDC_OUTBOX_OUTBOXES=outboxes(*entries),
+                  CDC_OUTBOX_MODE="polling", CDC_OUTBOX_METRICS_PORT="0")  # fmt: skip
+    assert lag.returncode == 0, lag.stderr
+    doc = json.loads(lag.stdout)
+    by_name = {f["outbox"]: f for f in doc["outboxes"]}
+    assert (
+        by_name["billing.events"]["unpublished_rows"],
+        by_name["public.outbox"]["unpublished_rows"],
+    ) == (2, 1)
+    assert doc["polling_pending"] == 3 and doc["oldest_unpublished_age_seconds"] >= 3600
+    human = run_cli("lag", dsn=pg_dsn, CDC_OUTBOX_OUTBOXES=outboxes(*entries),
+                    CDC_OUTBOX_MODE="polling", CDC_OUTBOX_METRICS_PORT="0")  # fmt: skip
+    assert "outbox billing.events" in human.stdout and "1 FAILED" in human.stdout

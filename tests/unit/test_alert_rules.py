@@ -91,6 +91,10 @@ def test_rules_are_well_formed_and_cover_the_required_alerts() -> None:
         "CdcOutboxOldestUnpublishedTooOld": "cdc_outbox_oldest_unpublished_age_seconds >",
         "CdcOutboxRelayDown": 'up{job="cdc-outbox"} == 0',
         "CdcOutboxDeadLettersIncreasing": "increase(cdc_outbox_events_dead_lettered_total",
+        # per outbox table (label outbox = schema.table)
+        "CdcOutboxOutboxBacklogTooOld": "cdc_outbox_outbox_oldest_unpublished_age_seconds >",
+        "CdcOutboxOutboxParkedAggregates": "cdc_outbox_outbox_parked_aggregates >",
+        "CdcOutboxPollingFallbackDisabled": "cdc_outbox_polling_fallback_disabled == 1",
     }
     for alert, fragment in required.items():
         assert fragment in exprs.get(alert, ""), alert
@@ -113,6 +117,15 @@ def test_grafana_dashboard_is_importable() -> None:
     assert len(ids) == len(set(ids))
     titles = {p["title"] for p in doc["panels"]}
     assert {"Slot lag and retained WAL", "Throughput by topic", "Commit→ack latency"} <= titles
+    per_outbox = [
+        t["expr"]
+        for p in doc["panels"]
+        if "by outbox table" in p["title"]
+        for t in p.get("targets", [])
+    ]
+    assert len(per_outbox) == 4 and all('outbox=~"$outbox"' in e for e in per_outbox)
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert "cdc_outbox_outbox_unpublished_rows, outbox" in variables["outbox"]["definition"]
     for panel in doc["panels"]:
         grid = panel["gridPos"]
         assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24

@@ -84,9 +84,34 @@
               : c.delivery === "at_least_once" ? "at-least-once" : "?", null);
     badge.className = "badge " + (c.mode || "");
     document.getElementById("slot-name").textContent = c.slot_name;
+    showOutboxes(c.outboxes || []);
     const err = document.getElementById("db-error");
     err.hidden = !c.error;
     err.textContent = c.error ? "database: " + c.error : "";
+  }
+
+  // One row per outbox table (schema.table) the monitor samples.
+  function showOutboxes(outboxes) {
+    const body = document.querySelector("#outboxes tbody");
+    body.replaceChildren(...outboxes.map((o) => {
+      const row = document.createElement("tr");
+      row.dataset.outbox = o.outbox;
+      const age = o.oldest_unpublished_age_seconds;
+      const cells = [
+        [o.outbox, null],
+        [o.exists ? count(o.unpublished_rows) : "missing", o.exists ? null : "bad"],
+        [age == null ? "n/a" : seconds(age), age == null ? null : age > 300 ? "bad" : age > 30 ? "warn" : "good"],
+        [o.failed_rows == null ? "n/a" : count(o.failed_rows), o.failed_rows ? "warn" : null],
+        [o.parked_aggregates == null ? "n/a" : count(o.parked_aggregates), o.parked_aggregates ? "warn" : null],
+      ];
+      for (const [text, cls] of cells) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        if (cls) td.classList.add(cls);
+        row.appendChild(td);
+      }
+      return row;
+    }));
   }
 
   // -- charts --------------------------------------------------------------------------------
