@@ -8,7 +8,9 @@ setting by setting) and the notes to print with them, or raises :class:`ConfigEr
 line naming the first setting cdc-outbox cannot honour: every option of the outbox
 ``EventRouter`` is either mapped, accepted because the records come out the same, or refused;
 connector keys that cannot change the records (``tasks.max``, ``snapshot.mode``, ...) are
-listed as not carried over. The password is never copied (libpq reads ``PGPASSWORD``).
+listed as not carried over. Several tables in ``table.include.list`` become ``[[outboxes]]``
+entries (one EventRouter serves them all: each gets its columns and topic). The password is
+never copied (libpq reads ``PGPASSWORD``).
 :func:`to_toml` renders the settings as a TOML file for ``cdc-outbox --config``.
 """
 
@@ -91,6 +93,8 @@ class Conversion:
 
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: ``(schema, table)`` of each table of ``table.include.list``.
+    tables: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _refuse(key: str, value: str | None, why: str) -> ConfigError:
@@ -245,21 +249,41 @@ def _connection(config: Mapping[str, str], conv: Conversion) -> None:
     if "database.password" in config:
         conv.notes.append("database.password is not copied: set PGPASSWORD, or put the whole"
                           " conninfo in CDC_OUTBOX_DSN")  # fmt: skip
-    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
-    if len(tables) > 1:
-        raise _refuse("table.include.list", config["table.include.list"], "cdc-outbox relays"
-                      " one outbox table")  # fmt: skip
-    if tables:
-        schema, _, table = tables[0].rpartition(".")
-        for what, name in (("schema", schema or "public"), ("table", table)):
-            if not IDENT_RE.fullmatch(name):
-                raise _refuse("table.include.list", tables[0], f"{what} {name!r} is not a plain"
-                              " identifier (regular expressions are not supported)")  # fmt: skip
-        conv.settings["outbox_schema"] = schema or "public"
-        conv.settings["outbox_table"] = table
+    conv.tables = _included_tables(config)
     for key, setting in (("slot.name", "slot_name"), ("publication.name", "publication_name")):
         if config.get(key, "").strip():
             conv.settings[setting] = config[key].strip()
+
+
+def _included_tables(config: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(schema, table)`` of each ``table.include.list`` entry (plain names only, each once)."""
+    tables: list[tuple[str, str]] = []
+    for entry in (t.strip() for t in config.get("table.include.list", "").split(",")):
+        if not entry:
+            continue
+        schema, _, table = entry.rpartition(".")
+        for what, name in (("schema", schema or "public"), ("table", table)):
+            if not IDENT_RE.fullmatch(name):
+                raise _refuse("table.include.list", entry, f"{what} {name!r} is not a plain"
+                              " identifier (regular expressions are not supported)")  # fmt: skip
+        if (schema or "public", table) in tables:
+            raise _refuse("table.include.list", entry, "listed twice")
+        tables.append((schema or "public", table))
+    return tables
+
+
+def _place_tables(conv: Conversion) -> None:
+    """One included table: the single-table keys; several: an ``[[outboxes]]`` entry each,
+    with the router's columns and topic (one EventRouter serves every table)."""
+    if len(conv.tables) == 1:
+        conv.settings["outbox_schema"], conv.settings["outbox_table"] = conv.tables[0]
+        return
+    if not conv.tables:
+        return
+    shared = {key: conv.settings.pop(key) for key in ("topic_template", "columns")}
+    conv.settings["outboxes"] = [
+        {"schema": schema, "table": table, **shared} for schema, table in conv.tables
+    ]
 
 
 def convert(config: Mapping[str, str]) -> Conversion:
@@ -303,6 +327,7 @@ def convert(config: Mapping[str, str]) -> Conversion:
             )
     conv.settings["columns"] = {"preset": "debezium", **overrides}
     conv.settings["topic_template"] = _topic_template(opts, placeholder)
+    _place_tables(conv)
     if opts.get("route.tombstone.on.empty.payload", "false").lower() == "true":
         conv.settings["null_payload"] = "tombstone"
     if expand and opts.get("table.json.payload.null.behavior", "ignore").lower() == "ignore":
@@ -333,14 +358,26 @@ def _toml_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
-def _toml_table(lines: list[str], name: str, table: Mapping[str, Any]) -> None:
-    """``table`` as ``[name]`` (then its sub-tables as ``[name.key]``) appended to ``lines``."""
+def _toml_table(lines: list[str], name: str, table: Mapping[str, Any], array: bool = False) -> None:
+    """``table`` as ``[name]`` (``array``: ``[[name]]``), then its sub-tables as
+    ``[name.key]`` and its lists of tables as ``[[name.key]]``, appended to ``lines``."""
     if name:
-        lines += ["", f"[{name}]"]
+        lines += ["", f"[[{name}]]" if array else f"[{name}]"]
     subs = {k: v for k, v in table.items() if isinstance(v, Mapping)}
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items() if k not in subs]
+    arrays = {
+        k: v for k, v in table.items()
+        if isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v)
+    }  # fmt: skip
+    lines += [
+        f"{_toml_key(k)} = {_toml_value(v)}"
+        for k, v in table.items()
+        if k not in subs and k not in arrays
+    ]
     for key, sub in subs.items():
         _toml_table(lines, f"{name}.{_toml_key(key)}" if name else _toml_key(key), sub)
+    for key, items in arrays.items():
+        for item in items:
+            _toml_table(lines, f"{name}.{_toml_key(key)}" if name else _toml_key(key), item, True)
 
 
 def to_toml(conv: Conversion, source: str) -> str:

@@ -4,6 +4,7 @@ Kafka, publishes the records the Debezium documentation gives for that configura
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -117,3 +118,48 @@ def test_converted_debezium_connector_publishes_what_debezium_documents(
             ("id", str(event_id).encode()), ("event_type", event_type),
             ("aggregate_type", b"order"), ("eventType", event_type), ("tenant", b"acme"),
         ]  # fmt: skip
+
+
+def test_a_connector_of_several_tables_becomes_outboxes_that_init_sets_up(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """table.include.list of two tables: two [[outboxes]] entries; ``init`` checks both and
+    puts both in the one publication, ``status`` shows both (streaming both is the CDC
+    relay's part)."""
+    tag = uuid.uuid4().hex[:12]
+    connector = tmp_path / "connector.properties"
+    connector.write_text(
+        EXAMPLE.read_text()
+        .replace("slot.name=shop_outbox", f"slot.name=dbz_{tag}")
+        .replace("publication.name=shop_outbox_pub", f"publication.name=dbz_pub_{tag}")
+        .replace("table.include.list=app.outboxevent",
+                 "table.include.list=app.outboxevent,app.refundevent")
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_OUTBOX_")}
+    env["PYTHONPATH"] = str(REPO)
+    toml = tmp_path / "relay.toml"
+    toml.write_text(_cli("config", "import-debezium", connector, env=env, cwd=tmp_path))
+    settings = load_settings(toml, {"dsn": pg_dsn})
+    assert [o.name for o in settings.outbox_settings()] == ["app.outboxevent", "app.refundevent"]
+    env.update(CDC_OUTBOX_DSN=pg_dsn, CDC_OUTBOX_METRICS_PORT="0")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(TABLE)
+        conn.execute("CREATE TABLE app.refundevent (LIKE app.outboxevent INCLUDING ALL)")
+    try:
+        _cli("--config", toml, "init", env=env, cwd=tmp_path)
+        with psycopg.connect(pg_dsn) as conn:
+            tables = conn.execute(
+                "SELECT schemaname || '.' || tablename FROM pg_publication_tables"
+                " WHERE pubname = %s ORDER BY 1",
+                (f"dbz_pub_{tag}",),
+            ).fetchall()
+        assert tables == [("app.outboxevent",), ("app.refundevent",)]
+        status = json.loads(_cli("--config", toml, "status", "--json", env=env, cwd=tmp_path))
+        assert [o["outbox"] for o in status["outboxes"]] == ["app.outboxevent", "app.refundevent"]
+        assert all(o["exists"] and o["unpublished_rows"] == 0 for o in status["outboxes"])
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                " WHERE slot_name = %s", (f"dbz_{tag}",),
+            )  # fmt: skip

@@ -137,7 +137,8 @@ JSONC = "org.apache.kafka.connect.json.JsonConverter"
 REFUSED = [
     ({"connector.class": "io.debezium.connector.mysql.MySqlConnector"}, "connector.class="),
     ({"plugin.name": "decoderbufs"}, "plugin.name=decoderbufs"),
-    ({"table.include.list": "app.a,app.b"}, "table.include.list=app.a,app.b"),
+    ({"table.include.list": "app.a,app.b.*"}, "table.include.list=app.b.*"),
+    ({"table.include.list": "app.a, app.a"}, "table.include.list=app.a: listed twice"),
     ({"table.include.list": "app.out.*"}, "table.include.list=app.out.*"),
     ({"transforms": "outbox,unwrap",
       "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"},
@@ -211,3 +212,34 @@ def test_cli_prints_toml_or_refuses_with_exit_2(tmp_path: Path) -> None:
         "cdc-outbox: error: config import-debezium: plugin.name=wal2json: cdc-outbox decodes"
         " pgoutput only (the slot must be a pgoutput slot)"
     ]
+
+
+def test_several_included_tables_become_outboxes_entries(tmp_path: Path) -> None:
+    """One EventRouter serves every table Debezium includes: each becomes an [[outboxes]]
+    entry with the router's columns and topic, and the TOML loads as those outboxes."""
+    include = {"table.include.list": "app.orders_outbox, billing.outbox,shipping",
+               "database.hostname": "db"}  # fmt: skip
+    options = {"transforms.outbox.table.field.event.id": "event_id",
+               "transforms.outbox.route.topic.replacement": "shop.${routedByValue}"}  # fmt: skip
+    conv = convert(minimal(**include, **options))
+    entry = {"topic_template": "shop.{aggregate_type}",
+             "columns": {"preset": "debezium", "id": "event_id"}}  # fmt: skip
+    assert conv.settings["outboxes"] == [
+        {"schema": "app", "table": "orders_outbox", **entry},
+        {"schema": "billing", "table": "outbox", **entry},
+        {"schema": "public", "table": "shipping", **entry},
+    ]
+    for key in ("outbox_schema", "outbox_table", "columns", "topic_template"):
+        assert key not in conv.settings  # the entries replace the single-table keys
+    text = to_toml(conv, "connector.json")
+    assert text.count("[[outboxes]]") == 3 and text.count("[outboxes.columns]") == 3
+    path = tmp_path / "relay.toml"
+    path.write_text(text)
+    settings = load_settings(path)
+    assert [o.name for o in settings.outbox_settings()] == [
+        "app.orders_outbox", "billing.outbox", "public.shipping",
+    ]  # fmt: skip
+    for outbox in settings.outbox_settings():
+        assert settings.column_names(outbox).id == "event_id"
+        assert outbox.topic_template == "shop.{aggregate_type}"
+        assert not outbox.columns.has_status and outbox.cdc_mark_published == "off"
