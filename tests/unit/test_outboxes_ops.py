@@ -76,3 +76,16 @@ def test_a_statusless_table_anywhere_keeps_auto_mode_on_cdc(
 )
 def test_each_table_gets_its_share_of_the_batch(batch: int, tables: int, shares: list[int]) -> None:
     assert batch_shares(batch, tables) == shares
+
+
+def test_schemas_check_finds_each_outbox_topic_of_a_record() -> None:
+    from cdc_outbox.avro.check import _topics
+    from cdc_outbox.errors import ConfigError
+
+    billing = {**DEFAULT, "topic_template": "billing.{event_type}"}
+    shipping = {"schema": "s", "table": "t", "topic_template": "shipping.{event_type}"}
+    settings = _settings(billing, shipping, {**billing, "schema": "b2"})
+    assert _topics(settings, "shop.Paid", {}) == ["billing.Paid", "shipping.Paid"]
+    assert _topics(settings, "shop.Paid", {"Paid": "t"}) == ["t"]
+    with pytest.raises(ConfigError, match="needs the topic of shop.Paid"):
+        _topics(_settings(billing, DEBEZIUM), "shop.Paid", {})
