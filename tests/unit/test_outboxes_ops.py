@@ -87,5 +87,29 @@ def test_schemas_check_finds_each_outbox_topic_of_a_record() -> None:
     settings = _settings(billing, shipping, {**billing, "schema": "b2"})
     assert _topics(settings, "shop.Paid", {}) == ["billing.Paid", "shipping.Paid"]
     assert _topics(settings, "shop.Paid", {"Paid": "t"}) == ["t"]
-    with pytest.raises(ConfigError, match="needs the topic of shop.Paid"):
+    with pytest.raises(ConfigError, match=r"needs the topic of shop\.Paid"):
         _topics(_settings(billing, DEBEZIUM), "shop.Paid", {})
+
+
+def test_ddl_covers_every_outbox_table() -> None:
+    from cdc_outbox.store import schema
+
+    settings = _settings(DEFAULT, {**DEBEZIUM, "cdc_mark_published": "delete"}, mode="cdc")
+    text = lambda stmts: ";\n".join(s.as_string(None) for s in stmts)  # noqa: E731
+    assert schema.publication_ddl(settings).as_string(None) == (
+        'CREATE PUBLICATION "cdc_outbox_pub" FOR TABLE "public"."outbox", "cdc"."raw"'
+        " WITH (publish = 'insert', publish_via_partition_root = true)"
+    )
+    roles = text(schema.role_ddl(settings, "relay"))
+    assert 'GRANT USAGE ON SCHEMA "public" TO "relay"' in roles
+    assert 'GRANT USAGE ON SCHEMA "cdc" TO "relay"' in roles
+    assert 'GRANT SELECT ON "cdc"."raw" TO "relay"' in roles
+    assert 'GRANT UPDATE ("status"' in roles and 'ON "public"."outbox" TO "relay"' in roles
+    assert (
+        'GRANT UPDATE ("status", "attempts", "available_at", "locked_at", "locked_by",'
+        ' "published_at", "last_error") ON "cdc"."raw"' not in roles
+    )  # no status columns
+    assert 'GRANT DELETE ON "cdc"."raw" TO "relay"' in roles
+    assert '"public"."cdc_outbox_relay_state"' in roles  # the first outbox's schema
+    raw = text(schema.outbox_table_ddl(settings, settings.outbox("cdc.raw")))
+    assert raw.startswith('CREATE TABLE IF NOT EXISTS "cdc"."raw"') and "status" not in raw
