@@ -113,11 +113,11 @@ class Delivery:
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
         self.to_mark: list[DeadLetterReport] = []
-        #: Exactly-once catch-up: ``(event id, reason)`` of acknowledged dead letters, marked
-        #: FAILED by the catch-up only after the Kafka commit (the redo of an aborted batch
-        #: dead-letters them again).
+        #: Exactly-once catch-up: ``(event id, reason, outbox)`` of acknowledged dead letters,
+        #: marked FAILED by the catch-up only after the Kafka commit (the redo of an aborted
+        #: batch dead-letters them again).
         self.defer_failed = False
-        self.failed_after_commit: list[tuple[str, str]] = []
+        self.failed_after_commit: list[tuple[str, str, int]] = []
         self.interrupted = interrupted  # the produce loop's stop question (see the contract)
         self.idle = idle  # called while the producer queue is full
         self._halt_policy = settings.on_permanent_error == "halt"
@@ -383,7 +383,9 @@ class Delivery:
             if d.event_id is not None and d.outbox >= 0:
                 by_outbox.setdefault(d.outbox, []).append((d.event_id, d.reason))
         if self.defer_failed:
-            self.failed_after_commit += [r for rows in by_outbox.values() for r in rows]
+            self.failed_after_commit += [
+                (i, r, n) for n, rows in by_outbox.items() for i, r in rows
+            ]
         elif self.failed_rows is not None:
             try:
                 for outbox, rows in by_outbox.items():
