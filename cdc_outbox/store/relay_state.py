@@ -258,7 +258,9 @@ def record_new_slot(
 ) -> None:
     """``init``'s record of the slot. Not ``created`` (it existed): add a CATCHING_UP row if
     there is none, change nothing else. ``created``: the slot is a new incarnation, so the
-    kept ``confirmed_lsn`` of an earlier one is cleared, and the phase is STREAMING at
+    kept ``confirmed_lsn`` and ``streamed_tables`` of an earlier one are cleared (unknown
+    streamed tables: the relay catches up every outbox but the first before streaming it,
+    :mod:`cdc_outbox.cdc.new_tables`), and the phase is STREAMING at
     ``streamable_from`` (its consistent point, given when no row committed before it is
     unpublished: the slot alone delivers everything) or else CATCHING_UP (its backlog)."""
     table = schema.relay_state_ident(settings)
@@ -282,6 +284,11 @@ def record_new_slot(
         ).format(table),
         (settings.slot_name, str(phase), point),
     )
+    if _has_column(conn, settings, "streamed_tables"):
+        conn.execute(
+            sql.SQL("UPDATE {} SET streamed_tables = NULL WHERE slot_name = %s").format(table),
+            (settings.slot_name,),
+        )
 
 
 def write_phase(

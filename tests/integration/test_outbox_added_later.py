@@ -140,3 +140,26 @@ def test_a_table_added_to_the_publication_later_loses_nothing(
     with psycopg.connect(pg_dsn) as conn:  # every row of B marked PUBLISHED in B itself
         rows = conn.execute("SELECT status, count(*) FROM shipping.events GROUP BY 1").fetchall()
     assert dict(rows) == {"PUBLISHED": len(w.ids["B"])}
+
+
+def test_a_slot_init_creates_anew_forgets_which_tables_the_old_one_streamed(
+    pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str
+) -> None:
+    """A new incarnation of the slot has streamed nothing: a stale record would let a table
+    the new slot never streamed pass without its catch-up."""
+    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_outbox(settings)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            'UPDATE cdc_outbox_relay_state SET streamed_tables = \'{"x.y": "0/1"}\''
+            " WHERE slot_name = %s",
+            (settings.slot_name,),
+        )
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot_name,))
+    init_outbox(settings)  # creates the slot again
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT streamed_tables FROM cdc_outbox_relay_state WHERE slot_name = %s",
+            (settings.slot_name,),
+        ).fetchone()
+    assert row == (None,)
