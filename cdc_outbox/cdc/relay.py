@@ -114,7 +114,6 @@ class Relay:
         # Tables added later (cdc/new_tables.py): the real state table with the real stream.
         self._new_tables = ports.new_tables or (None if ports.stream else NewTables(settings))
         self._mappers = tuple(map(settings.outbox_mapper, settings.outbox_settings()))
-        self._mapper = self._mappers[0]
         marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
         self._bookkept = all(t.has_status for t in OutboxTable.all_of(settings))
