@@ -235,3 +235,16 @@ def test_an_unknown_record_with_one_outbox_catches_up_nothing() -> None:
                        export=_no_export)  # fmt: skip
     assert tables.catch_up(None, [], None, None) == {}  # type: ignore[arg-type]
     assert recorded == []
+
+
+def test_the_marker_takes_no_table_less_id_nor_one_of_an_outbox_that_does_not_mark() -> None:
+    from cdc_outbox.cdc.published_marker import PublishedMarker
+    from cdc_outbox.delivery.outcomes import TABLELESS
+
+    h = _harness("at_least_once", [OUTBOXES[0], {**OUTBOXES[1], "cdc_mark_published": "off"}])
+    marker = PublishedMarker(h.settings, rows={"public.outbox": FakeMarks(lambda: h.pg)})
+    marker.add(b"message-event", TABLELESS)
+    marker.add(b"shipping-row", 1)
+    assert (marker.handed, marker.dropped) == (0, 0)
+    marker.add(b"orders-row", 0)
+    assert marker.handed == 1
