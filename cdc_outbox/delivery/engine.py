@@ -63,7 +63,7 @@ from cdc_outbox.delivery.policy import (
     parking_key,
     precheck,
 )
-from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
+from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport, rows_by_outbox
 from cdc_outbox.errors import topic_missing
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener
 from cdc_outbox.kafka.producer_config import eos_config
@@ -377,11 +377,7 @@ class Delivery:
 
     def _mark_failed(self) -> None:
         batch = self.to_mark
-        # Table-less events have no row; each outbox's rows are marked in its table.
-        by_outbox: dict[int, list[tuple[str, str]]] = {}
-        for d in batch:
-            if d.event_id is not None and d.outbox >= 0:
-                by_outbox.setdefault(d.outbox, []).append((d.event_id, d.reason))
+        by_outbox = rows_by_outbox(batch)
         if self.defer_failed:
             self.failed_after_commit += [
                 (i, r, n) for n, rows in by_outbox.items() for i, r in rows
