@@ -35,6 +35,7 @@ __all__ = [
     "inspect_standby",
     "inspect_table",
     "outbox_figures",
+    "outbox_id_type",
 ]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -386,3 +387,11 @@ def outbox_figures(
         f.unpublished_rows, age, f.pending_rows, f.failed_rows, f.parked_aggregates = row
         f.oldest_unpublished_age_seconds = max(float(age), 0.0)
     return figures
+def outbox_id_type(conn: Conn, schema: str, table: str, column: str) -> ColumnType:
+    """The SQL type of ``column`` of the outbox table ``schema.table`` (one catalog query;
+    :func:`id_column_type` for one given by name, e.g. each of several outbox tables);
+    :class:`ConfigError` if the table or column does not exist."""
+    row = conn.execute(_COLUMN_TYPE_SQL, (schema, table, column)).fetchone()
+    if row is None:
+        raise ConfigError(f"config: no column {column!r} in table {schema}.{table}")
+    return ColumnType(*row)
