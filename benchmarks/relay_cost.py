@@ -160,7 +160,7 @@ def _child(what: str, n: int) -> None:
     delivery = Delivery(
         settings, stats, marker=marker, producer_client=cast(ProducerFactory, _Client)
     )
-    router = MessageRouter(settings, settings.outbox_mapper(), delivery, stats, None)
+    router = MessageRouter(settings, [settings.outbox_mapper()], delivery, stats, None)
     tracker = AckTracker(0)
 
     class _Checkpoint:
