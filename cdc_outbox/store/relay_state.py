@@ -38,6 +38,7 @@ Contract:
 from __future__ import annotations
 
 import enum
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -260,7 +261,8 @@ def record_new_slot(
     there is none, change nothing else. ``created``: the slot is a new incarnation, so the
     kept ``confirmed_lsn`` and ``streamed_tables`` of an earlier one are cleared (unknown
     streamed tables: the relay catches up every outbox but the first before streaming it,
-    :mod:`cdc_outbox.cdc.new_tables`), and the phase is STREAMING at
+    :mod:`cdc_outbox.cdc.new_tables`), and the phase is STREAMING, with every configured
+    table recorded as streamed, at
     ``streamable_from`` (its consistent point, given when no row committed before it is
     unpublished: the slot alone delivers everything) or else CATCHING_UP (its backlog)."""
     table = schema.relay_state_ident(settings)
@@ -285,9 +287,14 @@ def record_new_slot(
         (settings.slot_name, str(phase), point),
     )
     if _has_column(conn, settings, "streamed_tables"):
+        # STREAMING at its point: every configured table is the slot's own from there on
+        # (none is "added later"); CATCHING_UP: the relay records them once caught up.
+        tables = None
+        if point is not None:
+            tables = json.dumps(dict.fromkeys((o.name for o in settings.outbox_settings()), point))
         conn.execute(
-            sql.SQL("UPDATE {} SET streamed_tables = NULL WHERE slot_name = %s").format(table),
-            (settings.slot_name,),
+            sql.SQL("UPDATE {} SET streamed_tables = %s::jsonb WHERE slot_name = %s").format(table),
+            (tables, settings.slot_name),
         )
 
 
@@ -340,8 +347,6 @@ def record_streamed_tables(settings: Settings, tables: dict[str, int]) -> None:
     """Make ``tables`` (``schema.table`` -> from LSN) the slot's ``streamed_tables``,
     committed when this returns. Raises ``psycopg.Error`` (a missing column included) or
     ``DatabaseUnavailable``."""
-    import json
-
     value = json.dumps({name: str(Lsn(lsn)) for name, lsn in tables.items()})
     with db_pool.pooled(settings, timeout=5.0, statement_timeout_s=5.0) as conn:
         conn.execute(

@@ -253,3 +253,25 @@ def test_metrics_and_lag_show_each_outbox_table(pg_dsn: str) -> None:
     human = run_cli("lag", dsn=pg_dsn, CDC_OUTBOX_OUTBOXES=outboxes(*entries),
                     CDC_OUTBOX_MODE="polling", CDC_OUTBOX_METRICS_PORT="0")  # fmt: skip
     assert "outbox billing.events" in human.stdout and "1 FAILED" in human.stdout
+
+
+def test_init_of_a_new_slot_records_every_table_as_streamed_from_its_point(
+    pg_dsn: str, names: dict[str, str]
+) -> None:
+    """A table configured when ``init`` creates the slot is the slot's own, not one added
+    later: its rows must never go through a catch-up (which, with nothing telling published
+    rows from unpublished ones in a statusless layout or with marking off, publishes them
+    twice)."""
+    tag = names["slot"]
+    both = outboxes(
+        {"schema": "public", "table": f"o_{tag}"}, {"schema": "billing", "table": f"e_{tag}"}
+    )
+    init = cli(names, pg_dsn, "init", "--create-table", entries=both)
+    assert init.returncode == 0, init.stderr
+    [(recorded, point)] = query(
+        pg_dsn,
+        "SELECT streamed_tables, consistent_point::text FROM public.cdc_outbox_relay_state"
+        " WHERE slot_name = %s",
+        (names["slot"],),
+    )
+    assert recorded == {f"public.o_{tag}": point, f"billing.e_{tag}": point}
