@@ -62,6 +62,10 @@ BENCHMARKS: dict[str, Benchmark] = {
         "A/B of a librdkafka setting: flush time of 100-record batches",
         "benchmarks.producer_flush:main",
     ),
+    "outboxes": Benchmark(
+        "N outbox tables through one slot vs N relays with a slot each: CPU per event",
+        "benchmarks.outboxes_bench:main",
+    ),
     "table-less-cost": Benchmark(
         "WAL and writer time per event: outbox row vs logical message (PostgreSQL only)",
         "benchmarks.table_less_cost:main",

@@ -201,8 +201,9 @@ def _record_slot(
     conn: Conn, settings: Settings, point: Lsn | None, added: list[OutboxSettings]
 ) -> None:
     """Record the slot's phase: a new slot streams from its point unless rows are already
-    unpublished; tables added next to an existing slot with unpublished rows need a catch-up
-    (the slot never streams rows committed before they joined the publication)."""
+    unpublished. Tables added next to an existing slot are not in its ``streamed_tables``:
+    the relay catches them up at its next start (the slot never streams rows committed
+    before they joined the publication)."""
     backlog = unpublished_rows(conn, settings)
     # A new slot never streams rows committed before its consistent point. Counted after it
     # exists, no unpublished row means none of those is unpublished: the relay streams this
@@ -225,14 +226,12 @@ def _record_slot(
             point,
         )
     elif added and (waiting := unpublished_rows(conn, settings, added)):
-        conn.execute(
-            sql.SQL("UPDATE {} SET phase = 'CATCHING_UP', updated_at = now()"
-                    " WHERE slot_name = %s").format(schema.relay_state_ident(settings)),
-            (settings.slot_name,),
-        )  # fmt: skip
+        # Nothing to record: the slot's streamed_tables lacks the added tables, so the relay's
+        # next session start catches them up (cdc_outbox.cdc.new_tables), table by table.
         logger.warning(
             "init: %d unpublished rows already in %s, added to publication %s: slot %s never"
-            " streams them; the relay's next start publishes them (catch-up): restart it",
+            " streams them; the relay's next start publishes them (catch-up of those tables):"
+            " restart it",
             waiting,
             ", ".join(o.name for o in added),
             settings.publication_name,

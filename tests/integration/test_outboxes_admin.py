@@ -118,8 +118,15 @@ def test_init_again_adds_a_new_outbox_entry_to_the_publication(
     assert [a["name"] for a in json.loads(second.stdout)["actions"]] == ["add_to_publication"]
     [(*_, tables)] = publication_row(pg_dsn, names["publication"])
     assert sorted(tables) == ["billing.events", "public.outbox"]
-    # The existing slot never streams b1: the relay's next start catches it up.
-    assert phase(pg_dsn, names["slot"]) == "CATCHING_UP"
+    # The existing slot never streams b1: billing.events is not among the tables it has
+    # streamed, so the relay's next start catches that table up (cdc/new_tables.py).
+    assert phase(pg_dsn, names["slot"]) == "STREAMING"
+    [(streamed,)] = query(
+        pg_dsn,
+        "SELECT streamed_tables FROM public.cdc_outbox_relay_state WHERE slot_name = %s",
+        (names["slot"],),
+    )
+    assert set(streamed) == {"public.outbox"}
 
     third = cli(names, pg_dsn, "init", entries=both)
     assert third.returncode == 0 and "nothing to do" in third.stdout
