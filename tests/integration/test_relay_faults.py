@@ -1,5 +1,5 @@
-"""Faults really caused: broker stopped, relay kill -9 (over the mix of outboxes,
-tests/outbox_mix.py), SIGTERM, a huge transaction."""
+"""Faults really caused: broker stopped, relay kill -9, SIGTERM, a huge transaction. The two
+kill -9 tests run over the mix of outboxes (tests/outbox_mix.py)."""
 
 from __future__ import annotations
 
@@ -104,16 +104,16 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
     """If the slot had been confirmed past an unacknowledged event, killing the relay while
-    the broker is down would lose that event for good; the final tally shows none missing."""
-    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    init_outbox(settings)
-    spec = workload.WorkloadSpec(
-        events=4_000, writers=2, aggregates=40, txn_sizes=(1, 25), rate=800
-    )
+    the broker is down would lose that event for good; the final tally shows none missing, in
+    any stream of the mix of outboxes (tests/outbox_mix.py)."""
+    settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_mix(settings)
+    spec = MixSpec(events=4_000, writers=2, aggregates=40, txn_sizes=(1, 25), rate=800)
     relay = RelayProcess(settings, "kill-while-broker-down")
     relay.start()
     try:
-        writers, _ = _writer(pg_dsn, settings, spec)
+        writers, _ = mix_writers_thread(pg_dsn, spec, threading.Event())
+        writers.start()
         wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=60)
         time.sleep(1.0)  # let some load flow before the outage
         kafka_broker.stop()
@@ -127,11 +127,15 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
         wait_streamed_past_now(
             pg_dsn, settings.slot_name, timeout=180, message=lambda: relay.log_tail()
         )
+        with contextlib.suppress(AssertionError):  # asserted below, after the tally
+            wait_until(lambda: not unmarked(pg_dsn), timeout=30)
     finally:
         relay.stop_quietly()
-    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = mix_tally(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 4_000
+    left = unmarked(pg_dsn)
+    assert left == [], f"{len(left)} delivered rows not marked: {left[:5]}"
 
 
 def test_relay_killed_at_random_points_loses_nothing(
