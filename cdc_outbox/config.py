@@ -277,11 +277,14 @@ class Settings(BaseSettings):
         if self.tracing_relay_span and importlib.util.find_spec("opentelemetry") is None:
             raise ValueError("tracing_relay_span needs opentelemetry-api: pip install"
                              " 'cdc-outbox[otel]'")  # fmt: skip
-        if self.delivery == "exactly_once" and statusless:
+        kept = [o for o in statusless if o.cdc_mark_published != "delete"]
+        if self.delivery == "exactly_once" and kept:
+            # Its catch-up marks (or deletes) each Kafka transaction's rows as it commits; a
+            # statusless table can only have them deleted (docs/exactly-once.md).
             raise ValueError(
-                'delivery = "exactly_once" needs the status columns of the default column preset'
-                " (its catch-up marks rows as each Kafka transaction commits):"
-                f" {statusless[0].name} has none"
+                f'delivery = "exactly_once": {kept[0].name} has no status columns, so it needs'
+                ' cdc_mark_published = "delete" (its catch-up deletes rows as each Kafka'
+                " transaction commits)"
             )
         if self.delivery == "exactly_once" and self.mode == "polling":
             raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')

@@ -4,14 +4,19 @@ Contract of :class:`MessageRouter`: per XLogData payload, in stream order,
 - ``B``: a new transaction handle on the session's ack tracker (exactly-once: a transaction the
   checkpoint topic already holds is skipped whole; its events' ids still go to the
   published-marker, since a crash after the Kafka commit may have kept them from it);
-- ``I`` on an outbox relation: mapped and submitted to :class:`~cdc_outbox.delivery.engine.Delivery`
-  under the transaction's handle; inserts into other tables are counted and ignored;
+- ``I`` on an outbox relation: mapped with *its* outbox's mapper (each configured outbox
+  table has its own layout and topic template) and submitted to
+  :class:`~cdc_outbox.delivery.engine.Delivery` under the transaction's handle, with its
+  outbox's index (:mod:`cdc_outbox.delivery.outcomes`); inserts into other tables are counted
+  and ignored;
 - ``C``: the transaction's end LSN goes to the tracker (and the exactly-once batch) and is noted
   as written for the checkpointer;
-- ``R``: relation cache, and which relations are the outbox (a partition's too);
-- ``M``: a ``cdc_outbox.redrive`` message for this outbox releases its aggregates here; one
-  with the ``message_prefix`` (table-less events, :mod:`cdc_outbox.cdc.message_events`) is an
-  event of its transaction, treated as an insert is; a non-transactional one is refused: a
+- ``R``: relation cache, and which relations are which outbox, by (schema, table);
+- ``M``: a ``cdc_outbox.redrive`` message for one of the outboxes releases its aggregates
+  (of that table) here; one with the ``message_prefix`` (table-less events,
+  :mod:`cdc_outbox.cdc.message_events`, mapped with the first outbox's mapper, outbox
+  :data:`~cdc_outbox.delivery.outcomes.TABLELESS`) is an event of its transaction, treated as
+  an insert is; a non-transactional one is refused: a
   dead letter (and ``stats.refused_messages``) as a transaction of its own ending just past
   its LSN, so the slot is confirmed past it only once the dead letter is acknowledged;
 - anything else is counted in ``stats.ignored``.
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.cdc.checkpoint import Checkpointer
@@ -32,6 +37,8 @@ from cdc_outbox.cdc.txn_handle import TxnHandle
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery import pacing
 from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.outcomes import TABLELESS
+from cdc_outbox.delivery.policy import parking_key
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.pgwire.walproto import (
@@ -40,7 +47,7 @@ from cdc_outbox.pgwire.walproto import (
     parse_copy_data,
     pg_clock_to_unix,
 )
-from cdc_outbox.records import DeadLetter
+from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store.redrive import parse_redrive_message
 
@@ -51,6 +58,11 @@ _XLOGDATA = ord("w")
 _FRAMES_PER_TURN = 2000
 _decode_insert = pgoutput.decode_insert
 
+#: An outbox relation as the router keeps it: the Relation, its mapper's ``map_insert``, and
+#: the outbox's index.
+_MapInsert = Callable[[pgoutput.Relation, pgoutput.TupleData], OutboxRecord | DeadLetter]
+_Outbox = tuple[pgoutput.Relation, _MapInsert, int]
+
 
 class MessageRouter:
     """Dispatches one session's pgoutput messages (see the module contract)."""
@@ -58,27 +70,31 @@ class MessageRouter:
     def __init__(
         self,
         settings: Settings,
-        mapper: OutboxMapper,
+        mappers: Sequence[OutboxMapper],
         delivery: Delivery,
         stats: RelayStats,
         eos: EosCommitter | None,
     ) -> None:
+        """``mappers``: each configured outbox's, in ``settings.outbox_settings()`` order."""
         self.settings = settings
-        self._mapper = mapper
+        self._mappers = tuple(mappers)
         self.delivery = delivery
         self.stats = stats
         self.eos = eos
         self._relations = pgoutput.RelationCache()
-        self._outbox_relations: dict[int, pgoutput.Relation] = {}
+        self._outbox_relations: dict[int, _Outbox] = {}
+        #: (schema, table) -> outbox index; "schema.table" -> index (redrive messages)
+        self._by_relation = {(m.schema, m.table): n for n, m in enumerate(self._mappers)}
+        self._by_name = {f"{m.schema}.{m.table}": n for n, m in enumerate(self._mappers)}
         self._tracker = AckTracker(0)
         self._txn = TxnHandle(self._tracker, stats, -1)
         self._checkpoint: Checkpointer | None = None
         self._skipping = False
-        self._table = f"{settings.outbox_schema}.{settings.outbox_table}"
-        self._map_insert = mapper.map_insert  # bound once: called per event
         self._submit = delivery.submit
         prefix = settings.message_prefix
-        self._events = MessageEvents(prefix, settings.column_names(), mapper) if prefix else None
+        first = self._mappers[0]
+        columns = settings.column_names(settings.outbox())
+        self._events = MessageEvents(prefix, columns, first) if prefix else None
         #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
         self.caught_up = False
 
@@ -150,19 +166,20 @@ class MessageRouter:
         kind = payload[0]
         if kind == _INSERT:
             oid, row = _decode_insert(payload)
-            rel = self._outbox_relations.get(oid)
-            if rel is None:
+            outbox = self._outbox_relations.get(oid)
+            if outbox is None:
                 self._relations.get(oid)  # raises for a relation never described
                 self._count_ignored("insert_other_table")
                 return
+            rel, map_insert, n = outbox
             if self._skipping:
-                self._skipped(rel, row)
+                self._skipped(rel, row, n)
                 return
             txn = self._txn
             txn.add_event()
             if self.eos is not None:
                 self.eos.add_event()
-            self._submit(self._map_insert(rel, row), txn)
+            self._submit(map_insert(rel, row), txn, n)
             return
         tracker = self._tracker
         if kind == _BEGIN:
@@ -183,8 +200,10 @@ class MessageRouter:
             rel_msg = pgoutput.decode(payload)
             assert isinstance(rel_msg, pgoutput.Relation)
             self._relations.put(rel_msg)
-            if self._mapper.is_outbox(rel_msg):
-                self._outbox_relations[rel_msg.oid] = rel_msg
+            which = self._by_relation.get((rel_msg.namespace, rel_msg.name))
+            if which is not None:
+                mapper = self._mappers[which]
+                self._outbox_relations[rel_msg.oid] = (rel_msg, mapper.map_insert, which)
             else:
                 self._outbox_relations.pop(rel_msg.oid, None)
         elif kind == _MESSAGE:
@@ -210,14 +229,17 @@ class MessageRouter:
                 txn.add_event()
                 if self.eos is not None:
                     self.eos.add_event()
-                self._submit(events.map(message.content), txn)
+                self._submit(events.map(message.content), txn, TABLELESS)
             return
         request = parse_redrive_message(message.prefix, message.transactional, message.content)
+        n = None if request is None else self._by_name.get(request.table)
         if request is None:
             self._count_ignored("message")
-        elif request.table == self._table:
+        elif n is not None:
             for aggregate in request.aggregates:
-                if not self.delivery.parking.release(aggregate.encode(), request.ids):
+                key = parking_key(n, aggregate.encode())
+                assert key is not None
+                if not self.delivery.parking.release(key, request.ids):
                     logger.warning(
                         "redrive of aggregate %s left out events parked meanwhile; it stays"
                         " parked: run `cdc-outbox redrive` again",
@@ -240,22 +262,24 @@ class MessageRouter:
             eos.batch.begin()
             eos.add_event()
         txn.add_event()
-        self._submit(DeadLetter(NON_TRANSACTIONAL, None, None, message.content, [], None), txn)
+        dead = DeadLetter(NON_TRANSACTIONAL, None, None, message.content, [], None)
+        self._submit(dead, txn, TABLELESS)
         end = message.lsn + 1  # a restart does not decode it again (start_decoding_at > LSN)
         tracker.commit(txn.txn_id, end)
         if eos is not None:
             eos.on_commit(end, txn)
         self._note_written(end)
 
-    def _skipped(self, rel: pgoutput.Relation, row: pgoutput.TupleData) -> None:
-        """An insert of a transaction Kafka already holds: not sent again, but marked."""
+    def _skipped(self, rel: pgoutput.Relation, row: pgoutput.TupleData, outbox: int) -> None:
+        """An insert of a transaction Kafka already holds: not sent again, but marked (in its
+        own outbox table)."""
         self._count_ignored("already_in_kafka")
         self.stats.eos_skipped_events += 1
         marker = self.delivery.marker
         if marker is not None:
-            event_id = self._mapper.map_insert(rel, row).event_id
+            event_id = self._mappers[outbox].map_insert(rel, row).event_id
             if event_id is not None:
-                marker.add(event_id.encode())
+                marker.add(event_id.encode(), outbox)
 
     def _note_written(self, lsn: int) -> None:
         assert self._checkpoint is not None, "new_session() comes first"

@@ -30,8 +30,11 @@ whose row is visible but was not matched (already PUBLISHED or FAILED) settle at
 :data:`_INVISIBLE_GIVE_UP_S` of waiting (a long-running transaction, a standby gone for long)
 they are tried once more and settle anyway.
 
-Where rows are marked is a :class:`MarkSink`: the outbox table's statements
-(:class:`~cdc_outbox.store.published_marks.TableMarks`), or a test's fake.
+Where rows are marked is a :class:`MarkSink` per outbox table: that table's statements
+(:class:`~cdc_outbox.store.published_marks.TableMarks`), or a test's fake. Each id is marked in
+the table of the outbox it is handed with (:mod:`cdc_outbox.delivery.outcomes`), per that
+outbox's ``cdc_mark_published``; ids of an outbox whose marking is off, and of table-less
+events (no row), are not taken at all (neither handed nor dropped).
 """
 
 from __future__ import annotations
@@ -40,12 +43,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Protocol
 
 import psycopg
 
 from cdc_outbox.config import Settings
 from cdc_outbox.errors import CdcOutboxError
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.published_marks import UUID, TableMarks, marks_statement
 
 logger = logging.getLogger(__name__)
@@ -79,14 +84,32 @@ class PublishedMarker:
     """Buffers acknowledged event ids and marks their rows in batches (thread-safe ``add``)."""
 
     def __init__(
-        self, settings: Settings, *, flush_interval_s: float = 0.2, rows: MarkSink | None = None
+        self,
+        settings: Settings,
+        *,
+        flush_interval_s: float = 0.2,
+        rows: MarkSink | Mapping[str, MarkSink] | None = None,
     ) -> None:
+        """``rows``: where to mark, one sink for every outbox or one per ``schema.table``
+        (None: each outbox table's :class:`TableMarks`)."""
         self._settings = settings
-        self._rows: MarkSink = rows or TableMarks(settings)
+        #: outbox index -> its sink, for the outboxes that mark (see the module doc)
+        self._sinks: dict[int, MarkSink] = {}
+        for n, table in enumerate(OutboxTable.all_of(settings)):
+            if marks_statement(settings, UUID, table) is None:
+                continue
+            if rows is None:
+                self._sinks[n] = TableMarks(settings, table)
+            elif isinstance(rows, Mapping):
+                self._sinks[n] = rows[table.name]
+            else:
+                self._sinks[n] = rows
         self._flush_interval_s = flush_interval_s
-        self._ids: deque[tuple[int, bytes]] = deque()  # (ordinal, id), in handed order
-        # Ids the statement did not match: ordinal -> (id, xids in progress after it, when).
-        self._waiting: dict[int, tuple[bytes, frozenset[str], float]] = {}
+        # (ordinal, outbox, id), in handed order
+        self._ids: deque[tuple[int, int, bytes]] = deque()
+        # Ids the statement did not match: ordinal -> (outbox, id, xids in progress after it,
+        # when).
+        self._waiting: dict[int, tuple[int, bytes, frozenset[str], float]] = {}
         self._done = 0  # ids taken from _ids and settled or waiting
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -96,19 +119,21 @@ class PublishedMarker:
         self.failures = 0
         self.handed = 0  # ids accepted by add (relay thread)
         self.settled = 0  # of those, marked or given up on (marker thread)
-        self._enabled = marks_statement(settings, UUID) is not None
+        self._enabled = bool(self._sinks)
 
     @property
     def enabled(self) -> bool:
         return self._enabled
 
-    def add(self, event_id: bytes) -> None:
-        """Hand over one acknowledged event id, as its UTF-8 text (cheap; called per delivery
-        report)."""
+    def add(self, event_id: bytes, outbox: int = 0) -> None:
+        """Hand over one acknowledged event id, as its UTF-8 text, of ``outbox`` (cheap;
+        called per delivery report). An outbox that does not mark takes nothing."""
+        if outbox not in self._sinks:
+            return
         if len(self._ids) >= _MAX_BUFFERED or not self._enabled:
             self.dropped += 1
             return
-        self._ids.append((self.handed, event_id))
+        self._ids.append((self.handed, outbox, event_id))
         self.handed += 1
 
     @property
@@ -151,8 +176,11 @@ class PublishedMarker:
             self._thread.join(timeout)
             self._thread = None
 
+    def _close_sinks(self) -> None:
+        for sink in {id(s): s for s in self._sinks.values()}.values():
+            sink.close()
+
     def _loop(self) -> None:
-        rows = self._rows
         while True:
             stopping = self._stop.is_set()
             try:
@@ -161,7 +189,7 @@ class PublishedMarker:
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # connection
                 self.failures += 1
                 logger.warning("marking published rows failed (will retry): %s", exc)
-                rows.close()
+                self._close_sinks()
                 if stopping:
                     break
             except (CdcOutboxError, psycopg.Error) as exc:
@@ -179,7 +207,7 @@ class PublishedMarker:
                 break  # (ids waiting for visibility are tried until stop's timeout)
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
-        rows.close()
+        self._close_sinks()
         if self._ids or self._waiting:
             left = len(self._ids) + len(self._waiting)
             logger.info("%d acknowledged rows left unmarked at stop", left)
@@ -190,33 +218,37 @@ class PublishedMarker:
         while self._ids:
             batch = [self._ids.popleft() for _ in range(min(_BATCH, len(self._ids)))]
             try:
-                missed = self._mark([event_id for _, event_id in batch])
-                running = self._rows.in_progress() if missed else frozenset()
+                missed = self._mark([(outbox, event_id) for _, outbox, event_id in batch])
+                running = self._in_progress() if missed else frozenset()
             except (CdcOutboxError, psycopg.Error):
                 self._ids.extendleft(reversed(batch))
                 raise
             self._done += len(batch)
             now = time.monotonic()
-            for ordinal, event_id in batch:
-                if event_id in missed:
-                    self._waiting[ordinal] = (event_id, running, now)
+            for ordinal, outbox, event_id in batch:
+                if (outbox, event_id) in missed:
+                    self._waiting[ordinal] = (outbox, event_id, running, now)
             self._settle_prefix()
+
+    def _in_progress(self) -> frozenset[str]:
+        """The transactions in progress (every outbox table is in the one database)."""
+        return next(iter(self._sinks.values())).in_progress()
 
     def _retry_waiting(self) -> None:
         """Try once more the waiting ids whose possibly invisible transactions all ended
         (or that waited too long); settle them."""
-        running, now = self._rows.in_progress(), time.monotonic()
+        running, now = self._in_progress(), time.monotonic()
         ready = {
-            ordinal: event_id
-            for ordinal, (event_id, xids, since) in self._waiting.items()
+            ordinal: (outbox, event_id)
+            for ordinal, (outbox, event_id, xids, since) in self._waiting.items()
             if not (xids & running) or now - since >= _INVISIBLE_GIVE_UP_S
         }
         if not ready:
             return
         missed = self._mark(list(ready.values()))
-        for ordinal, event_id in ready.items():
-            since = self._waiting.pop(ordinal)[2]
-            if event_id in missed and now - since >= _INVISIBLE_GIVE_UP_S:
+        for ordinal, (outbox, event_id) in ready.items():
+            since = self._waiting.pop(ordinal)[3]
+            if (outbox, event_id) in missed and now - since >= _INVISIBLE_GIVE_UP_S:
                 logger.warning(
                     "outbox row %s not marked: not visible %.0f s after Kafka acknowledged"
                     " its event (transactions still in progress)",
@@ -225,9 +257,16 @@ class PublishedMarker:
                 )
         self._settle_prefix()
 
-    def _mark(self, ids: list[bytes]) -> set[bytes]:
-        count, missed = self._rows.mark(ids)
-        self.marked += count
+    def _mark(self, ids: list[tuple[int, bytes]]) -> set[tuple[int, bytes]]:
+        """Mark ``(outbox, id)`` pairs, each in its outbox's sink: the pairs not visible."""
+        by_outbox: dict[int, list[bytes]] = {}
+        for outbox, event_id in ids:
+            by_outbox.setdefault(outbox, []).append(event_id)
+        missed: set[tuple[int, bytes]] = set()
+        for outbox, batch in by_outbox.items():
+            count, gone = self._sinks[outbox].mark(batch)
+            self.marked += count
+            missed.update((outbox, event_id) for event_id in gone)
         return missed
 
     def _settle_prefix(self) -> None:

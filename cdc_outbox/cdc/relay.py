@@ -41,12 +41,12 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox import db_pool
 from cdc_outbox.backoff import RECONNECT, Backoff
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.message_router import MessageRouter
+from cdc_outbox.cdc.parked import parked_in_every_outbox
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_finish import finish
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
@@ -62,7 +62,7 @@ from cdc_outbox.errors import DatabaseUnavailable, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.store.failed_rows import FailedRows
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position, slot_facts
 
@@ -108,12 +108,13 @@ class Relay:
         self._stream = gated(settings, self._stream, self.stats)  # wait_for_standbys
         self._kept = ports.kept or (lambda: kept_position(settings))
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
-        self._parked = ports.parked or self._parked_in_table
+        self._parked = ports.parked or (lambda: parked_in_every_outbox(settings))
         self._slot_watch = SlotWatch(ports.slot_facts or (lambda: slot_facts(settings)))
-        self._mapper = settings.outbox_mapper()
+        self._mappers = tuple(map(settings.outbox_mapper, settings.outbox_settings()))
+        self._mapper = self._mappers[0]
         marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
-        self._bookkept = OutboxTable.of(settings).has_status
+        self._bookkept = all(t.has_status for t in OutboxTable.all_of(settings))
         identity = self._stream.identify() if settings.delivery == "exactly_once" else None
         self.delivery = Delivery(
             settings,
@@ -131,7 +132,7 @@ class Relay:
         self.stats.delivery_guarantee = guarantee_in_effect(settings.delivery, None)
         self.delivery.interrupted = self._interrupted
         self._ledger = self.eos.ledger if self.eos is not None else Ledger()
-        self._router = MessageRouter(settings, self._mapper, self.delivery, self.stats, self.eos)
+        self._router = MessageRouter(settings, self._mappers, self.delivery, self.stats, self.eos)
         self._stop_requested = False
         self._grace_deadline: float | None = None
         self._session_opened = False
@@ -393,10 +394,6 @@ class Relay:
     def _keep_position(self, lsn: int) -> bool:
         """Whether ``lsn`` may be confirmed: kept, or the state table cannot keep it at all."""
         return not self._ledger.keeps or self._ledger.kept(self._keep(lsn))
-
-    def _parked_in_table(self) -> list[tuple[str, str]]:
-        with db_pool.connect(self.settings.postgres_dsn()) as conn:
-            return parked_aggregates(conn, self.settings)
 
     def _require_checkpoint(self) -> Checkpointer:
         assert self._checkpoint is not None, "a streaming session creates the checkpointer"

@@ -15,7 +15,7 @@ any failure is a :class:`~cdc_outbox.cdc.replication_stream.ReplicationError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,8 +73,9 @@ class RelayPorts:
     #: The outbox table's FAILED rows as the delivery marks and compares them
     #: (:class:`~cdc_outbox.store.failed_rows.FailedRows`).
     failed_rows: FailedRowsStore | None = None
-    #: Where the published-marker marks rows (default: the outbox table).
-    marks: MarkSink | None = None
+    #: Where the published-marker marks rows: one sink, or one per ``schema.table`` (default:
+    #: each outbox table).
+    marks: MarkSink | Mapping[str, MarkSink] | None = None
     #: The state row and the slot as the catch-up rule reads them (:func:`~cdc_outbox.store.
     #: relay_state.slot_facts`), at every session start (:mod:`cdc_outbox.cdc.slot_watch`).
     slot_facts: Callable[[], SlotFacts] | None = None

@@ -22,6 +22,9 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
   aggregate is parked only from its FAILED event on: events before it (re-streamed) are
   sent as the first time (``FailedRows.precedes``: one query per such event).
 - Reports of records produced before :meth:`new_session` are ignored (they are re-sent).
+- Each event is submitted with its *outbox* (:mod:`cdc_outbox.delivery.outcomes`): its id goes
+  to the marker, and its dead letter is marked FAILED, in that outbox table; parking and the
+  in-flight keys are per (outbox, aggregate) (:func:`~cdc_outbox.delivery.policy.parking_key`).
 - With ``tracing_relay_span``, a record carrying a ``traceparent`` is produced inside a relay
   span (:class:`cdc_outbox.tracing.RelaySpans`) whose context its headers then carry.
 - The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
@@ -57,6 +60,7 @@ from cdc_outbox.delivery.policy import (
     blocked_reason,
     on_encode_failure,
     on_failure,
+    parking_key,
     precheck,
 )
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
@@ -96,7 +100,8 @@ class Delivery:
         self._producer_client = producer_client
         self.transactional_id = transactional_id
         self.eos = transactional_id is not None
-        self.marks: list[bytes] = []  # exactly-once: acknowledged ids, marked after commit
+        #: exactly-once: acknowledged (id, outbox), marked after commit
+        self.marks: list[tuple[bytes, int]] = []
         self.rejected: dict[str, DeliveryFailure] = {}  # exactly-once: broker rejections
         self._txn_ready = False
         self.stats = stats
@@ -118,7 +123,7 @@ class Delivery:
         self._halt_policy = settings.on_permanent_error == "halt"
         self._max_bytes = settings.max_record_bytes
         self._fast_bytes = settings.max_record_bytes // 2
-        self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str]] = deque()
+        self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str, int]] = deque()
         self.dead_in_flight = 0  # dead-letter records produced, not yet reported
         self._mark_after = 0.0
         self._replace_producer = False
@@ -166,8 +171,8 @@ class Delivery:
         """Exactly-once: the Kafka transaction committed; acknowledged ids go to the marker."""
         self.stats.eos_commits += 1
         if self.marker is not None:
-            for event_id in self.marks:
-                self.marker.add(event_id)
+            for event_id, outbox in self.marks:
+                self.marker.add(event_id, outbox)
         self.marks.clear()
 
     def txn_timeout_s(self) -> float:
@@ -217,24 +222,33 @@ class Delivery:
 
     # -- events --------------------------------------------------------------------------
 
-    def submit(self, result: OutboxRecord | DeadLetter, handle: EventHandle) -> None:
-        """Publish one mapped event (or dead-letter/park it); outcome via ``handle``. Once
-        halted, nothing more is produced (the handle never completes)."""
+    def submit(
+        self, result: OutboxRecord | DeadLetter, handle: EventHandle, outbox: int = 0
+    ) -> None:
+        """Publish one mapped event of ``outbox`` (see the module contract) or dead-letter/park
+        it; outcome via ``handle``. Once halted, nothing more is produced (the handle never
+        completes)."""
         if self.halt_reason is not None:
             return
         if self._held is not None:  # an event waits for its schema: nothing may overtake it
             handle.retry(self._held)
             return
         if self.rejected and type(result) is OutboxRecord and result.event_id in self.rejected:
-            self._dead_letter_rejected(handle, result.event_id, self.rejected.pop(result.event_id))
+            failure = self.rejected.pop(result.event_id)
+            self._dead_letter_rejected(handle, result.event_id, failure, outbox)
             return
         if type(result) is OutboxRecord:
             key = result.key
+            pkey = key if outbox <= 0 else parking_key(outbox, key)
+            assert pkey is not None
             blocker = None
             if len(self.parking):  # the comparison may raise psycopg.Error: the mode restarts
                 rows = self.failed_rows
-                precedes = rows.precedes if rows is not None else None
-                blocker = self.parking.blocked_by(key, result.event_id, precedes)
+                precedes = None
+                if rows is not None:
+                    table = max(outbox, 0)
+                    precedes = lambda e, b: rows.precedes(e, b, table)  # noqa: E731
+                blocker = self.parking.blocked_by(pkey, result.event_id, precedes)
             if blocker is None:
                 value = result.value
                 wire_key = key
@@ -251,15 +265,17 @@ class Delivery:
                             self.restart(encoded.reason)
                             handle.retry(encoded.reason)
                             return
-                        self.reject(handle, dead_letter_of(result, encoded.reason))
+                        self.reject(handle, dead_letter_of(result, encoded.reason), outbox)
                         return
                 problem = None
                 if value is None or len(value) >= self._fast_bytes:
                     problem = precheck(wire_key, value, result.headers, self._max_bytes)
                 if problem is None:
-                    self.keys.add(key)
+                    self.keys.add(pkey)
                     headers = result.headers
-                    report: DeliveryListener = RecordReport(self, handle, key, result.event_id)
+                    report: DeliveryListener = RecordReport(
+                        self, handle, pkey, result.event_id, outbox
+                    )
                     if self._spans is not None:
                         headers, report = self._spans.start(
                             result.topic, result.event_id, headers, report
@@ -280,18 +296,19 @@ class Delivery:
             else:
                 result = dead_letter_of(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
-        self.reject(handle, result)
+        self.reject(handle, result, outbox)
 
-    def reject(self, handle: EventHandle, problem: DeadLetter) -> None:
-        """An event that cannot be published: halt, or dead-letter it and park its aggregate."""
+    def reject(self, handle: EventHandle, problem: DeadLetter, outbox: int = 0) -> None:
+        """An event of ``outbox`` that cannot be published: halt, or dead-letter it and park
+        its aggregate."""
         blocked = problem.reason.startswith("blocked_by ")
         if self._halt_policy and not blocked:
             self.halt(f"event {problem.event_id} cannot be published: {problem.reason}")
             return
         if problem.event_id is not None:
-            self.parking.park(problem.key, problem.event_id)
+            self.parking.park(parking_key(outbox, problem.key), problem.event_id)
         self._log_dead(problem.event_id, problem.key, problem.intended_topic, problem.reason)
-        self._dead.append((handle, problem, problem.reason))
+        self._dead.append((handle, problem, problem.reason, outbox))
 
     def record_failed(self, sent: RecordReport, failure: DeliveryFailure) -> None:
         """Kafka refused ``sent``'s record: apply the policy (called from delivery reports)."""
@@ -319,8 +336,8 @@ class Delivery:
                 )
             self.parking.park(sent.key, sent.event_id)
             reason = f"{failure.name}: {failure.reason}"
-            self._log_dead(sent.event_id, sent.key, failure.topic, reason)
-            self._dead.append((sent.handle, failure, reason))
+            self._log_dead(sent.event_id, failure.key, failure.topic, reason)
+            self._dead.append((sent.handle, failure, reason, sent.outbox))
         elif action is FailureAction.HALT:
             self.halt(f"Kafka rejected event {sent.event_id} on {failure.topic}: {failure.reason}")
         else:
@@ -328,13 +345,13 @@ class Delivery:
             sent.handle.retry(f"{failure.name}: {failure.reason}")
 
     def _dead_letter_rejected(
-        self, handle: EventHandle, event_id: str, failure: DeliveryFailure
+        self, handle: EventHandle, event_id: str, failure: DeliveryFailure, outbox: int
     ) -> None:
         """Exactly-once: the re-sent event the broker rejected in an aborted transaction."""
-        self.parking.park(failure.key, event_id)
+        self.parking.park(parking_key(outbox, failure.key), event_id)
         reason = f"{failure.name}: {failure.reason}"
         self._log_dead(event_id, failure.key, failure.topic, reason)
-        self._dead.append((handle, failure, reason))
+        self._dead.append((handle, failure, reason, outbox))
 
     # -- the loop's turn ---------------------------------------------------------------------
 
@@ -342,7 +359,7 @@ class Delivery:
         """Serve reports, produce pending dead letters, mark acknowledged ones FAILED."""
         self.publisher.poll(0)
         while self._dead and self.halt_reason is None:
-            handle, problem, reason = self._dead.popleft()
+            handle, problem, reason, outbox = self._dead.popleft()
             record = dead_letter_record(problem)
             event_id = event_id_of(record.headers)
             self.dead_in_flight += 1
@@ -351,7 +368,7 @@ class Delivery:
                 record.key,
                 record.value,
                 record.headers,
-                DeadLetterReport(self, handle, event_id, reason, record.intended_topic),
+                DeadLetterReport(self, handle, event_id, reason, record.intended_topic, outbox),
                 interrupted=self.interrupted,
                 idle=self.idle,
             )
@@ -360,15 +377,21 @@ class Delivery:
 
     def _mark_failed(self) -> None:
         batch = self.to_mark
-        rows = [(d.event_id, d.reason) for d in batch if d.event_id is not None]
+        # Table-less events have no row; each outbox's rows are marked in its table.
+        by_outbox: dict[int, list[tuple[str, str]]] = {}
+        for d in batch:
+            if d.event_id is not None and d.outbox >= 0:
+                by_outbox.setdefault(d.outbox, []).append((d.event_id, d.reason))
         if self.defer_failed:
-            self.failed_after_commit += rows
+            self.failed_after_commit += [r for rows in by_outbox.values() for r in rows]
         elif self.failed_rows is not None:
             try:
-                self.failed_rows.mark(rows)
+                for outbox, rows in by_outbox.items():
+                    self.failed_rows.mark(rows, outbox)
             except psycopg.Error as exc:
                 self._mark_after = time.monotonic() + _MARK_RETRY_S
-                logger.warning("marking %d dead-lettered rows FAILED failed: %s", len(rows), exc)
+                count = sum(map(len, by_outbox.values()))
+                logger.warning("marking %d dead-lettered rows FAILED failed: %s", count, exc)
                 return
         self.to_mark = []
         for dead in batch:

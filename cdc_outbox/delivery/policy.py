@@ -22,6 +22,9 @@ One rule for every mode (CDC streaming, snapshot catch-up, polling):
   schema, or no schema exists for the event type, is permanent (dead letter or halt); a
   registry that cannot be asked is retried (:func:`on_encode_failure`), so the slot never
   passes an event that only waits for its schema.
+- **Order is per outbox table.** Several outbox tables (issue 36) never share an aggregate's
+  order: :func:`parking_key` puts each table's aggregates in a namespace of their own (the
+  first outbox's, and table-less events', is the plain key).
 - **Order broken is never silent.** A broker-side rejection that arrives after later records
   of the same key were already produced cannot be undone: :class:`KeysInFlight` notices it
   and the caller counts ``cdc_outbox_order_broken_total``.
@@ -41,11 +44,30 @@ __all__ = [
     "blocked_reason",
     "on_encode_failure",
     "on_failure",
+    "parking_key",
     "precheck",
+    "table_aggregate",
 ]
 
 #: Record overhead counted on top of key, value and headers (Kafka record framing).
 RECORD_OVERHEAD_BYTES = 64
+
+
+def parking_key(outbox: int, key: bytes | None) -> bytes | None:
+    """The key :class:`Parking` and :class:`KeysInFlight` know an aggregate of outbox
+    ``outbox`` by (an index in ``Settings.outbox_settings()``; table-less events: negative):
+    the Kafka key itself for the first outbox and table-less events, else the key prefixed
+    with ``NUL <outbox> NUL`` (an aggregate id is PostgreSQL text, which holds no NUL, so no
+    plain key looks like it)."""
+    if outbox <= 0 or key is None:
+        return key
+    return b"\x00%d\x00%b" % (outbox, key)
+
+
+def table_aggregate(outbox: int, aggregate_id: str) -> str:
+    """``aggregate_id`` of outbox ``outbox`` as :meth:`Parking.load` takes it: its UTF-8 is
+    :func:`parking_key` of the aggregate's key."""
+    return aggregate_id if outbox <= 0 else f"\x00{outbox}\x00{aggregate_id}"
 
 
 def blocked_reason(event_id: str, own_id: str | None = None) -> str:

@@ -6,8 +6,9 @@
   transaction committed, even in a later session, hands its id at once) and
   ``handle.published``. Failed: :meth:`Delivery.record_failed` applies the policy.
 - :class:`DeadLetterReport`: a dead-letter record. Acknowledged: queued to mark its row
-  ``FAILED`` (the event is dead-lettered only once that is durable). Failed: the dead-letter
-  topic rejecting a record halts; anything else restarts and the event is retried.
+  ``FAILED`` in its own outbox table (the event is dead-lettered only once that is durable).
+  Failed: the dead-letter topic rejecting a record halts; anything else restarts and the
+  event is retried.
 
 A report from an earlier session (``epoch``) is ignored: those records are re-sent.
 """
@@ -33,7 +34,7 @@ class ReportSink(Protocol):
     keys: KeysInFlight
     stats: RelayStats
     marker: PublishListener | None
-    marks: list[bytes]
+    marks: list[tuple[bytes, int]]
     dead_in_flight: int
     to_mark: list[DeadLetterReport]
 
@@ -47,15 +48,22 @@ class ReportSink(Protocol):
 class RecordReport(ReportingListener):
     """Delivery listener of an event's record on its topic (its own delivery callback)."""
 
-    __slots__ = ("delivery", "epoch", "event_id", "handle", "key")
+    __slots__ = ("delivery", "epoch", "event_id", "handle", "key", "outbox")
 
     def __init__(
-        self, delivery: ReportSink, handle: EventHandle, key: bytes, event_id: str
+        self,
+        delivery: ReportSink,
+        handle: EventHandle,
+        key: bytes,
+        event_id: str,
+        outbox: int = 0,
     ) -> None:
         self.delivery = delivery
         self.handle = handle
+        #: The parking key (:func:`~cdc_outbox.delivery.policy.parking_key`) of the record.
         self.key = key
         self.event_id = event_id
+        self.outbox = outbox
         self.epoch = delivery.epoch
         self.txn = None  # stamped by the producer (through a tracing span that wraps this too)
 
@@ -66,15 +74,15 @@ class RecordReport(ReportingListener):
         late = self.txn is not None and self.txn.committed
         if self.epoch != d.epoch:
             if late and d.marker is not None:
-                d.marker.add(headers[0][1])
+                d.marker.add(headers[0][1], self.outbox)
             return
         d.keys.done(self.key)
         d.stats.count_published(topic)
         if d.marker is not None:
             if d.eos and not late:  # only once the Kafka transaction has committed
-                d.marks.append(headers[0][1])
+                d.marks.append((headers[0][1], self.outbox))
             else:
-                d.marker.add(headers[0][1])  # the mapper puts the event id first
+                d.marker.add(headers[0][1], self.outbox)  # the mapper puts the event id first
         self.handle.published(topic)
 
     def failed(self, failure: DeliveryFailure) -> None:
@@ -86,7 +94,7 @@ class RecordReport(ReportingListener):
 class DeadLetterReport:
     """Delivery listener of a dead-letter record."""
 
-    __slots__ = ("delivery", "epoch", "event_id", "handle", "intended_topic", "reason")
+    __slots__ = ("delivery", "epoch", "event_id", "handle", "intended_topic", "outbox", "reason")
 
     def __init__(
         self,
@@ -95,8 +103,10 @@ class DeadLetterReport:
         event_id: str | None,
         reason: str,
         topic: str,
+        outbox: int = 0,
     ) -> None:
         self.delivery = delivery
+        self.outbox = outbox
         self.handle = handle
         self.event_id = event_id
         self.reason = reason

@@ -14,6 +14,8 @@ Contract:
   aggregate in the aggregate's order (``columns.sequence``, else ``created_at``: the order
   the catch-up and redrive use): a re-stream publishes such events as the first time.
 - Ids are compared in the id column's own type (uuid, text, bigint, ...), never via ``::text``.
+- Several outbox tables (issue 36): each call names its outbox (an index in the configured
+  outboxes, or the :class:`~cdc_outbox.config.OutboxSettings`); None/0: the first.
 - Needs the status columns of the default column preset.
 """
 
@@ -27,9 +29,8 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
-from cdc_outbox.store import schema
-from cdc_outbox.store.inspection import id_column_type
+from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.store.inspection import ColumnType, outbox_id_type
 from cdc_outbox.store.outbox_table import OutboxTable
 
 logger = logging.getLogger(__name__)
@@ -37,12 +38,22 @@ logger = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
 
 
+def _table(settings: Settings, outbox: OutboxSettings | OutboxTable | None) -> OutboxTable:
+    if isinstance(outbox, OutboxTable):
+        return outbox
+    return OutboxTable.of(settings, outbox)
+
+
 def parked_aggregates(
-    conn: Conn, settings: Settings, aggregates: Sequence[str] | None = None
+    conn: Conn,
+    settings: Settings,
+    aggregates: Sequence[str] | None = None,
+    outbox: OutboxSettings | OutboxTable | None = None,
 ) -> list[tuple[str, str]]:
     """``(aggregate_id, id of its oldest FAILED row)`` for every parked aggregate (or those of
-    ``aggregates``)."""
-    cols = settings.column_names()
+    ``aggregates``) of ``outbox`` (None: the first)."""
+    table = _table(settings, outbox)
+    cols = table.columns
     where: sql.Composable = sql.SQL("")
     params: tuple[Any, ...] = ()
     if aggregates is not None:
@@ -54,7 +65,7 @@ def parked_aggregates(
     ).format(
         agg=sql.Identifier(cols.aggregate_id),
         id=sql.Identifier(cols.id),
-        t=schema.outbox_ident(settings),
+        t=table.ident,
         where=where,
     )
     return [(str(a), str(i)) for a, i in conn.execute(query, params).fetchall()]
@@ -62,55 +73,61 @@ def parked_aggregates(
 
 class FailedRowsStore(Protocol):
     """What :class:`~cdc_outbox.delivery.engine.Delivery` needs of the FAILED rows (a test
-    passes a fake table)."""
+    passes a fake table); ``outbox``: the index of the outbox table (see
+    :mod:`cdc_outbox.delivery.outcomes`)."""
 
-    def mark(self, items: Sequence[tuple[str, str]]) -> None: ...
+    def mark(self, items: Sequence[tuple[str, str]], outbox: int = 0) -> None: ...
 
-    def precedes(self, event_id: str, blocker_id: str) -> bool: ...
+    def precedes(self, event_id: str, blocker_id: str, outbox: int = 0) -> bool: ...
 
     def close(self) -> None: ...
 
 
-def order_key(settings: Settings) -> sql.Identifier:
+def order_key(settings: Settings, outbox: OutboxTable | None = None) -> sql.Identifier:
     """The column giving an aggregate's order in the table (FAILED rows exist only in a layout
     with status columns, which has ``created_at``: :attr:`OutboxTable.order_column`)."""
-    return sql.Identifier(OutboxTable.of(settings).order_column or "created_at")
+    return sql.Identifier((outbox or OutboxTable.of(settings)).order_column or "created_at")
 
 
 class FailedRows:
-    """Marks dead-lettered rows FAILED on its own connection (opened on first use)."""
+    """Marks dead-lettered rows FAILED on its own connection (opened on first use), in the
+    outbox table of each batch: ``tables[outbox]`` (default: every configured outbox, in
+    configuration order, so ``outbox`` is the index :mod:`cdc_outbox.delivery.outcomes`
+    describes)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tables: Sequence[OutboxTable] | None = None) -> None:
         self._settings = settings
+        self._tables = tuple(tables) if tables is not None else OutboxTable.all_of(settings)
         self._conn: Conn | None = None
-        self._statement: sql.Composed | None = None
-        self._precedes: sql.Composed | None = None
+        self._statements: dict[int, sql.Composed] = {}
+        self._precedes: dict[int, sql.Composed] = {}
         self.marked = 0
 
-    def mark(self, items: Sequence[tuple[str, str]]) -> None:
-        """Mark ``(event_id, reason)`` rows FAILED; committed when this returns."""
+    def mark(self, items: Sequence[tuple[str, str]], outbox: int = 0) -> None:
+        """Mark ``(event_id, reason)`` rows of ``outbox`` FAILED; committed when this returns."""
         if not items:
             return
         conn = self._connect()
         try:
-            cur = conn.execute(
-                self._require_statement(conn),
-                ([i for i, _ in items], [r for _, r in items]),
-            )
+            statement = self._statements.get(outbox)
+            if statement is None:
+                statement = _mark_statement(conn, self._tables[outbox])
+                self._statements[outbox] = statement
+            cur = conn.execute(statement, ([i for i, _ in items], [r for _, r in items]))
         except psycopg.Error:
             self.close()
             raise
         self.marked += max(cur.rowcount, 0)
 
-    def precedes(self, event_id: str, blocker_id: str) -> bool:
-        """Whether event ``event_id`` comes before the FAILED event ``blocker_id`` in their
-        aggregate's order (strictly: a tie is not before). An event whose row is gone was
-        published (only published rows are deleted): before. A blocker whose row is gone
-        (redriven meanwhile): not before (the key stays parked until the redrive message
-        releases it). Raises ``psycopg.Error``."""
+    def precedes(self, event_id: str, blocker_id: str, outbox: int = 0) -> bool:
+        """Whether event ``event_id`` comes before the FAILED event ``blocker_id`` (both of
+        ``outbox``) in their aggregate's order (strictly: a tie is not before). An event whose
+        row is gone was published (only published rows are deleted): before. A blocker whose
+        row is gone (redriven meanwhile): not before (the key stays parked until the redrive
+        message releases it). Raises ``psycopg.Error``."""
         conn = self._connect()
         try:
-            query = self._require_precedes(conn)
+            query = self._require_precedes(conn, outbox)
             row = conn.execute(query, (event_id, blocker_id)).fetchone()
         except psycopg.Error:
             self.close()
@@ -130,28 +147,28 @@ class FailedRows:
             self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
         return self._conn
 
-    def _require_precedes(self, conn: Conn) -> sql.Composed:
-        if self._precedes is None:
-            settings = self._settings
-            ids = id_column_type(conn, settings)
-            self._precedes = sql.SQL(
+    def _require_precedes(self, conn: Conn, outbox: int) -> sql.Composed:
+        query = self._precedes.get(outbox)
+        if query is None:
+            table = self._tables[outbox]
+            ids = _id_type(conn, table)
+            query = self._precedes[outbox] = sql.SQL(
                 "SELECT e.{key} < b.{key}, e.{id} IS NULL FROM {t} AS b LEFT JOIN {t} AS e"
                 " ON e.{id} = %s::text::{ids} WHERE b.{id} = %s::text::{ids}"
             ).format(
-                key=order_key(settings),
-                id=sql.Identifier(settings.column_names().id),
-                t=schema.outbox_ident(settings),
+                key=order_key(self._settings, table),
+                id=sql.Identifier(table.columns.id),
+                t=table.ident,
                 ids=sql.Identifier(ids.schema, ids.type_name),
             )
-        return self._precedes
-
-    def _require_statement(self, conn: Conn) -> sql.Composed:
-        if self._statement is None:
-            self._statement = _mark_statement(conn, self._settings)
-        return self._statement
+        return query
 
 
-def _mark_statement(conn: Conn, settings: Settings, only_unmarked: bool = False) -> sql.Composed:
+def _id_type(conn: Conn, table: OutboxTable) -> ColumnType:
+    return outbox_id_type(conn, table.schema, table.table, table.columns.id)
+
+
+def _mark_statement(conn: Conn, table: OutboxTable, only_unmarked: bool = False) -> sql.Composed:
     only = sql.SQL(
         " AND o.status IN ('PENDING', 'PROCESSING') AND o.last_error IS NULL"
         if only_unmarked
@@ -164,22 +181,27 @@ def _mark_statement(conn: Conn, settings: Settings, only_unmarked: bool = False)
         " locked_by = NULL, locked_at = NULL"
         " FROM unnest(%s::text[]::{ids}, %s::text[]) AS f(id, reason) WHERE o.{id} = f.id{only}"
     ).format(
-        t=schema.outbox_ident(settings),
-        ids=id_column_type(conn, settings).array(),
-        id=sql.Identifier(settings.column_names().id),
+        t=table.ident,
+        ids=_id_type(conn, table).array(),
+        id=sql.Identifier(table.columns.id),
         only=only,
     )
 
 
 def mark_failed(
-    conn: Conn, settings: Settings, items: Sequence[tuple[str, str]], *, only_unmarked: bool = False
+    conn: Conn,
+    settings: Settings,
+    items: Sequence[tuple[str, str]],
+    *,
+    only_unmarked: bool = False,
+    outbox: OutboxSettings | OutboxTable | None = None,
 ) -> int:
-    """Mark ``(event_id, reason)`` rows FAILED on ``conn`` (as :meth:`FailedRows.mark`);
-    ``only_unmarked``: only rows still unpublished and never given a reason (a committed
-    batch's dead letters marked after a crash: never a row redriven since, which keeps its
-    ``last_error``). Returns the rows changed."""
+    """Mark ``(event_id, reason)`` rows of ``outbox`` (None: the first) FAILED on ``conn``
+    (as :meth:`FailedRows.mark`); ``only_unmarked``: only rows still unpublished and never
+    given a reason (a committed batch's dead letters marked after a crash: never a row
+    redriven since, which keeps its ``last_error``). Returns the rows changed."""
     if not items:
         return 0
-    statement = _mark_statement(conn, settings, only_unmarked)
+    statement = _mark_statement(conn, _table(settings, outbox), only_unmarked)
     cur = conn.execute(statement, ([i for i, _ in items], [r for _, r in items]))
     return max(cur.rowcount, 0)

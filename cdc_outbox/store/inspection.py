@@ -28,6 +28,7 @@ __all__ = [
     "id_column_type",
     "inspect_database",
     "inspect_standby",
+    "outbox_id_type",
 ]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -270,6 +271,16 @@ def id_column_type(conn: Conn, settings: Settings) -> ColumnType:
     the table or column does not exist."""
     column = settings.column_names().id
     schema, table = settings.outbox_schema, settings.outbox_table
+    row = conn.execute(_COLUMN_TYPE_SQL, (schema, table, column)).fetchone()
+    if row is None:
+        raise ConfigError(f"config: no column {column!r} in table {schema}.{table}")
+    return ColumnType(*row)
+
+
+def outbox_id_type(conn: Conn, schema: str, table: str, column: str) -> ColumnType:
+    """The SQL type of ``column`` of the outbox table ``schema.table`` (one catalog query;
+    :func:`id_column_type` for one given by name, e.g. each of several outbox tables);
+    :class:`ConfigError` if the table or column does not exist."""
     row = conn.execute(_COLUMN_TYPE_SQL, (schema, table, column)).fetchone()
     if row is None:
         raise ConfigError(f"config: no column {column!r} in table {schema}.{table}")

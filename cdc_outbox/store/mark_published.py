@@ -12,7 +12,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from cdc_outbox.config import Settings
-from cdc_outbox.store.schema import outbox_ident
+from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["UNPUBLISHED", "mark_published_statement", "marking_statement"]
 
@@ -42,11 +42,14 @@ def mark_published_statement(
     ).format(table, match, state)
 
 
-def marking_statement(settings: Settings, match: sql.Composable) -> sql.Composed:
-    """The CDC housekeeping statement (published-marker, catch-up) of ``settings``: deletes
-    with ``cdc_mark_published = "delete"``, else marks; ``match`` selects the ids."""
-    table = outbox_ident(settings)
-    state = UNPUBLISHED if settings.columns.has_status else None
+def marking_statement(
+    settings: Settings, match: sql.Composable, table: OutboxTable | None = None
+) -> sql.Composed:
+    """The CDC housekeeping statement (published-marker, catch-up) of the outbox ``table``
+    (None: the first of ``settings``): deletes with its ``cdc_mark_published = "delete"``,
+    else marks; ``match`` selects the ids."""
+    table = table or OutboxTable.of(settings)
+    state = UNPUBLISHED if table.has_status else None
     return mark_published_statement(
-        table, match, delete=settings.cdc_mark_published == "delete", state=state
+        table.ident, match, delete=table.marking == "delete", state=state
     )

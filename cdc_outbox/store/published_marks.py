@@ -21,7 +21,7 @@ from psycopg import sql
 
 from cdc_outbox import db_pool
 from cdc_outbox.config import Settings
-from cdc_outbox.store.inspection import ColumnType, id_column_type
+from cdc_outbox.store.inspection import ColumnType, outbox_id_type
 from cdc_outbox.store.mark_published import marking_statement
 from cdc_outbox.store.outbox_table import OutboxTable
 
@@ -34,10 +34,12 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 
 class TableMarks:
-    """The outbox table's marking statement, on a connection of its own made at first use."""
+    """The marking statement of the outbox ``table`` (None: the first of ``settings``), on a
+    connection of its own made at first use."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, table: OutboxTable | None = None) -> None:
         self._settings = settings
+        self._table = table or OutboxTable.of(settings)
         self._conn: Conn | None = None
         self._statement: sql.Composed | None = None  # for the id type; on first connection
         self._visible: sql.Composed | None = None  # which of some ids have a visible row
@@ -83,9 +85,10 @@ class TableMarks:
         if conn is None or conn.closed:
             conn = self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
         if self._statement is None:
-            id_type = id_column_type(conn, self._settings)
-            self._statement = marks_statement(self._settings, id_type)
-            self._visible = _visible_statement(self._settings, id_type)
+            t = self._table
+            id_type = outbox_id_type(conn, t.schema, t.table, t.columns.id)
+            self._statement = marks_statement(self._settings, id_type, t)
+            self._visible = _visible_statement(t, id_type)
             self._joined = id_type.is_uuid
             logger.debug("marking published rows by %s ids", id_type.name)
         return conn
@@ -96,31 +99,30 @@ class TableMarks:
         return b",".join(ids).decode() if self._joined else [i.decode() for i in ids]
 
 
-def _ids_match(settings: Settings, id_type: ColumnType) -> sql.Composed:
+def _ids_match(table: OutboxTable, id_type: ColumnType) -> sql.Composed:
     """``<id column> = ANY(<the one parameter>)`` for ids of ``id_type``."""
     if id_type.is_uuid:
         ids: sql.Composable = sql.SQL("string_to_array(%s, ',')::uuid[]")
     else:
         ids = sql.SQL("%s::text[]::{}").format(id_type.array())
-    return sql.SQL("{} = ANY({})").format(sql.Identifier(settings.column_names().id), ids)
+    return sql.SQL("{} = ANY({})").format(sql.Identifier(table.columns.id), ids)
 
 
-def _visible_statement(settings: Settings, id_type: ColumnType) -> sql.Composed:
+def _visible_statement(table: OutboxTable, id_type: ColumnType) -> sql.Composed:
     """``SELECT`` of the ids (as text) among the parameter's whose row is visible."""
     return sql.SQL("SELECT {}::text FROM {} WHERE {}").format(
-        sql.Identifier(settings.column_names().id),
-        OutboxTable.of(settings).ident,
-        _ids_match(settings, id_type),
+        sql.Identifier(table.columns.id), table.ident, _ids_match(table, id_type)
     )
 
 
-def marks_statement(settings: Settings, id_type: ColumnType) -> sql.Composed | None:
-    """The UPDATE/DELETE for a batch of ids of ``id_type``, or None when housekeeping is off.
+def marks_statement(
+    settings: Settings, id_type: ColumnType, table: OutboxTable | None = None
+) -> sql.Composed | None:
+    """The UPDATE/DELETE for a batch of ids of ``id_type`` in the outbox ``table`` (None: the
+    first of ``settings``), or None when its housekeeping is off.
 
     Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    match = _ids_match(settings, id_type)
-    if settings.cdc_mark_published == "delete" or (
-        settings.cdc_mark_published == "update" and OutboxTable.of(settings).has_status
-    ):
-        return marking_statement(settings, match)
+    table = table or OutboxTable.of(settings)
+    if table.marking == "delete" or (table.marking == "update" and table.has_status):
+        return marking_statement(settings, _ids_match(table, id_type), table)
     return None

@@ -21,17 +21,20 @@ class FakeOutbox:
     failed: dict[str, str] = field(default_factory=dict)  # event id -> first reason
     #: The server the rows are on now (FAILED rows are settled there for the slot's checks).
     server: Callable[[], FakePostgres] | None = None
+    #: outbox index -> ids marked FAILED in that outbox table
+    failed_in: dict[int, list[str]] = field(default_factory=dict)
 
     def _by_id(self) -> dict[str, Event]:
         return {e.id: e for e in self.events()}
 
-    def mark(self, items: Sequence[tuple[str, str]]) -> None:
+    def mark(self, items: Sequence[tuple[str, str]], outbox: int = 0) -> None:
+        self.failed_in.setdefault(outbox, []).extend(i for i, _ in items)
         for event_id, reason in items:
             self.failed.setdefault(event_id, reason)
             if self.server is not None:
                 self.server().failed.add(event_id.encode())
 
-    def precedes(self, event_id: str, blocker_id: str) -> bool:
+    def precedes(self, event_id: str, blocker_id: str, outbox: int = 0) -> bool:
         rows = self._by_id()
         blocker = rows.get(blocker_id)
         if blocker is None:

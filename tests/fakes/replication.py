@@ -10,9 +10,11 @@ nothing is left. Faults: :meth:`FakePostgres.drop_stream_after` ends the stream 
 frames (a walsender terminated), :meth:`FakePostgres.crash` moves the slot back (its position
 is saved only at checkpoints), :meth:`FakePostgres.promote_copy` is a failover to a standby
 that had WAL up to a fork point (new timeline, the slot as the copy had it),
-:meth:`FakePostgres.recreate_slot` drops and recreates the slot behind the relay's back. The
-outbox rows' PUBLISHED marks (:class:`FakeMarks`) are kept per server; a confirmation past a
-row not marked is recorded (:attr:`FakePostgres.confirmed_unmarked`).
+:meth:`FakePostgres.recreate_slot` drops and recreates the slot behind the relay's back.
+Rows go into one of :data:`TABLES` (``public.outbox`` by default), each described by a
+Relation before its first insert in a stream. The outbox rows' PUBLISHED marks
+(:class:`FakeMarks`) are kept per server; a confirmation past a row not marked is recorded
+(:attr:`FakePostgres.confirmed_unmarked`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from cdc_outbox.store.relay_state import Phase, RelayState, SlotFacts
 
 OUTBOX_OID = 16384
 COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
+#: Tables the fake server has, by ``schema.table``: (relation OID, columns). Every stream
+#: describes all of them first; ``FakePostgres.commit(..., table=...)`` writes into one.
+TABLES: dict[str, tuple[int, tuple[str, ...]]] = {
+    "public.outbox": (OUTBOX_OID, COLUMNS),
+    # the Debezium layout (no headers column)
+    "shipping.events": (16385, ("id", "aggregatetype", "aggregateid", "type", "payload")),
+    "public.not_an_outbox": (16386, COLUMNS),
+}
 _TXN_OVERHEAD = 40  # WAL bytes of a transaction beyond its rows (any positive size will do)
 _ROW_BYTES = 100
 
@@ -41,11 +51,13 @@ class Event:
     aggregate_id: str
     seq: int
     pad: int = 0  # bytes of padding in the payload (a poison event: larger than allowed)
+    table: str = "public.outbox"  # a key of TABLES
 
     def row(self) -> tuple[bytes, ...]:
         pad = f', "pad": "{"x" * self.pad}"' if self.pad else ""
         payload = f'{{"seq": {self.seq}{pad}}}'.encode()
-        return (self.id.encode(), b"order", self.aggregate_id.encode(), b"Placed", payload, b"{}")
+        row = (self.id.encode(), b"order", self.aggregate_id.encode(), b"Placed", payload, b"{}")
+        return row[: len(TABLES[self.table][1])]
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,8 @@ class FakePostgres:
     drops: list[int] = field(default_factory=list)  # frame counts after which streams end
     down: bool = False
     marked: set[bytes] = field(default_factory=set)  # ids of the rows marked PUBLISHED
+    #: table -> ids marked in it, in marking order (FakeMarks with a table)
+    marked_in: dict[str, list[bytes]] = field(default_factory=dict)
     #: ids of the rows marked FAILED (durably dead-lettered: settled, never published again)
     failed: set[bytes] = field(default_factory=set)
     #: Confirmations past rows that were not marked: (confirmed, the unmarked event ids).
@@ -82,13 +96,22 @@ class FakePostgres:
     _seqs: dict[str, int] = field(default_factory=dict)
     _xid: int = 1000
 
-    def commit(self, aggregates: list[str], pad: dict[int, int] | None = None) -> Txn:
+    def commit(
+        self,
+        aggregates: list[str],
+        pad: dict[int, int] | None = None,
+        table: str | list[str] = "public.outbox",
+    ) -> Txn:
         """Commit one transaction with one event per listed aggregate (versions per
-        aggregate count up); ``pad``: payload padding by event index (poison events)."""
+        aggregate count up, per table); ``pad``: payload padding by event index (poison
+        events); ``table``: the table of every event, or of each (a key of TABLES)."""
         events = []
         for i, agg in enumerate(aggregates):
-            self._seqs[agg] = self._seqs.get(agg, 0) + 1
-            events.append(Event(str(uuid.uuid4()), agg, self._seqs[agg], (pad or {}).get(i, 0)))
+            into = table if isinstance(table, str) else table[i]
+            seq_key = agg if into == "public.outbox" else f"{into}/{agg}"
+            self._seqs[seq_key] = self._seqs.get(seq_key, 0) + 1
+            pad_i = (pad or {}).get(i, 0)
+            events.append(Event(str(uuid.uuid4()), agg, self._seqs[seq_key], pad_i, into))
         final = self.wal_end + _ROW_BYTES * len(events)
         txn = Txn(self._xid, final, final + _TXN_OVERHEAD, tuple(events))
         self._xid += 1
@@ -173,19 +196,21 @@ def _keepalive(wal_end: int, reply: bool) -> bytes:
     return b"k" + struct.pack("!QQB", wal_end, 0, int(reply))
 
 
-def _relation() -> bytes:
-    cols = b"".join(bytes([0]) + n.encode() + b"\0" + struct.pack("!Ii", 25, -1) for n in COLUMNS)
+def _relation(table: str = "public.outbox") -> bytes:
+    oid, columns = TABLES[table]
+    schema, name = table.split(".")
+    cols = b"".join(bytes([0]) + n.encode() + b"\0" + struct.pack("!Ii", 25, -1) for n in columns)
     return (
-        b"R" + struct.pack("!I", OUTBOX_OID) + b"public\0outbox\0" + b"d"
-        + struct.pack("!H", len(COLUMNS)) + cols
+        b"R" + struct.pack("!I", oid) + schema.encode() + b"\0" + name.encode() + b"\0" + b"d"
+        + struct.pack("!H", len(columns)) + cols
     )  # fmt: skip
 
 
-def _insert(row: tuple[bytes, ...]) -> bytes:
+def _insert(row: tuple[bytes, ...], table: str = "public.outbox") -> bytes:
     parts = [struct.pack("!H", len(row))]
     for v in row:
         parts.append(b"t" + struct.pack("!I", len(v)) + v)
-    return b"I" + struct.pack("!I", OUTBOX_OID) + b"N" + b"".join(parts)
+    return b"I" + struct.pack("!I", TABLES[table][0]) + b"N" + b"".join(parts)
 
 
 def txn_frames(txn: Txn) -> list[bytes]:
@@ -193,7 +218,9 @@ def txn_frames(txn: Txn) -> list[bytes]:
     commit = b"C" + struct.pack("!BQQq", 0, txn.final_lsn, txn.end_lsn, 0)
     first = txn.final_lsn - _ROW_BYTES * len(txn.events)
     frames = [_xlog(first, begin)]
-    frames += [_xlog(first + i * _ROW_BYTES, _insert(e.row())) for i, e in enumerate(txn.events)]
+    frames += [
+        _xlog(first + i * _ROW_BYTES, _insert(e.row(), e.table)) for i, e in enumerate(txn.events)
+    ]
     return [*frames, _xlog(txn.final_lsn, commit)]
 
 
@@ -207,6 +234,7 @@ class FakeStream:
         self._connected = False
         self._open = False
         self._frames: list[bytes] = []
+        self._described: set[str] = set()
         self._next_txn = 0
         self._sent = 0
         self._drop_at: int | None = None
@@ -253,6 +281,7 @@ class FakeStream:
         self.starts.append(start)
         server.streams += 1
         self._frames = [_xlog(start, _relation())]
+        self._described = {"public.outbox"}  # other tables: before their first insert
         self._next_txn = next(
             (i for i, t in enumerate(server.txns) if t.final_lsn >= start), len(server.txns)
         )
@@ -284,7 +313,12 @@ class FakeStream:
         if not self._frames:
             server = self._session
             if self._next_txn < len(server.txns):
-                self._frames = txn_frames(server.txns[self._next_txn])
+                txn = server.txns[self._next_txn]
+                new = list(dict.fromkeys(e.table for e in txn.events))
+                new = [t for t in new if t not in self._described]
+                self._described.update(new)
+                self._frames = [_xlog(txn.final_lsn, _relation(t)) for t in new]
+                self._frames += txn_frames(txn)
                 self._next_txn += 1
             elif self._reply:
                 self._reply = False
@@ -322,15 +356,19 @@ class FakeStream:
 
 class FakeMarks:
     """The outbox rows' marks (a :class:`~cdc_outbox.cdc.published_marker.MarkSink`): an id
-    marked goes to :attr:`FakePostgres.marked` of the server reached now (``server()``)."""
+    marked goes to :attr:`FakePostgres.marked` of the server reached now (``server()``), and,
+    with ``table``, to :attr:`FakePostgres.marked_in` under that table."""
 
-    def __init__(self, server: Callable[[], FakePostgres]) -> None:
+    def __init__(self, server: Callable[[], FakePostgres], table: str | None = None) -> None:
         self.server = server
+        self.table = table
 
     def mark(self, ids: list[bytes]) -> tuple[int, set[bytes]]:
         marked = self.server().marked
         new = set(ids) - marked
         marked.update(new)
+        if self.table is not None:
+            self.server().marked_in.setdefault(self.table, []).extend(ids)
         return len(new), set()  # every row is visible at once
 
     def in_progress(self) -> frozenset[str]:

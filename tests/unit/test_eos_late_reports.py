@@ -37,7 +37,7 @@ class _Marker:
     def __init__(self) -> None:
         self.ids: list[bytes] = []
 
-    def add(self, event_id: bytes) -> None:
+    def add(self, event_id: bytes, outbox: int = 0) -> None:
         self.ids.append(event_id)
 
 

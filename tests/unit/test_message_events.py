@@ -212,11 +212,11 @@ def test_a_non_transactional_message_is_confirmed_only_once_its_dead_letter_is()
 
     settings = Settings.model_validate({"dsn": "postgresql://u@h/db", "message_prefix": "app"})
     submitted: list[tuple[Any, Any]] = []
-    delivery = SimpleNamespace(submit=lambda r, h: submitted.append((r, h)), marker=None)
+    delivery = SimpleNamespace(submit=lambda r, h, o=0: submitted.append((r, h)), marker=None)
     written: list[int] = []
     checkpoint = SimpleNamespace(note_written=written.append)
     stats = RelayStats()
-    router = MessageRouter(settings, settings.outbox_mapper(), delivery, stats, None)  # type: ignore[arg-type]
+    router = MessageRouter(settings, [settings.outbox_mapper()], delivery, stats, None)  # type: ignore[arg-type]
     tracker = AckTracker(0x100)
     router.new_session(tracker, checkpoint)  # type: ignore[arg-type]
     router.handle(_message_frame(False, 0x2000, "app", b'{"id": "x"}'))
