@@ -4,13 +4,12 @@ lose (docs/outboxes.md: no catch-up for them).
 
 :func:`mix_tally`: per stream 0 lost, first arrivals in ``seq`` order per (stream, aggregate),
 each record exact (its stream's topic, key = aggregate id, value = the payload's bytes),
-duplicates counted; :class:`SlotBirth` tells when the slot the relay streams now was made.
+duplicates counted; :func:`messages_before_slot` names the table-less events a new slot may
+have lost.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -175,68 +174,29 @@ def mix_tally(
         for topics in (f"{prefix}.event.", f"{prefix}.shipping.")
         for r in read_topics(bootstrap, topics, timeout=120, extra_config=extra)
     ]
-    verdict = tally_mix(ledger(dsn), records, prefix, forbidden_ids=forbidden_ids,
+    events = ledger(dsn)
+    verdict = tally_mix(events, records, prefix, forbidden_ids=forbidden_ids,
                         may_miss=may_miss)  # fmt: skip
     print(verdict.summary())
+    lost = set(verdict.missing[:20])
+    for e in sorted((e for e in events if e.id in lost), key=lambda e: e.written_at):
+        print(f"missing: {e.stream} {e.aggregate_id} seq {e.seq} written at {e.written_at:.3f}"
+              f" ({e.id})")  # fmt: skip
     return verdict
 
 
-def messages_before(dsn: str, when: float) -> list[str]:
-    """Ids of the table-less events written before ``when`` (epoch seconds, the server's
-    clock; :meth:`SlotBirth.born`): the only ones a lost slot may lose."""
-    return [e.id for e in ledger(dsn) if e.stream == MESSAGES and e.written_at < when]
-
-
-def server_time(dsn: str) -> float:
+def messages_before_slot(dsn: str, slot: str) -> list[str]:
+    """Ids of the table-less events a catch-up may have lost: written before the consistent
+    point of the slot streamed now (the relay state's, written with its STREAMING phase).
+    A transaction that committed past that point is decoded from the slot; one written (its
+    ledger row's WAL insert position) at or past it committed past it, so it must arrive."""
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
-    assert row is not None
-    return float(row[0])
-
-
-class SlotBirth:
-    """Samples every 0.05 s whether the slot exists (through any DSN, a multi-host one too; a
-    failed sample counts as no slot, at this host's clock): :meth:`born` is when the slot that
-    exists at the end was first seen, so a table-less event written before it may be lost and
-    one written after it must arrive (a catch-up makes a new slot; rows are caught up,
-    messages are not)."""
-
-    def __init__(self, dsn: str, slot: str) -> None:
-        self.dsn, self.slot = dsn, slot
-        self.samples: list[tuple[float, bool]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="slot-birth", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        query = (
-            "SELECT extract(epoch FROM clock_timestamp())::float8,"
-            " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)"
-        )
-        conn: psycopg.Connection[tuple[float, bool]] | None = None
-        while not self._stop.wait(0.05):
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=2)
-                row = conn.execute(query, (self.slot,)).fetchone()
-            except psycopg.Error:  # the server away (a crash, a failover): as if no slot
-                conn = None
-                self.samples.append((time.time(), False))
-                continue
-            if row is not None:
-                self.samples.append((float(row[0]), bool(row[1])))
-        if conn is not None:
-            conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def born(self) -> float:
-        """The time of the sample before the last run of samples that saw the slot (0.0:
-        there since the first sample)."""
-        assert self.samples and self.samples[-1][1], "the slot does not exist at the end"
-        for i in range(len(self.samples) - 1, -1, -1):
-            if not self.samples[i][1]:
-                return self.samples[i][0]
-        return 0.0
+        point = conn.execute(
+            "SELECT consistent_point FROM cdc_outbox_relay_state WHERE slot_name = %s", (slot,)
+        ).fetchone()
+        assert point is not None and point[0] is not None, f"no consistent point: {point}"
+        rows = conn.execute(
+            "SELECT id::text FROM mix_ledger WHERE stream = %s AND lsn < %s::pg_lsn",
+            (MESSAGES, point[0]),
+        ).fetchall()
+    return [r[0] for r in rows]

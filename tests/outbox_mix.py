@@ -10,7 +10,8 @@ event streams.
 
 :func:`write_mix` commits transactions that interleave events of all three (the same
 aggregate ids in each) and, in the same transaction, one row per event in the ledger table
-:data:`LEDGER` (its id, stream, aggregate, per-(stream, aggregate) ``seq`` and payload): the
+:data:`LEDGER` (its id, stream, aggregate, per-(stream, aggregate) ``seq``, payload, and the
+WAL insert position when it was written, before its commit): the
 ledger is what was committed, whatever the relay deleted (Debezium rows) or never stored (a
 message), and a failover loses a ledger row exactly when it loses the event.
 :func:`tests.mix_tally.mix_tally` checks every topic against the ledger per stream;
@@ -91,7 +92,8 @@ def init_mix(settings: Settings, *, for_catch_up: bool = False) -> None:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS mix_ledger (id uuid PRIMARY KEY, stream text NOT NULL,"
             " aggregate_id text NOT NULL, seq int NOT NULL, payload jsonb NOT NULL,"
-            " written_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            " written_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+            " lsn pg_lsn NOT NULL DEFAULT pg_current_wal_insert_lsn())"
         )
         conn.execute("CREATE SCHEMA IF NOT EXISTS shipping")
         conn.execute(

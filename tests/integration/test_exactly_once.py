@@ -19,7 +19,7 @@ from cdc_outbox.kafka import checkpoints
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import run_cli, vm_hwm_kb, wait_until
-from tests.mix_tally import SlotBirth, messages_before, mix_tally
+from tests.mix_tally import messages_before_slot, mix_tally
 from tests.outbox_mix import (
     WINDOW_COUNTS,
     MixSpec,
@@ -207,8 +207,8 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     relay then has no Kafka commit left to crash in).
 
     Over the mix of outboxes (tests/outbox_mix.py), each stream checked on its own; the
-    table-less events written before the streamed slot was made (by the last catch-up) may be
-    lost (docs/outboxes.md), every other one must arrive once."""
+    table-less events written before the streamed slot's consistent point (the last
+    catch-up's) may be lost (docs/outboxes.md), every other one must arrive once."""
     settings = mix_settings(
         pg_dsn,
         kafka_broker.bootstrap_servers,
@@ -224,7 +224,6 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     stop = threading.Event()
     writers, written = mix_writers_thread(pg_dsn, spec, stop)
     writers.start()
-    birth = SlotBirth(pg_dsn, settings.slot_name)
     relay: RelayProcess | None = None
     crashed: list[str] = []
 
@@ -261,7 +260,6 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
             wait_until(lambda: not unmarked(pg_dsn), timeout=30)
     finally:
         stop.set()
-        birth.stop()
         if relay is not None:
             relay.stop_quietly()
         writers.join()
@@ -275,10 +273,10 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     assert written, "the writers failed"
     total = written[0].committed
     bootstrap = kafka_broker.bootstrap_servers
-    lost_ok = messages_before(pg_dsn, birth.born())
+    lost_ok = messages_before_slot(pg_dsn, settings.slot_name)
     committed = mix_tally(pg_dsn, bootstrap, kafka_topic_prefix, read_committed=True,
                           may_miss=lost_ok)  # fmt: skip
-    print(f"{len(lost_ok)} messages written before the streamed slot was made")
+    print(f"{len(lost_ok)} messages written before the streamed slot's consistent point")
     assert committed.ok, committed.summary()
     assert committed.expected == total
     assert committed.duplicates == 0, committed.summary()

@@ -152,6 +152,7 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
             victim = next(i for i, r in relays.items() if f":{r.proc.pid}:" in leader_id)
             relays[victim].kill()
             killed_at = time.monotonic()
+            print(f"kill {kill} at {time.time():.3f}")
             wait_until(
                 lambda h=holder: (
                     (p := slot_holder(pg_dsn, settings.slot_name)) is not None and p != h
