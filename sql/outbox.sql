@@ -50,10 +50,12 @@ CREATE TABLE IF NOT EXISTS public.cdc_outbox_relay_state (
     leader_pid       integer,                                           -- its lock connection's backend
     lease_until      timestamptz,
     confirmed_lsn    pg_lsn,                                            -- confirmed to the slot: all before it is in Kafka
+    streamed_tables  jsonb,                                             -- outbox tables the slot streams, each from an LSN
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
 -- A table made by an older `init` lacks confirmed_lsn (the relay then cannot keep it).
 ALTER TABLE public.cdc_outbox_relay_state ADD COLUMN IF NOT EXISTS confirmed_lsn pg_lsn;
+ALTER TABLE public.cdc_outbox_relay_state ADD COLUMN IF NOT EXISTS streamed_tables jsonb;
 
 -- `cdc-outbox init` then creates the publication (and the replication slot):
 --   CREATE PUBLICATION cdc_outbox_pub FOR TABLE public.outbox

@@ -41,9 +41,12 @@ COMMIT_TS_SETTING = "track_commit_timestamp"
 _TAIL = sql.SQL("age(xmin) DESC, cmin::text::bigint, ctid")  # cid has no ordering
 
 
-def order_key(settings: Settings, commit_timestamps: bool) -> str | None:
-    """A description of the primary key (see the module contract); None when there is none."""
-    column = OutboxTable.of(settings).order_column
+def order_key(
+    settings: Settings, commit_timestamps: bool, table: OutboxTable | None = None
+) -> str | None:
+    """A description of the primary key of the outbox ``table`` (None: the first; see the
+    module contract); None when there is none."""
+    column = (table or OutboxTable.of(settings)).order_column
     if column is not None:
         return f"column {column}"
     if commit_timestamps:
@@ -51,9 +54,12 @@ def order_key(settings: Settings, commit_timestamps: bool) -> str | None:
     return None
 
 
-def order_by(settings: Settings, commit_timestamps: bool) -> sql.Composed:
-    """The ``ORDER BY`` list of the catch-up's backlog query."""
-    column = OutboxTable.of(settings).order_column
+def order_by(
+    settings: Settings, commit_timestamps: bool, table: OutboxTable | None = None
+) -> sql.Composed:
+    """The ``ORDER BY`` list of the catch-up's backlog query of the outbox ``table`` (None:
+    the first); each outbox table has its own (issue 36)."""
+    column = (table or OutboxTable.of(settings)).order_column
     if column is not None:
         key: sql.Composable = sql.Identifier(column)
     elif commit_timestamps:

@@ -131,7 +131,7 @@ class EosCommitter:
         )
         return last
 
-    def start_session(self, history: History) -> None:
+    def start_session(self, history: History) -> checkpoints.Checkpoint | None:
         """A streaming session starts (only as the leader): fence older producers with our
         transactional.id, forget the aborted batch (it is re-streamed) and read the last
         checkpoint (every session: a failed commit's outcome is only known from Kafka).
@@ -139,12 +139,12 @@ class EosCommitter:
 
         The checkpoint topic is ensured on a helper thread meanwhile (it needs no fencing: only
         reading the checkpoint must come after ``init_transactions``), so that a session start
-        pays one broker round trip less."""
+        pays one broker round trip less. Returns the checkpoint read."""
         ensured = self._fence_meanwhile_ensure_topic()
         self.batch.aborted()
         self.txns.clear()
         self._closing_txns = []
-        self.load(history, ensure_topic=not ensured)
+        return self.load(history, ensure_topic=not ensured)
 
     def _fence_meanwhile_ensure_topic(self) -> bool:
         """``ensure_transactions`` while a helper thread ensures the checkpoint topic; True if
@@ -366,7 +366,8 @@ class EosCommitter:
         """Before a catch-up takes its snapshot: fence older producers, read the last
         checkpoint and mark the rows of the catch-up batch it committed, PUBLISHED or FAILED
         (they are then skipped). Raises ``CatchUpFailed``."""
-        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, mark_committed_batch
+        from cdc_outbox.cdc.catch_up_marks import mark_committed_batch
+        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed
 
         try:
             self.delivery.new_session()

@@ -4,8 +4,11 @@ Contract of :class:`MessageRouter`: per XLogData payload, in stream order,
 - ``B``: a new transaction handle on the session's ack tracker (exactly-once: a transaction the
   checkpoint topic already holds is skipped whole; its events' ids still go to the
   published-marker, since a crash after the Kafka commit may have kept them from it);
-- ``I`` on an outbox relation: mapped with *its* outbox's mapper (each configured outbox
-  table has its own layout and topic template) and submitted to
+- ``I`` on an outbox relation whose rows of this transaction a catch-up published
+  (:meth:`MessageRouter.streamed_from`: its commit LSN is below the table's "streamed from"
+  LSN, :mod:`cdc_outbox.cdc.new_tables`): counted and ignored; else mapped with *its*
+  outbox's mapper (each configured outbox table has its own layout and topic template) and
+  submitted to
   :class:`~cdc_outbox.delivery.engine.Delivery` under the transaction's handle, with its
   outbox's index (:mod:`cdc_outbox.delivery.outcomes`); inserts into other tables are counted
   and ignored;
@@ -90,6 +93,9 @@ class MessageRouter:
         self._txn = TxnHandle(self._tracker, stats, -1)
         self._checkpoint: Checkpointer | None = None
         self._skipping = False
+        #: outbox index -> LSN: rows of transactions committed below it are not streamed
+        self._from: dict[int, int] = {}
+        self._late: frozenset[int] = frozenset()  # outboxes whose rows this txn skips
         self._submit = delivery.submit
         prefix = settings.message_prefix
         first = self._mappers[0]
@@ -97,6 +103,12 @@ class MessageRouter:
         self._events = MessageEvents(prefix, columns, first) if prefix else None
         #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
         self.caught_up = False
+
+    def streamed_from(self, lsns: dict[int, int]) -> None:
+        """For this session: outbox index -> the LSN from which the stream publishes its
+        rows (those of transactions committed below it were published by a catch-up)."""
+        self._from = dict(lsns)
+        self._late = frozenset()
 
     def new_session(self, tracker: AckTracker, checkpoint: Checkpointer) -> None:
         """A new stream: relations are described again; positions go to these."""
@@ -172,6 +184,9 @@ class MessageRouter:
                 self._count_ignored("insert_other_table")
                 return
             rel, map_insert, n = outbox
+            if self._late and n in self._late:
+                self._count_ignored("caught_up_before_streaming")
+                return
             if self._skipping:
                 self._skipped(rel, row, n)
                 return
@@ -184,6 +199,8 @@ class MessageRouter:
         tracker = self._tracker
         if kind == _BEGIN:
             self._txn = TxnHandle(tracker, self.stats, tracker.begin(), timed=self.eos is None)
+            if self._from:
+                self._late_tables(payload)
             if self.eos is not None:
                 self._skipping = self.eos.on_begin(payload)
         elif kind == _COMMIT:
@@ -213,6 +230,14 @@ class MessageRouter:
         else:
             other = pgoutput.decode(payload)
             self._count_ignored(type(other).__name__.lower())
+
+    def _late_tables(self, begin: bytes) -> None:
+        """At a Begin: the outboxes whose rows of this transaction a catch-up published
+        (commit LSN below their "streamed from" LSN); once past every such LSN, none ever."""
+        final_lsn = int.from_bytes(begin[1:9], "big")
+        self._late = frozenset(n for n, lsn in self._from.items() if final_lsn < lsn)
+        if not self._late:
+            self._from = {}  # the stream only moves forward within a session
 
     def _on_message(self, message: pgoutput.Message) -> None:
         """A table-less event, or a redrive message for this outbox: it releases its

@@ -46,13 +46,15 @@ from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.message_router import MessageRouter
+from cdc_outbox.cdc.new_tables import NewTables
 from cdc_outbox.cdc.parked import parked_in_every_outbox
+from cdc_outbox.cdc.progress_log import ProgressLog
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_finish import finish
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.cdc.slot_watch import SlotWatch
-from cdc_outbox.cdc.snapshot_catchup import publish_backlog
+from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.cdc.stream_failures import give_up_if_unusable
 from cdc_outbox.config import Settings
@@ -68,7 +70,6 @@ from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position
 
 logger = logging.getLogger(__name__)
 
-_PROGRESS_LOG_INTERVAL_S = 30.0
 #: A session that streamed this long resets the restart back-off.
 _HEALTHY_SESSION_S = 5.0
 
@@ -110,8 +111,9 @@ class Relay:
         self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
         self._parked = ports.parked or (lambda: parked_in_every_outbox(settings))
         self._slot_watch = SlotWatch(ports.slot_facts or (lambda: slot_facts(settings)))
+        # Tables added later (cdc/new_tables.py): the real state table with the real stream.
+        self._new_tables = ports.new_tables or (None if ports.stream else NewTables(settings))
         self._mappers = tuple(map(settings.outbox_mapper, settings.outbox_settings()))
-        self._mapper = self._mappers[0]
         marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
         self._bookkept = all(t.has_status for t in OutboxTable.all_of(settings))
@@ -163,7 +165,9 @@ class Relay:
                     raise NotLeader("leadership lost while registering the transactional id")
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
-            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mapper, self.eos)
+            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mappers, self.eos)
+            if self._new_tables is not None:
+                self._new_tables.slot_created(point)  # every configured table, from point
         except BaseException:
             self.delivery.abandon()
             self.close()
@@ -268,9 +272,10 @@ class Relay:
             raise _Ended("leadership lost")
         delivery.new_session()
         history = self._stream.connect()
+        last = None
         if eos is not None:
             try:
-                eos.start_session(history)
+                last = eos.start_session(history)
             except (ConnectionError, TimeoutError) as exc:
                 raise _Restart(f"reading the checkpoint topic failed: {exc}") from exc
             if not self._is_leader():
@@ -283,6 +288,15 @@ class Relay:
             self._slot_watch.check()  # raises SlotChanged: the service catches up
         except DatabaseUnavailable as exc:
             raise _Restart(f"reading the slot's state failed: {exc}") from exc
+        if self._new_tables is not None:  # outbox tables the slot has not streamed yet
+            self._catching_up = True
+            try:
+                lsns = self._new_tables.catch_up(delivery, self._mappers, eos, last)
+            except (CatchUpFailed, DatabaseUnavailable) as exc:
+                raise _Restart(f"catching up outbox tables failed: {exc}") from exc
+            finally:
+                self._catching_up = False
+            self._router.streamed_from(lsns)
         ledger = self._ledger
         start = self._stream.start(ledger.restart_from(history, self._kept()))
         confirmed = self._stream.slot_confirmed
@@ -306,7 +320,7 @@ class Relay:
         delivery.idle = checkpoint.maybe_send
         self._router.new_session(tracker, checkpoint)
         self.stats.confirmed_lsn = checkpoint.sent_flush
-        last_log, last_count = time.monotonic(), self.stats.events_published
+        progress = ProgressLog(self.stats)
         while True:
             self.stats.beat()
             if delivery.halt_reason is not None:
@@ -345,19 +359,7 @@ class Relay:
                     continue  # the checks above say why
             checkpoint.maybe_send()
             self.stats.in_flight = tracker.in_flight
-            now = time.monotonic()
-            if now - last_log >= _PROGRESS_LOG_INTERVAL_S:
-                rate = (self.stats.events_published - last_count) / (now - last_log)
-                lsn = str(Lsn(tracker.confirmed))
-                logger.info(
-                    "published %d events (%.0f/s), confirmed %s, in flight %d",
-                    self.stats.events_published,
-                    rate,
-                    lsn,
-                    tracker.in_flight,
-                    extra={"mode": "cdc", "lsn": lsn},
-                )
-                last_log, last_count = now, self.stats.events_published
+            progress.maybe(tracker)
 
     # -- confirmation ------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdc_outbox.cdc.history import History
+from cdc_outbox.cdc.new_tables import NewTables
 from cdc_outbox.cdc.published_marker import MarkSink
 from cdc_outbox.kafka.checkpoints import CheckpointStore
 from cdc_outbox.kafka.publisher import ProducerFactory
@@ -79,3 +80,7 @@ class RelayPorts:
     #: The state row and the slot as the catch-up rule reads them (:func:`~cdc_outbox.store.
     #: relay_state.slot_facts`), at every session start (:mod:`cdc_outbox.cdc.slot_watch`).
     slot_facts: Callable[[], SlotFacts] | None = None
+    #: The slot's streamed outbox tables and the catch-up of new ones
+    #: (:class:`~cdc_outbox.cdc.new_tables.NewTables`; default: the real one, unless
+    #: ``stream`` is a fake: then none).
+    new_tables: NewTables | None = None

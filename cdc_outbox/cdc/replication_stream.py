@@ -12,6 +12,9 @@ Contract:
 - ``read(timeout)`` returns one frame, or ``None`` when nothing arrived in ``timeout``.
 - ``send_status(written, flushed)`` reports positions; the server moves the slot's
   ``confirmed_flush_lsn`` to ``flushed``. The caller keeps both monotonic.
+- :func:`exported_snapshot`: a temporary slot on a connection of its own, only for the
+  snapshot it exports and its consistent point (the catch-up of an outbox table the slot has
+  not streamed yet, :mod:`cdc_outbox.cdc.new_tables`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import logging
 import selectors
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 from psycopg import conninfo, pq, sql
@@ -360,3 +365,32 @@ def _sqlstate(result: pq.abc.PGresult) -> str:
 def _error_text(conn: pq.abc.PGconn) -> str:
     """libpq's error message on one line."""
     return " ".join(conn.error_message.decode(errors="replace").split())
+
+
+@contextmanager
+def exported_snapshot(dsn: str, name: str) -> Iterator[tuple[int, str]]:
+    """Create the TEMPORARY logical slot ``name`` (pgoutput) on a replication connection of
+    its own, exporting a snapshot, and yield ``(consistent_point, snapshot_name)``: rows of
+    transactions committed before the point are exactly those the snapshot shows (import it
+    with ``SET TRANSACTION SNAPSHOT``), later ones any slot of this database streams from
+    there. On exit the connection ends, and with it the slot. Raises ReplicationError."""
+    info = conninfo.make_conninfo(dsn, replication="database", **connect_kwargs(dsn))
+    conn = pq.PGconn.connect(info.encode())
+    try:
+        if conn.status != pq.ConnStatus.OK:
+            raise ReplicationError(f"replication connection failed: {_error_text(conn)}")
+        command = sql.SQL(
+            "CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+        ).format(sql.Identifier(name))
+        res = conn.exec_(command.as_string(None).encode())
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            permanent = _sqlstate(res) in _PERMANENT_SQLSTATES
+            msg = f"creating temporary slot {name!r} failed: {_error_text(conn)}"
+            raise ReplicationError(msg, permanent=permanent)
+        point, snapshot = res.get_value(0, 1), res.get_value(0, 2)
+        if point is None or snapshot is None:
+            raise ReplicationError("CREATE_REPLICATION_SLOT returned no snapshot")
+        logger.info("exported a snapshot at %s (temporary slot %s)", point.decode(), name)
+        yield int(Lsn.parse(point.decode())), snapshot.decode()
+    finally:
+        conn.finish()

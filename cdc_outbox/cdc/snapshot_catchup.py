@@ -13,6 +13,11 @@ in the same order, and each parks its aggregate where it comes (it is not publis
 unpublished rows before it (a re-stream's leftovers: published, not yet marked) are
 published as the first time.
 
+Several outbox tables (issue 36): the backlog of each (or of those given: a table the slot has
+not streamed yet, :mod:`cdc_outbox.cdc.new_tables`) is published from the same snapshot, one
+table after the other, each in its own commit order (two tables share no aggregate); each
+row's outcome, marks and parking are its own table's.
+
 Contract: :func:`publish_backlog` returns the number of rows once every outcome is known (and,
 at least once, every published row is marked PUBLISHED by the published-marker), or
 raises :class:`CatchUpFailed` (Kafka trouble, stop, leadership lost) or ``RelayHalted``. The
@@ -36,29 +41,39 @@ before the next catch-up takes its snapshot, makes the redo skip its rows (no du
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
 from cdc_outbox import db_pool
 from cdc_outbox.cdc import catch_up_order
+from cdc_outbox.cdc.catch_up_marks import Marking, mark_committed_batch, qualify
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config import Settings
 from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.delivery.policy import parking_key
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.outbox_mapping import OutboxMapper
 from cdc_outbox.progress import Progress
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.store.failed_rows import mark_failed
-from cdc_outbox.store.mark_published import marking_statement
 from cdc_outbox.store.outbox_table import OutboxTable
-from cdc_outbox.store.schema import outbox_ident
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "UNMARKED_WINDOW",
+    "CatchUpFailed",
+    "backlog_count_query",
+    "backlog_query",
+    "mark_committed_batch",
+    "publish_backlog",
+]
+
+Conn = psycopg.Connection[Any]
 
 
 class CatchUpCommitter(Protocol):
@@ -112,40 +127,42 @@ class _Backlog:
 
 
 def backlog_query(
-    settings: Settings, mapper: OutboxMapper, commit_timestamps: bool = False
+    settings: Settings,
+    mapper: OutboxMapper,
+    commit_timestamps: bool = False,
+    table: OutboxTable | None = None,
 ) -> sql.Composed:
-    """The rows a catch-up publishes, as text in ``mapper.row_columns`` order, each
-    aggregate's in commit order (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``:
-    the server has ``track_commit_timestamp`` on. The default layout's query also returns the
-    ``FAILED`` rows (they park their aggregate from there on), with ``status`` as one more
-    last column."""
+    """The rows a catch-up publishes from the outbox ``table`` (None: the first), as text in
+    ``mapper.row_columns`` order, each aggregate's in commit order
+    (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``: the server has
+    ``track_commit_timestamp`` on. The default layout's query also returns the ``FAILED`` rows
+    (they park their aggregate from there on), with ``status`` as one more last column."""
+    outbox = table or OutboxTable.of(settings)
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
-    table = outbox_ident(settings)
-    order = catch_up_order.order_by(settings, commit_timestamps)
-    outbox = OutboxTable.of(settings)
+    order = catch_up_order.order_by(settings, commit_timestamps, outbox)
     if not outbox.has_status:
         # No status column: the table holds only unpublished rows (cdc_mark_published =
         # "delete"; the service refuses a catch-up with "off" over a non-empty table).
-        return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, table, order)
+        return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, outbox.ident, order)
     # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
     # unknown, so they are published again (duplicates, never losses).
     return sql.SQL("SELECT {}, status FROM {} WHERE {} OR {} ORDER BY {}").format(
-        columns, table, outbox.unpublished(), outbox.failed(), order
+        columns, outbox.ident, outbox.unpublished(), outbox.failed(), order
     )
 
 
-def backlog_count_query(settings: Settings) -> sql.Composed:
+def backlog_count_query(settings: Settings, table: OutboxTable | None = None) -> sql.Composed:
     """One COUNT of the rows :func:`backlog_query` returns (the catch-up's progress total)."""
-    return OutboxTable.of(settings).count_unpublished()
+    return (table or OutboxTable.of(settings)).count_unpublished()
 
 
-def _start_progress(
-    conn: psycopg.Connection[tuple[object, ...]], settings: Settings, delivery: Delivery
-) -> Progress:
-    row = conn.execute(backlog_count_query(settings)).fetchone()
-    total = int(str(row[0])) if row else 0
+def _start_progress(conn: Conn, tables: list[OutboxTable], delivery: Delivery) -> Progress:
+    total = 0
+    for table in tables:
+        row = conn.execute(table.count_unpublished()).fetchone()
+        total += int(str(row[0])) if row else 0
     delivery.stats.catch_up_rows_total = total
     delivery.stats.catch_up_rows_done = 0
     logger.info("catch-up: %d rows to publish", total)
@@ -163,21 +180,111 @@ def _report(progress: Progress, delivery: Delivery, done: int, last: bool = Fals
         logger.info("catch-up progress: %s", progress.line(now))
 
 
+class _Run:
+    """One catch-up's state across its tables (rows submitted, the open exactly-once batch)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        delivery: Delivery,
+        eos: CatchUpCommitter | None,
+        marks: Conn,
+        marking: Marking,
+    ) -> None:
+        self.settings, self.delivery, self.eos = settings, delivery, eos
+        self.marks, self.marking = marks, marking
+        self.backlog = _Backlog()
+        self.count = 0
+        self.ids: list[str] = []  # exactly-once: the open batch's rows (qualified ids)
+        self.id_bytes = 0
+
+    def table(
+        self, conn: Conn, n: int, table: OutboxTable, mapper: OutboxMapper, commit_ts: bool,
+        progress: Progress,
+    ) -> None:  # fmt: skip
+        """Submit the backlog of outbox ``n`` (``table``), in its commit order."""
+        settings, delivery, eos, backlog = self.settings, self.delivery, self.eos, self.backlog
+        logger.info(
+            "catch-up order per aggregate of %s: %s",
+            table.name,
+            catch_up_order.order_key(settings, commit_ts, table) or "transaction ids",
+        )
+        with conn.cursor(name="cdc_outbox_backlog") as cur:
+            cur.itersize = _FETCH
+            cur.execute(backlog_query(settings, mapper, commit_ts, table))
+            for values in cur:
+                if table.has_status:
+                    status, values = values[-1], values[:-1]
+                    if status == "FAILED":
+                        _park(delivery, mapper.map_row(values), n)
+                        continue
+                backlog.pending += 1
+                record = mapper.map_row(values)
+                if eos is not None and record.event_id is not None:
+                    self.ids.append(qualify(settings, table, record.event_id))
+                    self.id_bytes += len(self.ids[-1]) + 3
+                delivery.submit(record, backlog, n)
+                self.count += 1
+                if self.count % _FETCH == 0:
+                    self.turn(progress)
+
+    def turn(self, progress: Progress) -> None:
+        delivery, backlog, eos = self.delivery, self.backlog, self.eos
+        _report(progress, delivery, self.count)
+        delivery.service()
+        _check(delivery, backlog)
+        if eos is None:
+            _bound_unmarked(delivery, backlog)
+        elif (
+            len(self.ids) >= self.settings.eos.max_events
+            or self.id_bytes + _reason_bytes(delivery) >= _MAX_ID_BYTES
+        ):
+            self.commit()
+
+    def commit(self) -> None:
+        """Exactly-once: commit the rows so far with their ids in the checkpoint (once the
+        previous batch is marked), the dead-lettered ones with their reasons, then start
+        marking them: FAILED (only now: were the commit aborted, the redo would dead-letter
+        them again), then PUBLISHED."""
+        delivery, eos = self.delivery, self.eos
+        assert eos is not None
+        _settle(delivery, self.backlog)
+        self.marking.wait()
+        tables = OutboxTable.all_of(self.settings)
+        dead = [
+            (qualify(self.settings, tables[n], i), reason)
+            for i, reason, n in delivery.failed_after_commit
+        ]
+        failed = {i for i, _ in dead}
+        published = [i for i in self.ids if i not in failed]
+        try:
+            eos.commit(catch_up_ids=published, dead_letters=dead)
+        except TransactionFailed as exc:
+            raise CatchUpFailed(f"catch-up Kafka commit failed: {exc}") from None
+        delivery.failed_after_commit.clear()
+        self.marking.start(self.marks, published, dead)
+        self.ids.clear()
+        self.id_bytes = 0
+
+
 def publish_backlog(
     settings: Settings,
     snapshot: str,
     delivery: Delivery,
-    mapper: OutboxMapper,
+    mappers: Sequence[OutboxMapper],
     eos: CatchUpCommitter | None = None,
+    tables: Sequence[int] | None = None,
 ) -> int:
-    """Publish every unpublished row visible in ``snapshot``; see the module contract."""
-    backlog = _Backlog()
-    marking = _Marking(settings)
-    count = 0
-    ids: list[str] = []
-    id_bytes = 0
+    """Publish every unpublished row visible in ``snapshot`` of the outboxes ``tables``
+    (indices in ``settings.outbox_settings()``, whose mappers ``mappers`` are, in that order;
+    None: every outbox), one table after the other, each in its own commit order; see the
+    module contract."""
+    outboxes = OutboxTable.all_of(settings)
+    chosen = list(range(len(outboxes)) if tables is None else tables)
+    marking = Marking(settings)
     delivery.new_session()
     delivery.defer_failed = eos is not None  # FAILED only once the dead letter is committed
+    run: _Run | None = None
     try:
         if eos is not None:
             delivery.ensure_transactions()
@@ -186,78 +293,50 @@ def publish_backlog(
             db_pool.connect(settings.postgres_dsn(), autocommit=True) as marks,
             marking,  # joined before ``marks`` closes
         ):
+            run = _Run(settings, delivery, eos, marks, marking)
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                bookkept = OutboxTable.of(settings).has_status
                 delivery.parking.load(())  # FAILED rows park their aggregate where they come
                 commit_ts = _commit_timestamps(conn)
-                progress = _start_progress(conn, settings, delivery)
-                logger.info(
-                    "catch-up order per aggregate: %s",
-                    catch_up_order.order_key(settings, commit_ts) or "transaction ids",
-                )
-                with conn.cursor(name="cdc_outbox_backlog") as cur:
-                    cur.itersize = _FETCH
-                    cur.execute(backlog_query(settings, mapper, commit_ts))
-                    for values in cur:
-                        if bookkept:
-                            status, values = values[-1], values[:-1]
-                            if status == "FAILED":
-                                _park(delivery, mapper.map_row(values))
-                                continue
-                        backlog.pending += 1
-                        record = mapper.map_row(values)
-                        if eos is not None and record.event_id is not None:
-                            ids.append(record.event_id)
-                            id_bytes += len(record.event_id) + 3
-                        delivery.submit(record, backlog)
-                        count += 1
-                        if count % _FETCH == 0:
-                            _report(progress, delivery, count)
-                            delivery.service()
-                            _check(delivery, backlog)
-                            if eos is None:
-                                _bound_unmarked(delivery, backlog)
-                            if eos is not None and (
-                                len(ids) >= settings.eos.max_events
-                                or id_bytes + _reason_bytes(delivery) >= _MAX_ID_BYTES
-                            ):
-                                _commit(delivery, backlog, eos, ids, marks, marking)
-                                id_bytes = 0
-                _report(progress, delivery, count, last=True)
-            _settle(delivery, backlog)
-            if eos is not None and ids:
-                _commit(delivery, backlog, eos, ids, marks, marking)
+                progress = _start_progress(conn, [outboxes[n] for n in chosen], delivery)
+                for n in chosen:
+                    run.table(conn, n, outboxes[n], mappers[n], commit_ts, progress)
+                _report(progress, delivery, run.count, last=True)
+            _settle(delivery, run.backlog)
+            if eos is not None and run.ids:
+                run.commit()
             marking.wait()
             marker = _marker(delivery)
             if eos is None and marker is not None:
                 while not marker.settle(0.1):  # all marked before streaming
-                    _check(delivery, backlog)
+                    _check(delivery, run.backlog)
     except ProduceInterrupted as exc:
-        _check(delivery, backlog)
+        if run is not None:
+            _check(delivery, run.backlog)
         raise CatchUpFailed(f"catch-up interrupted: {exc.args[0]}") from None
     except TransactionFailed as exc:
         raise CatchUpFailed(f"catch-up Kafka transactions failed: {exc}") from None
     finally:
         delivery.defer_failed = False
         delivery.stats.catch_up_progress = None
-    logger.info("published %d rows pending in the new slot's snapshot", count)
+    count = run.count if run is not None else 0
+    logger.info("published %d rows pending in the snapshot", count)
     return count
 
 
 def _reason_bytes(delivery: Delivery) -> int:
     """The checkpoint bytes the reasons of the batch's dead letters take so far."""
-    return sum(len(reason) + 6 for _, reason in delivery.failed_after_commit)
+    return sum(len(reason) + 6 + len(i) for i, reason, _ in delivery.failed_after_commit)
 
 
-def _park(delivery: Delivery, row: OutboxRecord | DeadLetter) -> None:
+def _park(delivery: Delivery, row: OutboxRecord | DeadLetter, outbox: int) -> None:
     """A ``FAILED`` row of the backlog: its aggregate is parked from here on."""
     if row.event_id is not None:
-        delivery.parking.park(row.key, row.event_id)
+        delivery.parking.park(parking_key(outbox, row.key), row.event_id)
 
 
-def _commit_timestamps(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+def _commit_timestamps(conn: Conn) -> bool:
     row = conn.execute(
         "SELECT current_setting(%s) = 'on'", (catch_up_order.COMMIT_TS_SETTING,)
     ).fetchone()
@@ -284,108 +363,6 @@ def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
         delivery.publisher.poll(0.005)
         delivery.service()
         _check(delivery, backlog)
-
-
-def _commit(
-    delivery: Delivery,
-    backlog: _Backlog,
-    eos: CatchUpCommitter,
-    ids: list[str],
-    marks: psycopg.Connection[tuple[object, ...]],
-    marking: _Marking,
-) -> None:
-    """Exactly-once: commit the rows so far with their ids in the checkpoint (once the
-    previous batch is marked), the dead-lettered ones with their reasons, then start marking
-    them: FAILED (only now: were the commit aborted, the redo would dead-letter them again),
-    then PUBLISHED."""
-    _settle(delivery, backlog)
-    marking.wait()
-    dead = list(delivery.failed_after_commit)
-    failed = {i for i, _ in dead}
-    published = [i for i in ids if i not in failed]
-    try:
-        eos.commit(catch_up_ids=published, dead_letters=dead)
-    except TransactionFailed as exc:
-        raise CatchUpFailed(f"catch-up Kafka commit failed: {exc}") from None
-    delivery.failed_after_commit.clear()
-    marking.start(marks, published, dead)
-    ids.clear()
-
-
-class _Marking:
-    """Exactly-once catch-up: :func:`mark_published` of the last committed batch on a helper
-    thread; :meth:`wait` (before the next commit and at the end) re-raises its error."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def start(
-        self,
-        conn: psycopg.Connection[tuple[object, ...]],
-        ids: list[str],
-        dead_letters: list[tuple[str, str]],
-    ) -> None:
-        self.wait()
-
-        def mark() -> None:
-            try:
-                mark_failed(conn, self.settings, dead_letters)
-                mark_published(conn, self.settings, ids)
-            except BaseException as exc:  # re-raised by wait()
-                self._error = exc
-
-        self._thread = threading.Thread(target=mark, name="catch-up-marking", daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> _Marking:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._thread is not None:  # never leave it using a closing connection
-            self._thread.join()
-            self._thread = None
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-
-def mark_published(
-    conn: psycopg.Connection[tuple[object, ...]], settings: Settings, ids: list[str]
-) -> int:
-    """Mark (or delete, with ``cdc_mark_published = "delete"``) the still unpublished rows of
-    ``ids``; idempotent. Returns the rows changed."""
-    from cdc_outbox.store.inspection import id_column_type
-
-    if not ids:
-        return 0
-    match = sql.SQL("{} = ANY(%s::text[]::{})").format(
-        sql.Identifier(settings.column_names().id), id_column_type(conn, settings).array()
-    )
-    return conn.execute(marking_statement(settings, match), (ids,)).rowcount
-
-
-def mark_committed_batch(
-    conn: psycopg.Connection[tuple[object, ...]],
-    settings: Settings,
-    ids: list[str],
-    dead_letters: list[tuple[str, str]],
-) -> None:
-    """Mark the rows of a committed catch-up batch (the last checkpoint's, before the next
-    catch-up takes its snapshot): its dead letters FAILED (only rows never marked since: a
-    row redriven meanwhile keeps its ``last_error`` and is left alone), its other rows
-    PUBLISHED; idempotent."""
-    failed = mark_failed(conn, settings, dead_letters, only_unmarked=True)
-    marked = mark_published(conn, settings, ids)
-    logger.info(
-        "marked the last committed catch-up batch: %d rows published, %d FAILED", marked, failed
-    )
 
 
 def _check(delivery: Delivery, backlog: _Backlog) -> None:

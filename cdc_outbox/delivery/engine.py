@@ -63,7 +63,7 @@ from cdc_outbox.delivery.policy import (
     parking_key,
     precheck,
 )
-from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport
+from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport, rows_by_outbox
 from cdc_outbox.errors import topic_missing
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener
 from cdc_outbox.kafka.producer_config import eos_config
@@ -113,11 +113,11 @@ class Delivery:
         self.restart_reason: str | None = None
         self.halt_reason: str | None = None
         self.to_mark: list[DeadLetterReport] = []
-        #: Exactly-once catch-up: ``(event id, reason)`` of acknowledged dead letters, marked
-        #: FAILED by the catch-up only after the Kafka commit (the redo of an aborted batch
-        #: dead-letters them again).
+        #: Exactly-once catch-up: ``(event id, reason, outbox)`` of acknowledged dead letters,
+        #: marked FAILED by the catch-up only after the Kafka commit (the redo of an aborted
+        #: batch dead-letters them again).
         self.defer_failed = False
-        self.failed_after_commit: list[tuple[str, str]] = []
+        self.failed_after_commit: list[tuple[str, str, int]] = []
         self.interrupted = interrupted  # the produce loop's stop question (see the contract)
         self.idle = idle  # called while the producer queue is full
         self._halt_policy = settings.on_permanent_error == "halt"
@@ -377,13 +377,11 @@ class Delivery:
 
     def _mark_failed(self) -> None:
         batch = self.to_mark
-        # Table-less events have no row; each outbox's rows are marked in its table.
-        by_outbox: dict[int, list[tuple[str, str]]] = {}
-        for d in batch:
-            if d.event_id is not None and d.outbox >= 0:
-                by_outbox.setdefault(d.outbox, []).append((d.event_id, d.reason))
+        by_outbox = rows_by_outbox(batch)
         if self.defer_failed:
-            self.failed_after_commit += [r for rows in by_outbox.values() for r in rows]
+            self.failed_after_commit += [
+                (i, r, n) for n, rows in by_outbox.items() for i, r in rows
+            ]
         elif self.failed_rows is not None:
             try:
                 for outbox, rows in by_outbox.items():

@@ -23,7 +23,7 @@ from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers, ReportingListener
 from cdc_outbox.relay_stats import RelayStats
 
-__all__ = ["DeadLetterReport", "RecordReport", "ReportSink"]
+__all__ = ["DeadLetterReport", "RecordReport", "ReportSink", "rows_by_outbox"]
 
 
 class ReportSink(Protocol):
@@ -130,3 +130,13 @@ class DeadLetterReport:
         else:
             d.restart(f"dead-letter record failed ({failure.name}): {failure.reason}", failure)
             self.handle.retry(failure.reason)
+
+
+def rows_by_outbox(reports: list[DeadLetterReport]) -> dict[int, list[tuple[str, str]]]:
+    """``(event id, reason)`` of acknowledged dead letters to mark FAILED, per outbox: each
+    outbox's in its own table; table-less events (no row) and events without an id, none."""
+    by_outbox: dict[int, list[tuple[str, str]]] = {}
+    for d in reports:
+        if d.event_id is not None and d.outbox >= 0:
+            by_outbox.setdefault(d.outbox, []).append((d.event_id, d.reason))
+    return by_outbox

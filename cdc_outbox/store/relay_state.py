@@ -24,6 +24,15 @@ Contract:
   starts from the greater of the two (:func:`kept_position`), and PostgreSQL skips the
   transactions before it. It only grows, and only ever holds confirmed positions; a value of
   an earlier incarnation of the slot is harmless: it is below the new slot's consistent point.
+- ``streamed_tables`` (issue 36): which outbox tables the slot has been streaming, each
+  ``schema.table`` with the LSN from which the stream publishes its rows (rows of
+  transactions committed before it were published by a catch-up). Written, committed,
+  *before* it takes effect (:func:`record_streamed_tables`): after a table's catch-up is
+  done and before a session streams it, after a new slot's catch-up, and at a session start
+  that no longer streams a table (it is dropped from the record: its rows are ignored from
+  then on, so adding it again later means a catch-up). None (an older table or slot):
+  unknown, read as "the first configured outbox only" by the relay
+  (:mod:`cdc_outbox.cdc.new_tables`).
 """
 
 from __future__ import annotations
@@ -55,7 +64,9 @@ __all__ = [
     "kept_position",
     "read_state",
     "record_new_slot",
+    "record_streamed_tables",
     "slot_facts",
+    "streamed_tables",
     "write_phase",
 ]
 
@@ -110,12 +121,22 @@ def ensure_table(conn: Conn, settings: Settings) -> None:
 
 def missing_ddl(conn: Conn, settings: Settings) -> list[tuple[str, sql.Composed]]:
     """``(step, statement)`` that bring the state table up to date: ``create_state_table``
-    steps when it is missing, ``add_confirmed_lsn`` for one older than that column, or none."""
+    steps when it is missing, ``add_confirmed_lsn`` for one older than that column,
+    ``add_streamed_tables`` for one older than that one, or none."""
     if not table_exists(conn, settings):
         return [("create_state_table", s) for s in schema.relay_state_ddl(settings)]
+    steps = []
     if not has_confirmed_lsn(conn, settings):
-        return [("add_confirmed_lsn", schema.relay_state_confirmed_ddl(settings))]
-    return []
+        steps.append(("add_confirmed_lsn", schema.relay_state_confirmed_ddl(settings)))
+    if not _has_column(conn, settings, "streamed_tables"):
+        steps.append(("add_streamed_tables", _streamed_tables_ddl(settings)))
+    return steps
+
+
+def _streamed_tables_ddl(settings: Settings) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS streamed_tables jsonb").format(
+        schema.relay_state_ident(settings)
+    )
 
 
 def table_exists(conn: Conn, settings: Settings) -> bool:
@@ -127,10 +148,14 @@ def table_exists(conn: Conn, settings: Settings) -> bool:
 
 def has_confirmed_lsn(conn: Conn, settings: Settings) -> bool:
     """Whether the (existing) state table has the ``confirmed_lsn`` column."""
+    return _has_column(conn, settings, "confirmed_lsn")
+
+
+def _has_column(conn: Conn, settings: Settings, column: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass"
-        " AND attname = 'confirmed_lsn' AND NOT attisdropped",
-        (schema.relay_state_ident(settings).as_string(conn),),
+        " AND attname = %s AND NOT attisdropped",
+        (schema.relay_state_ident(settings).as_string(conn), column),
     ).fetchone()
     return row is not None
 
@@ -233,7 +258,9 @@ def record_new_slot(
 ) -> None:
     """``init``'s record of the slot. Not ``created`` (it existed): add a CATCHING_UP row if
     there is none, change nothing else. ``created``: the slot is a new incarnation, so the
-    kept ``confirmed_lsn`` of an earlier one is cleared, and the phase is STREAMING at
+    kept ``confirmed_lsn`` and ``streamed_tables`` of an earlier one are cleared (unknown
+    streamed tables: the relay catches up every outbox but the first before streaming it,
+    :mod:`cdc_outbox.cdc.new_tables`), and the phase is STREAMING at
     ``streamable_from`` (its consistent point, given when no row committed before it is
     unpublished: the slot alone delivers everything) or else CATCHING_UP (its backlog)."""
     table = schema.relay_state_ident(settings)
@@ -257,6 +284,11 @@ def record_new_slot(
         ).format(table),
         (settings.slot_name, str(phase), point),
     )
+    if _has_column(conn, settings, "streamed_tables"):
+        conn.execute(
+            sql.SQL("UPDATE {} SET streamed_tables = NULL WHERE slot_name = %s").format(table),
+            (settings.slot_name,),
+        )
 
 
 def write_phase(
@@ -286,3 +318,35 @@ def write_phase(
             raise NotLeader(
                 f"instance {leader_id} no longer holds the lease of slot {settings.slot_name}"
             )
+
+
+def streamed_tables(settings: Settings) -> dict[str, int] | None:
+    """The slot's ``streamed_tables`` (see the module contract): ``schema.table`` -> the LSN
+    from which its rows are streamed; None when unknown (no row, no column, NULL). Raises
+    ``psycopg.Error`` or ``DatabaseUnavailable``."""
+    with db_pool.pooled(settings, timeout=5.0, statement_timeout_s=5.0) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT to_jsonb(s) -> 'streamed_tables' FROM {} s WHERE slot_name = %s"
+            ).format(schema.relay_state_ident(settings)),
+            (settings.slot_name,),
+        ).fetchone()
+    if row is None or not isinstance(row[0], dict):
+        return None
+    return {str(name): int(Lsn.parse(str(lsn))) for name, lsn in row[0].items()}
+
+
+def record_streamed_tables(settings: Settings, tables: dict[str, int]) -> None:
+    """Make ``tables`` (``schema.table`` -> from LSN) the slot's ``streamed_tables``,
+    committed when this returns. Raises ``psycopg.Error`` (a missing column included) or
+    ``DatabaseUnavailable``."""
+    import json
+
+    value = json.dumps({name: str(Lsn(lsn)) for name, lsn in tables.items()})
+    with db_pool.pooled(settings, timeout=5.0, statement_timeout_s=5.0) as conn:
+        conn.execute(
+            sql.SQL("UPDATE {} SET streamed_tables = %s::jsonb WHERE slot_name = %s").format(
+                schema.relay_state_ident(settings)
+            ),
+            (value, settings.slot_name),
+        )

@@ -121,8 +121,8 @@ def relay_state_ident(settings: Settings) -> sql.Identifier:
 
 
 def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
-    """The relay state table: persisted phase, consistent point, leader lease and confirmed
-    position per slot."""
+    """The relay state table: persisted phase, consistent point, leader lease, confirmed
+    position and streamed outbox tables per slot."""
     phases = sql.SQL(", ").join(sql.Literal(p) for p in PHASES)
     return [
         sql.SQL(
@@ -134,6 +134,7 @@ def relay_state_ddl(settings: Settings) -> list[sql.Composed]:
             "    leader_pid integer,\n"
             "    lease_until timestamptz,\n"
             "    confirmed_lsn pg_lsn,\n"
+            "    streamed_tables jsonb,\n"
             "    updated_at timestamptz NOT NULL DEFAULT now()\n"
             ")"
         ).format(relay_state_ident(settings), phases)

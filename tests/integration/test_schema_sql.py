@@ -80,7 +80,7 @@ def test_outbox_sql_matches_generated_ddl(pg_dsn: str, second_dsn: str) -> None:
     for stmt in schema.relay_state_ddl(settings_for(second_dsn)):
         execute(second_dsn, stmt)
     state_file = shape(pg_dsn, schema.RELAY_STATE_TABLE)
-    assert len(state_file["columns"]) == 8
+    assert len(state_file["columns"]) == 9
     assert state_file == shape(second_dsn, schema.RELAY_STATE_TABLE)
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 
+from cdc_outbox.cdc.new_tables import NewTables
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config import Settings
@@ -56,7 +58,7 @@ def _harness(delivery: str, outboxes: list[dict[str, object]] | None = None) -> 
     return h
 
 
-def _relay(h: Harness) -> Relay:
+def _relay(h: Harness, new_tables: NewTables | None = None) -> Relay:
     def keep(lsn: int) -> KeepOutcome:
         h.pg.kept = max(h.pg.kept, lsn)
         return "kept"
@@ -74,6 +76,7 @@ def _relay(h: Harness) -> Relay:
             for name in ("public.outbox", "shipping.events", "public.not_an_outbox")
         },
         slot_facts=lambda: h.pg.slot_facts(),
+        new_tables=new_tables,
     )
     relay = Relay(h.settings, ports=ports)
     relay._sleep = lambda seconds: None  # type: ignore[method-assign]
@@ -193,3 +196,55 @@ def test_a_dead_letter_parks_its_aggregate_in_its_own_table_only() -> None:
     assert sum(r.startswith("blocked_by ") for r in reasons) == 3, reasons
     assert set(h.outbox.failed_in) == {0}
     assert set(h.outbox.failed_in[0]) == {e.id for e in outbox}
+
+
+def _no_export(name: str) -> Any:
+    raise AssertionError("no table needs a catch-up")
+
+
+def test_a_table_caught_up_before_streaming_is_streamed_only_from_its_point() -> None:
+    """shipping.events was caught up up to L (recorded): the stream skips its rows of
+    transactions committed below L, publishes the later ones, and every public.outbox row."""
+    h = _harness("at_least_once")
+    _write_mix(h, 30)
+    point = h.pg.txns[15].final_lsn  # rows of txns 0..14 were the catch-up's
+    recorded: list[dict[str, int]] = []
+    tables = NewTables(
+        h.settings,
+        streamed=lambda: {"public.outbox": 0, "shipping.events": point, "public.gone": 9},
+        record=recorded.append,
+        export=_no_export,
+    )
+    relay = _relay(h, tables)
+    with h.running(relay):
+        wait_until(lambda: h.pg.confirmed >= h.pg.txns[-1].end_lsn, timeout=30)
+    late = {e.id for t in h.pg.txns[15:] for e in t.events if e.table == "shipping.events"}
+    early = {e.id for t in h.pg.txns[:15] for e in t.events if e.table == "shipping.events"}
+    assert _ids(_read(h, SHIPPING)).keys() == late and early
+    orders = {e.id for e in h.pg.events() if e.table == "public.outbox"}
+    assert _ids(_read(h, ORDERS)).keys() == orders
+    assert relay.stats.ignored["caught_up_before_streaming"] == len(early)
+    # The table no longer configured was dropped from the record before streaming.
+    assert recorded == [{"public.outbox": 0, "shipping.events": point}]
+
+
+def test_an_unknown_record_with_one_outbox_catches_up_nothing() -> None:
+    settings = Settings.model_validate({"dsn": "postgresql://fake@127.0.0.1:1/db"})
+    recorded: list[dict[str, int]] = []
+    tables = NewTables(settings, streamed=lambda: None, record=recorded.append,
+                       export=_no_export)  # fmt: skip
+    assert tables.catch_up(None, [], None, None) == {}  # type: ignore[arg-type]
+    assert recorded == []
+
+
+def test_the_marker_takes_no_table_less_id_nor_one_of_an_outbox_that_does_not_mark() -> None:
+    from cdc_outbox.cdc.published_marker import PublishedMarker
+    from cdc_outbox.delivery.outcomes import TABLELESS
+
+    h = _harness("at_least_once", [OUTBOXES[0], {**OUTBOXES[1], "cdc_mark_published": "off"}])
+    marker = PublishedMarker(h.settings, rows={"public.outbox": FakeMarks(lambda: h.pg)})
+    marker.add(b"message-event", TABLELESS)
+    marker.add(b"shipping-row", 1)
+    assert (marker.handed, marker.dropped) == (0, 0)
+    marker.add(b"orders-row", 0)
+    assert marker.handed == 1
