@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, write_event
@@ -251,7 +252,7 @@ def _commit(
                     write_event(cur, "order", agg, "OrderPlaced", payload, event_id=event_id,
                                 **kwargs)  # fmt: skip
                     cur.execute(_LEDGER_INSERT, (event_id, stream, agg, seq,
-                                                 psycopg.types.json.Jsonb(payload)))  # fmt: skip
+                                                 Jsonb(payload)))  # fmt: skip
             if rollback:
                 conn.rollback()
             else:
