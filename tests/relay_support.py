@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import psycopg
+from psycopg import sql
 from pydantic import BaseModel, SecretStr
 
 from cdc_outbox.admin import bootstrap
@@ -30,7 +31,8 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: Any) -> Settings:
     """Settings for one test: its own topics (``<prefix>.event.*``, ``<prefix>.dlq``), the
-    CDC relay only (``mode = "cdc"``) and no metrics endpoint, unless ``overrides`` say else."""
+    CDC relay only (``mode = "cdc"``) and no metrics endpoint, unless ``overrides`` say else
+    (with ``outboxes``, each entry names its own topics)."""
     values: dict[str, Any] = {
         "mode": "cdc",
         "dsn": dsn,
@@ -42,6 +44,8 @@ def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: A
         "metrics_port": 0,
     }
     values.update(overrides)
+    if "outboxes" in overrides:
+        del values["topic_template"]
     return Settings.model_validate(values)
 
 
@@ -57,6 +61,12 @@ def init_for_catch_up(settings: Settings) -> None:
     ``init`` made over an empty table is streamed as it is: rows written after it would be
     streamed.)"""
     init_outbox(settings)
+    leave_for_catch_up(settings)
+
+
+def leave_for_catch_up(settings: Settings) -> None:
+    """Drop the slot ``init`` made and leave the phase CATCHING_UP (see
+    :func:`init_for_catch_up`)."""
     with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot_name,))
         conn.execute(
@@ -370,10 +380,16 @@ class UnconfirmedWindow:
     committed events past the slot's confirmed position (a broker outage keeps all it held
     back in that window until Kafka acknowledges it), or, while catching up or polling (or
     with no slot), rows not yet PUBLISHED, at most what a redone catch-up may re-send
-    (``2 * UNMARKED_WINDOW + 1000``). Needs the default layout (a ``status`` column)."""
+    (``2 * UNMARKED_WINDOW + 1000``). ``counts``: SQL of (committed events, rows not marked);
+    default: the ``outbox`` table's rows and those not PUBLISHED (tests/outbox_mix.py has the
+    mix's)."""
 
-    def __init__(self, dsn: str, slot: str) -> None:
+    def __init__(self, dsn: str, slot: str, counts: sql.Composable | None = None) -> None:
         self.dsn, self.slot = dsn, slot
+        self.counts = counts or sql.SQL(
+            "(SELECT count(*) FROM outbox),"
+            " (SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED')"
+        )
         # time, WAL end, slot confirmed (None: no slot), rows, rows not PUBLISHED, phase
         self.samples: list[tuple[float, int, int | None, int, int, str | None]] = []
         self._stop = threading.Event()
@@ -387,14 +403,12 @@ class UnconfirmedWindow:
         self._thread.join(10)
 
     def _run(self) -> None:
-        query = (
+        query = sql.SQL(
             "SELECT clock_timestamp(), pg_current_wal_lsn() - '0/0',"
             " (SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots"
-            "  WHERE slot_name = %(slot)s), count(*),"
-            " count(*) FILTER (WHERE status <> 'PUBLISHED'),"
+            "  WHERE slot_name = %(slot)s), {},"
             " (SELECT phase FROM cdc_outbox_relay_state WHERE slot_name = %(slot)s)"
-            " FROM outbox"
-        )
+        ).format(self.counts)
         conn: psycopg.Connection[Any] | None = None
         while not self._stop.wait(0.1):
             try:

@@ -1,10 +1,13 @@
 """The relay against a three-node Kafka cluster (replication factor 3, min.insync.replicas=2,
-acks=all) through the faults of a replicated cluster, at-least-once and exactly-once.
+acks=all) through the faults of a replicated cluster, at-least-once and exactly-once, over the
+mix of outboxes (tests/outbox_mix.py: a default-layout table, a Debezium-layout table marked
+by deleting, table-less events).
 
 One ``cdc-outbox run`` process relays while writers commit events at a fixed rate; each fault
-strikes once the relay has marked ``STEP`` rows PUBLISHED, so it lands mid-stream, and the
-run goes on until ``STEP`` more are marked after it. Then every committed event must be in
-Kafka (0 lost), first arrivals in per-aggregate order, every row PUBLISHED; exactly-once:
+strikes once the relay has marked ``STEP`` rows (PUBLISHED or deleted), so it lands
+mid-stream, and the run goes on until ``STEP`` more are marked after it. Then every committed
+event must be in Kafka (0 lost per stream), first arrivals in per-aggregate order, every row
+marked; exactly-once:
 each event once for a ``read_committed`` reader. Faults: the leader of a partition killed,
 the transaction coordinator killed (it moves), the active controller killed, two of three
 nodes down (no quorum, no write can meet min.insync.replicas: the relay waits, the slot is
@@ -20,25 +23,28 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from cdc_outbox.config import Settings
 from cdc_outbox.lsn import Lsn
-from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
 from tests.helpers import create_topic, wait_until
-from tests.integration.test_walsender_drops import relay_events_marked
+from tests.mix_tally import mix_tally
+from tests.outbox_mix import (
+    MixSpec,
+    committed_events,
+    init_mix,
+    marked,
+    mix_settings,
+    mix_topics,
+    mix_writers_thread,
+    unmarked,
+)
 from tests.relay_support import (
     RelayProcess,
     current_wal_lsn,
-    init_outbox,
-    outbox_statuses,
-    relay_settings,
     slot_position,
-    tally_topics,
     wait_streamed_past_now,
-    writers_thread,
 )
 
 RATE = 400  # committed events/s offered by the writers
@@ -62,21 +68,20 @@ class _Run:
             if self.eos
             else {}
         )
-        self.settings: Settings = relay_settings(
+        self.settings: Settings = mix_settings(
             dsn, cluster.bootstrap_servers, prefix, delivery=delivery, **extra
         )
         self.topic = f"{prefix}.event.order"
         self.relay = RelayProcess(self.settings, f"cluster-{prefix}")
         self.stop = threading.Event()
-        spec = workload.WorkloadSpec(
-            events=10_000_000, writers=2, aggregates=60, txn_sizes=(1, 5, 10), rate=RATE
-        )
-        self.writers, self.reports = writers_thread(dsn, spec, self.settings, self.stop)
+        spec = MixSpec(events=10_000_000, writers=2, aggregates=60, txn_sizes=(1, 5, 10), rate=RATE)
+        self.writers, self.reports = mix_writers_thread(dsn, spec, self.stop)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[_Run]:
-        create_topic(self.cluster.bootstrap_servers, self.topic, partitions=3, replication=3)
-        init_outbox(self.settings)
+        for topic in mix_topics(self.prefix):
+            create_topic(self.cluster.bootstrap_servers, topic, partitions=3, replication=3)
+        init_mix(self.settings)
         self.relay.start()
         self.writers.start()
         try:
@@ -88,17 +93,17 @@ class _Run:
             self.relay.stop_quietly()
 
     def marked_past(self, target: int, timeout: float = 120) -> int:
-        """Wait until ``target`` rows are PUBLISHED; return how many are."""
-        wait_until(lambda: relay_events_marked(self.dsn) >= target, timeout=timeout,
+        """Wait until ``target`` rows are marked (PUBLISHED or deleted); return how many are."""
+        wait_until(lambda: marked(self.dsn) >= target, timeout=timeout,
                    interval=0.1, message=self.relay.log_tail)  # fmt: skip
-        return relay_events_marked(self.dsn)
+        return marked(self.dsn)
 
     def strike(self, fault: Callable[[], None]) -> None:
         """``fault`` after ``STEP`` rows are marked; then ``STEP`` more, under load."""
         self.marked_past(STEP)
         began = time.monotonic()
         fault()
-        after = self.marked_past(relay_events_marked(self.dsn) + STEP, timeout=180)
+        after = self.marked_past(marked(self.dsn) + STEP, timeout=180)
         print(f"fault handled in {time.monotonic() - began:.1f}s; {after} rows marked")
 
     def finish_and_check(self) -> None:
@@ -108,27 +113,20 @@ class _Run:
         assert self.reports, "writers failed"
         wait_streamed_past_now(self.dsn, self.settings.slot_name, 180, self.relay.log_tail)
         with contextlib.suppress(AssertionError):  # counted and asserted below either way
-            wait_until(lambda: set(outbox_statuses(self.dsn)) == {"PUBLISHED"}, timeout=30)
+            wait_until(lambda: not unmarked(self.dsn), timeout=30)
         assert self.relay.alive, self.relay.log_tail()
-        verdict = tally_topics(self.dsn, self.settings, self.cluster.bootstrap_servers,
-                               self.prefix, read_committed=self.eos)  # fmt: skip
-        unmarked = _unmarked(self.dsn)
+        verdict = mix_tally(self.dsn, self.cluster.bootstrap_servers, self.prefix,
+                            read_committed=self.eos)  # fmt: skip
+        left = unmarked(self.dsn)
+        lost = {f"{s}:{i}" for s in ("public.outbox", "shipping.events") for i in verdict.missing}
         print(f"{verdict.expected} events, lost {len(verdict.missing)}, duplicates"
               f" {verdict.duplicates}, order violations {len(verdict.order_violations)},"
-              f" not PUBLISHED {len(unmarked)} ({len(set(unmarked) & set(verdict.missing))}"
-              " of them lost)")  # fmt: skip
+              f" not marked {len(left)} ({len(set(left) & lost)} of them lost)")  # fmt: skip
         assert verdict.expected == self.reports[0].committed >= 2 * STEP
-        assert verdict.ok, verdict.summary()  # 0 lost, per-aggregate order kept
+        assert verdict.ok, verdict.summary()  # 0 lost per stream, per-aggregate order kept
         if self.eos:
             assert verdict.duplicates == 0, verdict.summary()
-        assert unmarked == [], f"{len(unmarked)} rows not PUBLISHED: {unmarked[:5]}"
-
-
-def _unmarked(dsn: str) -> list[str]:
-    """Ids of outbox rows not marked PUBLISHED."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT id::text FROM outbox WHERE status <> 'PUBLISHED'").fetchall()
-    return [r[0] for r in rows]
+        assert left == [], f"{len(left)} rows not marked: {left[:5]}"
 
 
 @BOTH
@@ -141,7 +139,7 @@ def test_partition_leader_killed(
         leader = kafka_cluster.leader_of(run.topic, 0)
         kafka_cluster.kill(leader)
         wait_until(lambda: kafka_cluster.leader_of(run.topic, 0) not in (-1, leader), 60)
-        run.marked_past(relay_events_marked(pg_dsn) + STEP // 2)
+        run.marked_past(marked(pg_dsn) + STEP // 2)
         kafka_cluster.start_node(leader)  # it rejoins as a follower under load
 
     with run.running():
@@ -159,7 +157,7 @@ def test_transaction_coordinator_killed_moves_it(
         kafka_cluster.kill(coordinator)
         wait_until(lambda: _coordinator(kafka_cluster, run.txn_id) not in (None, coordinator),
                    timeout=60)  # fmt: skip
-        run.marked_past(relay_events_marked(pg_dsn) + STEP // 2)
+        run.marked_past(marked(pg_dsn) + STEP // 2)
         kafka_cluster.start_node(coordinator)
 
     with run.running():
@@ -177,7 +175,7 @@ def test_active_controller_killed(
         controller = wait_until(kafka_cluster.active_controller, timeout=30)
         kafka_cluster.kill(controller)
         wait_until(lambda: kafka_cluster.active_controller() not in (None, controller), 60)
-        run.marked_past(relay_events_marked(pg_dsn) + STEP // 2)
+        run.marked_past(marked(pg_dsn) + STEP // 2)
         kafka_cluster.start_node(controller)
 
     with run.running():
@@ -198,8 +196,10 @@ def test_two_of_three_down_then_back(
             kafka_cluster.kill(node)
         # Written from now on can reach no two replicas: nothing past here may be confirmed.
         wal_at_fault = current_wal_lsn(pg_dsn)
-        rows_at_fault = sum(outbox_statuses(pg_dsn).values())
-        confirmed, published = _watch_outage(pg_dsn, run, rows_at_fault + int(OUTAGE_S * RATE))
+        rows_at_fault = committed_events(pg_dsn, rows_only=True)
+        confirmed, published = _watch_outage(
+            pg_dsn, run, committed_events(pg_dsn) + int(OUTAGE_S * RATE)
+        )
         seen.update(wal=wal_at_fault, rows=rows_at_fault, confirmed=confirmed,
                     published=published)  # fmt: skip
         kafka_cluster.start_nodes(down)
@@ -212,17 +212,16 @@ def test_two_of_three_down_then_back(
     assert seen["published"] <= seen["rows"], seen  # marked nothing Kafka lacks
 
 
-def _watch_outage(dsn: str, run: _Run, rows: int) -> tuple[Lsn, int]:
-    """While the writers commit up to ``rows`` rows (``OUTAGE_S`` of load): the highest slot
-    position and PUBLISHED count seen, sampled every 0.1 s."""
+def _watch_outage(dsn: str, run: _Run, events: int) -> tuple[Lsn, int]:
+    """While the writers commit up to ``events`` events (``OUTAGE_S`` of load): the highest
+    slot position and count of marked rows seen, sampled every 0.1 s."""
     confirmed, published = Lsn(0), 0
 
     def sample() -> bool:
         nonlocal confirmed, published
         confirmed = max(confirmed, slot_position(dsn, run.settings.slot_name)[0])
-        statuses = outbox_statuses(dsn)
-        published = max(published, statuses.get("PUBLISHED", 0))
-        return sum(statuses.values()) >= rows
+        published = max(published, marked(dsn))
+        return committed_events(dsn) >= events
 
     wait_until(sample, timeout=OUTAGE_S * 3 + 60, interval=0.1, message=run.relay.log_tail)
     assert run.relay.alive, run.relay.log_tail()
@@ -238,7 +237,7 @@ def test_rolling_restart(
     def rolling_restart() -> None:
         for node in sorted(kafka_cluster.nodes):
             kafka_cluster.stop_node(node)
-            run.marked_past(relay_events_marked(pg_dsn) + STEP // 4)
+            run.marked_past(marked(pg_dsn) + STEP // 4)
             kafka_cluster.start_node(node)
             wait_until(kafka_cluster.fully_replicated, timeout=120, interval=0.2)
 

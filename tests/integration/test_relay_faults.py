@@ -1,7 +1,9 @@
-"""Faults really caused: broker stopped, relay kill -9, SIGTERM, a huge transaction."""
+"""Faults really caused: broker stopped, relay kill -9, SIGTERM, a huge transaction. The two
+kill -9 tests run over the mix of outboxes (tests/outbox_mix.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -11,6 +13,15 @@ import psycopg
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import vm_hwm_kb, wait_until
+from tests.mix_tally import mix_tally
+from tests.outbox_mix import (
+    WINDOW_COUNTS,
+    MixSpec,
+    init_mix,
+    mix_settings,
+    mix_writers_thread,
+    unmarked,
+)
 from tests.relay_support import (
     RelayProcess,
     UnconfirmedWindow,
@@ -93,16 +104,16 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
     """If the slot had been confirmed past an unacknowledged event, killing the relay while
-    the broker is down would lose that event for good; the final tally shows none missing."""
-    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    init_outbox(settings)
-    spec = workload.WorkloadSpec(
-        events=4_000, writers=2, aggregates=40, txn_sizes=(1, 25), rate=800
-    )
+    the broker is down would lose that event for good; the final tally shows none missing, in
+    any stream of the mix of outboxes (tests/outbox_mix.py)."""
+    settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_mix(settings)
+    spec = MixSpec(events=4_000, writers=2, aggregates=40, txn_sizes=(1, 25), rate=800)
     relay = RelayProcess(settings, "kill-while-broker-down")
     relay.start()
     try:
-        writers, _ = _writer(pg_dsn, settings, spec)
+        writers, _ = mix_writers_thread(pg_dsn, spec, threading.Event())
+        writers.start()
         wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=60)
         time.sleep(1.0)  # let some load flow before the outage
         kafka_broker.stop()
@@ -116,25 +127,31 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
         wait_streamed_past_now(
             pg_dsn, settings.slot_name, timeout=180, message=lambda: relay.log_tail()
         )
+        with contextlib.suppress(AssertionError):  # asserted below, after the tally
+            wait_until(lambda: not unmarked(pg_dsn), timeout=30)
     finally:
         relay.stop_quietly()
-    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = mix_tally(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 4_000
+    left = unmarked(pg_dsn)
+    assert left == [], f"{len(left)} delivered rows not marked: {left[:5]}"
 
 
 def test_relay_killed_at_random_points_loses_nothing(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
-    settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    init_outbox(settings)
-    spec = workload.WorkloadSpec(
-        events=15_000, writers=4, aggregates=200, txn_sizes=(1, 5, 50), rate=1_500
-    )
+    """kill -9 five times under load over the mix of outboxes (tests/outbox_mix.py): per
+    stream 0 lost and per-aggregate order kept, every delivered row marked, and duplicates
+    only from the unconfirmed window."""
+    settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    init_mix(settings)
+    spec = MixSpec(events=15_000, writers=4, aggregates=200, txn_sizes=(1, 5, 50), rate=1_500)
     rng = random.Random(20261130)
-    window = UnconfirmedWindow(pg_dsn, settings.slot_name)
+    window = UnconfirmedWindow(pg_dsn, settings.slot_name, WINDOW_COUNTS)
     window.start()
-    writers, _ = _writer(pg_dsn, settings, spec)
+    writers, reports = mix_writers_thread(pg_dsn, spec, threading.Event())
+    writers.start()
     kills, killed_at = 0, []
     relay = RelayProcess(settings, "kill9-0")
     try:
@@ -150,11 +167,13 @@ def test_relay_killed_at_random_points_loses_nothing(
         wait_streamed_past_now(
             pg_dsn, settings.slot_name, timeout=180, message=lambda: relay.log_tail()
         )
+        with contextlib.suppress(AssertionError):  # asserted below, after the tally
+            wait_until(lambda: not unmarked(pg_dsn), timeout=30)
     finally:
         relay.stop_quietly()
         window.stop()
     assert kills == 5
-    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = mix_tally(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     windows = [window.at(t) for t in killed_at]
     print(f"kill -9 x{kills}: {verdict.duplicates} duplicates in all; unconfirmed {windows}")
     assert verdict.ok, verdict.summary()
@@ -164,7 +183,10 @@ def test_relay_killed_at_random_points_loses_nothing(
     # a second of the offered load per kill for what was committed between the last 0.1 s
     # sample and the kill (as test_chaos does); re-sending from an older position exceeds it.
     assert verdict.duplicates <= sum(windows) + 1_500 * kills
-    assert verdict.expected == 15_000
+    assert verdict.expected == reports[0].committed == 15_000
+    assert min(reports[0].per_stream.values()) > 4_000  # each stream has its share
+    left = unmarked(pg_dsn)
+    assert left == [], f"{len(left)} delivered rows not marked: {left[:5]}"
 
 
 def test_sigterm_exits_zero_in_grace_and_restart_publishes_no_duplicates(

@@ -2,11 +2,13 @@
 
 The standby publishes nothing while the leader runs (0 duplicates without faults); when the
 leader is killed the standby takes over within 10 s, nothing is lost, order is kept, and no
-instance ever drops the slot the other streams from.
+instance ever drops the slot the other streams from. Over the mix of outboxes
+(tests/outbox_mix.py): every stream checked on its own, every delivered row marked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -14,17 +16,22 @@ import time
 import psycopg
 
 from cdc_outbox.admin import bootstrap
-from cdc_outbox.config import Settings
-from cdc_outbox_dev import workload
 from tests.helpers import wait_until
+from tests.mix_tally import mix_tally
+from tests.outbox_mix import (
+    WINDOW_COUNTS,
+    MixReport,
+    MixSpec,
+    init_mix,
+    mix_settings,
+    mix_writers_thread,
+    unmarked,
+)
 from tests.relay_support import (
     RelayProcess,
     UnconfirmedWindow,
-    init_outbox,
     relay_phase,
-    relay_settings,
     slot_holder,
-    tally_topics,
     wait_streamed_past_now,
 )
 
@@ -60,21 +67,24 @@ class _SlotWatch:
         self._thread.join(10)
 
 
-def _writers(dsn: str, settings: Settings, spec: workload.WorkloadSpec) -> threading.Thread:
-    thread = threading.Thread(
-        target=workload.write_orders, args=(dsn, spec), kwargs={"columns": settings.column_names()}
-    )
+def _writers(dsn: str, spec: MixSpec) -> tuple[threading.Thread, list[MixReport]]:
+    thread, reports = mix_writers_thread(dsn, spec, threading.Event())
     thread.start()
-    return thread
+    return thread, reports
+
+
+def _check_marked(dsn: str) -> None:
+    with contextlib.suppress(AssertionError):  # asserted here, with what is left
+        wait_until(lambda: not unmarked(dsn), timeout=30)
+    left = unmarked(dsn)
+    assert left == [], f"{len(left)} delivered rows not marked: {left[:5]}"
 
 
 def test_two_instances_without_faults_publish_every_event_once(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
-    settings = relay_settings(
-        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto"
-    )
-    init_outbox(settings)
+    settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto")
+    init_mix(settings)
     relays = [RelayProcess(settings, f"two-instances-{i}") for i in range(2)]
     for relay in relays:
         relay.start()
@@ -94,10 +104,8 @@ def test_two_instances_without_faults_publish_every_event_once(
             timeout=60,
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
         )
-        spec = workload.WorkloadSpec(
-            events=50_000, writers=4, aggregates=200, txn_sizes=(1, 10, 100)
-        )
-        writers = _writers(pg_dsn, settings, spec)
+        spec = MixSpec(events=50_000, writers=4, aggregates=200, txn_sizes=(1, 10, 100))
+        writers, _ = _writers(pg_dsn, spec)
         writers.join(600)
         wait_streamed_past_now(pg_dsn, settings.slot_name, 240)
         assert all(r.alive for r in relays)
@@ -106,7 +114,7 @@ def test_two_instances_without_faults_publish_every_event_once(
     finally:
         for relay in relays:
             relay.stop_quietly()
-    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = mix_tally(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 50_000
     assert verdict.duplicates == 0
@@ -114,22 +122,19 @@ def test_two_instances_without_faults_publish_every_event_once(
     # Exactly one of them ever led; the other only stood by.
     led = [log for log in standby_logs if "became leader" in log]
     assert len(led) == 1, [log[-2000:] for log in standby_logs]
+    _check_marked(pg_dsn)
 
 
 def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
-    settings = relay_settings(
-        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto"
-    )
-    init_outbox(settings)
+    settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto")
+    init_mix(settings)
     relays = {i: RelayProcess(settings, f"failover-{i}-0") for i in (0, 1)}
     for relay in relays.values():
         relay.start()
     watch = _SlotWatch(pg_dsn, settings.slot_name)
-    spec = workload.WorkloadSpec(
-        events=20_000, writers=3, aggregates=120, txn_sizes=(1, 5, 20), rate=800
-    )
+    spec = MixSpec(events=20_000, writers=3, aggregates=120, txn_sizes=(1, 5, 20), rate=800)
     takeovers: list[float] = []
     writers = None
     try:
@@ -138,7 +143,7 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
             timeout=60,
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
         )
-        writers = _writers(pg_dsn, settings, spec)
+        writers, _ = _writers(pg_dsn, spec)
         for kill in range(1, 6):
             time.sleep(1.5)  # under load
             holder = slot_holder(pg_dsn, settings.slot_name)
@@ -147,6 +152,7 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
             victim = next(i for i, r in relays.items() if f":{r.proc.pid}:" in leader_id)
             relays[victim].kill()
             killed_at = time.monotonic()
+            print(f"kill {kill} at {time.time():.3f}")
             wait_until(
                 lambda h=holder: (
                     (p := slot_holder(pg_dsn, settings.slot_name)) is not None and p != h
@@ -172,9 +178,10 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
     assert len(takeovers) == 5
     assert max(takeovers) <= TAKEOVER_BOUND_S, takeovers
     assert watch.missing_while_streaming == 0
-    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = mix_tally(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 20_000
+    _check_marked(pg_dsn)
 
 
 def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes(
@@ -185,18 +192,14 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
     woken with SIGCONT, finds it lost its lease and stands by. Nothing lost, order kept, and
     duplicates at most what was unconfirmed at the freeze (what the standby streams again and
     what the woken leader may still flush from its producer queue)."""
-    settings = relay_settings(
-        pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto"
-    )
-    init_outbox(settings)
+    settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="auto")
+    init_mix(settings)
     relays = [RelayProcess(settings, f"sigstop-{i}") for i in range(2)]
     for relay in relays:
         relay.start()
-    spec = workload.WorkloadSpec(
-        events=8_000, writers=2, aggregates=60, txn_sizes=(1, 10), rate=800
-    )
+    spec = MixSpec(events=8_000, writers=2, aggregates=60, txn_sizes=(1, 10), rate=800)
     writers = None
-    window = UnconfirmedWindow(pg_dsn, settings.slot_name)
+    window = UnconfirmedWindow(pg_dsn, settings.slot_name, WINDOW_COUNTS)
     window.start()
     try:
         wait_until(
@@ -204,7 +207,7 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
             timeout=60,
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
         )
-        writers = _writers(pg_dsn, settings, spec)
+        writers, _ = _writers(pg_dsn, spec)
         time.sleep(1.5)  # under load
         leader_id = relay_phase(pg_dsn, settings.slot_name)[1]
         assert leader_id is not None
@@ -247,7 +250,7 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
         if writers is not None:
             writers.join(300)
     assert took <= TAKEOVER_BOUND_S
-    verdict = tally_topics(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix)
+    verdict = mix_tally(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     assert verdict.ok, verdict.summary()
     assert verdict.expected == 8_000
     # What was unconfirmed at the freeze, plus 0.25 s of load (the window is sampled every
@@ -255,3 +258,4 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
     allowed = window.at(frozen_at) + 200
     print(f"duplicates {verdict.duplicates}, allowed {allowed}")
     assert verdict.duplicates <= allowed, verdict.summary()
+    _check_marked(pg_dsn)
