@@ -62,6 +62,10 @@ BENCHMARKS: dict[str, Benchmark] = {
         "A/B of a librdkafka setting: flush time of 100-record batches",
         "benchmarks.producer_flush:main",
     ),
+    "debezium": Benchmark(
+        "cdc-outbox vs Debezium (Kafka Connect, outbox EventRouter): drains, latency, CPU, RSS",
+        "benchmarks.debezium_bench:main",
+    ),
     "table-less-cost": Benchmark(
         "WAL and writer time per event: outbox row vs logical message (PostgreSQL only)",
         "benchmarks.table_less_cost:main",

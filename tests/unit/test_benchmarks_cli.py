@@ -29,6 +29,7 @@ NAMES = {
     "latency-floor",
     "producer-flush",
     "table-less-cost",
+    "debezium",
 }
 
 

@@ -1,0 +1,169 @@
+"""The figures of ``python -m benchmarks debezium`` and its table.
+
+The measuring is :mod:`benchmarks.debezium_bench`; what is run, :mod:`benchmarks.debezium_setup`.
+This module turns commit and append times into latencies (:func:`latencies`), the run into
+ratios against the targets (:func:`summarize`) and prints them (:func:`table`). Pure apart from
+:func:`machine`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.costs import percentile
+
+DESCRIPTION = (
+    "cdc-outbox vs Debezium (Kafka Connect + outbox EventRouter, defaults and tuned): cold and"
+    " warm drain, commit->ack latency, CPU and peak RSS, same server, broker and table"
+)
+#: cdc-outbox vs Debezium tuned: warm drain >= 2x, p99 at 20x100 <= 0.5x, CPU <= 1/4.
+TARGETS = {"warm_throughput_min": 2.0, "p99_20x100_max": 0.5, "cpu_max": 0.25}
+
+
+def latencies(commits: dict[str, float], appends: list[tuple[str, int]]) -> dict[str, Any]:
+    """Per event, append ms - commit ms (first record of each id; ids without a commit time
+    are counted in ``unmatched``): p50, p99, max and how many events."""
+    seen: set[str] = set()
+    samples: list[tuple[float, int]] = []
+    unmatched = 0
+    for ident, ms in appends:
+        if ident in seen:
+            continue
+        seen.add(ident)
+        if ident not in commits:
+            unmatched += 1
+            continue
+        samples.append((ms - commits[ident], 1))
+    if not samples:
+        raise ValueError("no record matched a committed event")
+    return {
+        "events": len(commits),
+        "records": len(appends),
+        "unmatched": unmatched,
+        "latency_ms": {
+            "p50": round(percentile(samples, 0.50), 1),
+            "p99": round(percentile(samples, 0.99), 1),
+            "max": round(max(v for v, _ in samples), 1),
+        },
+    }
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Ratios of cdc-outbox to Debezium tuned and whether the targets are met. CPU: the warm
+    drain's and both latency phases' CPU seconds, added up."""
+    ours, tuned = result["running"]["cdc_outbox"], result["running"]["debezium_tuned"]
+
+    def cpu(side: dict[str, Any]) -> float:
+        return float(sum(side[p]["cpu_s"] for p in ("warm", "latency_20x100", "latency_2000x1")))
+
+    warm = ours["warm"]["events_per_s"] / tuned["warm"]["events_per_s"]
+    p99 = ours["latency_20x100"]["latency_ms"]["p99"] / tuned["latency_20x100"]["latency_ms"]["p99"]
+    cpu_ratio = cpu(ours) / cpu(tuned)
+    cold = (
+        result["cold"]["cdc_outbox"]["events_per_s"]
+        / result["cold"]["debezium_tuned"]["events_per_s"]
+    )
+    return {
+        "warm_throughput": round(warm, 2),
+        "cold_throughput": round(cold, 2),
+        "p99_20x100": round(p99, 3),
+        "cpu": round(cpu_ratio, 3),
+        "targets": TARGETS,
+        "met": {
+            "warm_throughput": warm >= TARGETS["warm_throughput_min"],
+            "p99_20x100": p99 <= TARGETS["p99_20x100_max"],
+            "cpu": cpu_ratio <= TARGETS["cpu_max"],
+        },
+    }
+
+
+def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The table: one row per figure, one column per system."""
+    systems = list(result["running"])
+    cold, run = result["cold"], result["running"]
+    out: list[tuple[str, ...]] = [("figure", *systems)]
+    out.append(("cold drain, events/s", *(f"{cold[s]['events_per_s']:,.0f}" for s in systems)))
+    out.append(("cold: start to first record, s", *(f"{cold[s]['start_s']:.1f}" for s in systems)))
+    out.append(("cold: CPU s (start + drain)", *(f"{cold[s]['cpu_s']:.1f}" for s in systems)))
+    out.append(("cold: peak RSS, MiB", *(f"{cold[s]['peak_rss_mb']:,.0f}" for s in systems)))
+    out.append(
+        ("warm drain, events/s", *(f"{run[s]['warm']['events_per_s']:,.0f}" for s in systems))
+    )
+    out.append(("warm: CPU s", *(f"{run[s]['warm']['cpu_s']:.1f}" for s in systems)))
+    for phase in ("latency_20x100", "latency_2000x1"):
+        for q in ("p50", "p99"):
+            out.append(
+                (
+                    f"{phase.removeprefix('latency_')} commit->ack {q}, ms",
+                    *(f"{run[s][phase]['latency_ms'][q]:,.1f}" for s in systems),
+                )
+            )
+        out.append(
+            (
+                f"{phase.removeprefix('latency_')} offered txns/s; cores used",
+                *(
+                    f"{run[s][phase]['offered_txns_per_s']:,.0f}; {run[s][phase]['cores_used']:.2f}"
+                    for s in systems
+                ),
+            )
+        )
+    out.append(("running: peak RSS, MiB", *(f"{run[s]['peak_rss_mb']:,.0f}" for s in systems)))
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    """The printed table and the targets line."""
+    body = rows(result)
+    widths = [max(len(r[i]) for r in body) for i in range(len(body[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
+    s = result["summary"]
+    lines.append(
+        f"cdc-outbox / Debezium tuned: warm drain {s['warm_throughput']:.2f}x (target >= 2x:"
+        f" {_met(s, 'warm_throughput')}), p99 at 20x100 {s['p99_20x100']:.3f}x (<= 0.5x:"
+        f" {_met(s, 'p99_20x100')}), CPU {s['cpu']:.3f}x (<= 0.25x: {_met(s, 'cpu')});"
+        f" cold drain {s['cold_throughput']:.2f}x"
+    )
+    return "\n".join(lines)
+
+
+def _met(summary: dict[str, Any], key: str) -> str:
+    return "met" if summary["met"][key] else "NOT met"
+
+
+def machine(dsn: str) -> dict[str, Any]:
+    """Cores, memory, load, versions: the run's machine description."""
+    import psycopg
+
+    from cdc_outbox_dev.sandbox.kafka_connect import DEBEZIUM_VERSION, connect_java
+    from cdc_outbox_dev.sandbox.kafka_jars import KAFKA_VERSION
+
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+    mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    java = subprocess.run([connect_java(), "-version"], capture_output=True, text=True, check=False)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "load_at_start": [round(x, 2) for x in os.getloadavg()],
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "java": (java.stderr.splitlines() or ["?"])[0],
+        "postgresql": row[0] if row else "?",
+        "kafka": f"{KAFKA_VERSION} (one KRaft node), Kafka Connect {KAFKA_VERSION} standalone",
+        "debezium": DEBEZIUM_VERSION,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
