@@ -58,8 +58,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     drain's and both latency phases' CPU seconds, added up."""
     ours, tuned = result["running"]["cdc_outbox"], result["running"]["debezium_tuned"]
 
+    phases = ("warm", "latency_20x100", "latency_2000x1")
+
     def cpu(side: dict[str, Any]) -> float:
-        return float(sum(side[p]["cpu_s"] for p in ("warm", "latency_20x100", "latency_2000x1")))
+        return float(sum(side[p]["cpu_s"] for p in phases))
 
     warm = ours["warm"]["events_per_s"] / tuned["warm"]["events_per_s"]
     p99 = ours["latency_20x100"]["latency_ms"]["p99"] / tuned["latency_20x100"]["latency_ms"]["p99"]
@@ -73,6 +75,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "cold_throughput": round(cold, 2),
         "p99_20x100": round(p99, 3),
         "cpu": round(cpu_ratio, 3),
+        "cpu_by_phase": {
+            p: round(ours[p]["cpu_s"] / tuned[p]["cpu_s"], 3) if tuned[p]["cpu_s"] else None
+            for p in phases
+        },
         "targets": TARGETS,
         "met": {
             "warm_throughput": warm >= TARGETS["warm_throughput_min"],
@@ -89,6 +95,12 @@ def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = [("figure", *systems)]
     out.append(("cold drain, events/s", *(f"{cold[s]['events_per_s']:,.0f}" for s in systems)))
     out.append(("cold: start to first record, s", *(f"{cold[s]['start_s']:.1f}" for s in systems)))
+    out.append(
+        (
+            "cold: after the first record, events/s",
+            *(f"{cold[s]['after_first_events_per_s']:,.0f}" for s in systems),
+        )
+    )
     out.append(("cold: CPU s (start + drain)", *(f"{cold[s]['cpu_s']:.1f}" for s in systems)))
     out.append(("cold: peak RSS, MiB", *(f"{cold[s]['peak_rss_mb']:,.0f}" for s in systems)))
     out.append(

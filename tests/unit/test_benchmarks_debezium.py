@@ -125,6 +125,16 @@ def test_warm_drain_runs_from_the_first_commit_to_the_last_append() -> None:
     assert got["cpu_s"] == 1.5
 
 
+def test_cold_drain_runs_from_the_process_start_to_the_last_append() -> None:
+    # started at t=100 s; the first of 1,001 records appended at 104 s, the last at 105 s
+    appends = [105_000, 104_000, *(104_500 for _ in range(999))]
+    got = debezium_bench.cold_result(100.0, 1001, appends, 7.0)
+    assert (got["start_s"], got["drain_s"], got["total_s"]) == (4.0, 1.0, 5.0)
+    assert got["events_per_s"] == 200.2  # 1,001 events in 5 s, start-up included
+    assert got["after_first_events_per_s"] == 1000.0
+    assert (got["records"], got["cpu_s"]) == (1001, 7.0)
+
+
 def _side(warm: float, p99: float, cpu: float) -> dict[str, Any]:
     latency = {"latency_ms": {"p50": 1.0, "p99": p99}, "cpu_s": cpu, "offered_txns_per_s": 20.0}
     return {
@@ -136,7 +146,13 @@ def _side(warm: float, p99: float, cpu: float) -> dict[str, Any]:
 
 
 def _cold(rate: float) -> dict[str, Any]:
-    return {"events_per_s": rate, "start_s": 1.0, "cpu_s": 2.0, "peak_rss_mb": 50.0}
+    return {
+        "events_per_s": rate,
+        "after_first_events_per_s": rate * 2,
+        "start_s": 1.0,
+        "cpu_s": 2.0,
+        "peak_rss_mb": 50.0,
+    }
 
 
 def test_summary_compares_cdc_outbox_with_debezium_tuned() -> None:
@@ -156,6 +172,7 @@ def test_summary_compares_cdc_outbox_with_debezium_tuned() -> None:
     assert (got["warm_throughput"], got["p99_20x100"], got["cpu"]) == (2.0, 0.5, 0.25)
     assert got["cold_throughput"] == 3.0
     assert got["met"] == {"warm_throughput": True, "p99_20x100": True, "cpu": True}
+    assert got["cpu_by_phase"] == dict.fromkeys(("warm", "latency_20x100", "latency_2000x1"), 0.25)
     result["running"]["cdc_outbox"] = _side(warm=199, p99=10.1, cpu=1.01)
     result["summary"] = got = debezium_report.summarize(result)
     assert got["met"] == {"warm_throughput": False, "p99_20x100": False, "cpu": False}
