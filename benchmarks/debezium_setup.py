@@ -106,8 +106,8 @@ def connector_properties(
 def relay_toml(
     dsn: str, bootstrap: str, *, slot: str, publication: str, table: str, topic_prefix: str
 ) -> str:
-    """cdc-outbox's ``--config`` file: CDC, the ``debezium`` preset, defaults otherwise (no
-    metrics endpoint)."""
+    """cdc-outbox's ``--config`` file: CDC, the ``debezium`` preset, defaults otherwise but no
+    metrics endpoint and a 60 s leader lease (high availability only, not on the data path)."""
     values = {
         "mode": "cdc",
         "dsn": dsn,
@@ -116,6 +116,9 @@ def relay_toml(
         "outbox_table": table,
         "topic_template": topic_prefix + ".{aggregate_type}",
         "metrics_port": 0,
+        # The warm drain pauses the reader while its burst commits (seconds on a loaded
+        # machine): with the default 5 s lease a paused leader could find its lease lost.
+        "leader_lease_s": 60.0,
     }
     lines = [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     lines += ["", "[columns]", 'preset = "debezium"', "", "[kafka]"]
