@@ -13,7 +13,7 @@ servers' clocks (one machine), none from inside the systems measured.
 - cold: ``--events`` committed (one server-side burst of ``--txn-size``-row transactions,
   :func:`debezium_setup.burst_sql`) with every system's slot already there; then each
   system starts and drains them. ``events_per_s``: from process start to the last append
-  (:func:`cold_result`).
+  (:func:`debezium_report.cold_result`).
 - warm: the system runs, has relayed ``--warmup-events`` and is idle; it is paused
   (``SIGSTOP``) while the same burst commits, then resumed. ``events_per_s``: events / (last
   append - resume).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import tempfile
@@ -200,33 +201,13 @@ def cold(ctx: Context, topics: Topics, args: argparse.Namespace) -> dict[str, An
         finally:
             reader.stop()
         stamps = [ms for _, ms in topics.appends(topic)]
-        out[system] = cold_result(t0, args.events, stamps, cpu) | {
+        out[system] = debezium_report.cold_result(t0, args.events, stamps, cpu) | {
             "peak_rss_mb": rss,
             "load": _load(),
         }
         with psycopg.connect(ctx.dsn, autocommit=True) as conn:
             drop_slot(conn, slot)
     return out
-
-
-def cold_result(
-    started_s: float, events: int, appends_ms: list[int], cpu_s: float
-) -> dict[str, Any]:
-    """The cold drain's figures: ``events_per_s`` over the whole drain, from the process start
-    (``started_s``, epoch seconds) to the last append; ``after_first_events_per_s`` from the
-    first append on (a system that queues much before its first request reaches the broker
-    looks faster by it: read it with ``start_s``)."""
-    first, last = min(appends_ms) / 1000, max(appends_ms) / 1000
-    return {
-        "events": events,
-        "records": len(appends_ms),
-        "start_s": round(first - started_s, 3),
-        "drain_s": round(last - first, 3),
-        "total_s": round(last - started_s, 3),
-        "events_per_s": round(events / max(last - started_s, 1e-3), 1),
-        "after_first_events_per_s": round((events - 1) / max(last - first, 1e-3), 1),
-        "cpu_s": round(cpu_s, 2),
-    }
 
 
 def running(ctx: Context, topics: Topics, system: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -255,7 +236,9 @@ def running(ctx: Context, topics: Topics, system: str, args: argparse.Namespace)
         topics.wait(f"{prefix}.{WARM}", args.events, reader, args.timeout)
         cpu = tree_cpu(reader.pid) - cpu0
         appends = topics.appends(f"{prefix}.{WARM}")
-        out["warm"] = warm_result(commit_ms(ctx.dsn, WARM), appends, cpu, resumed * 1000)
+        out["warm"] = debezium_report.warm_result(
+            commit_ms(ctx.dsn, WARM), appends, cpu, resumed * 1000
+        )
         for name, (rate, size) in LATENCIES.items():
             print(f"-- {system}: {name} ({_load()})", flush=True)
             out[name] = latency(ctx, topics, reader, prefix, name, rate, size, args)
@@ -266,24 +249,6 @@ def running(ctx: Context, topics: Topics, system: str, args: argparse.Namespace)
         with psycopg.connect(ctx.dsn, autocommit=True) as conn:
             drop_slot(conn, slot)
     return out
-
-
-def warm_result(
-    commits: dict[str, float], appends: list[tuple[str, int]], cpu_s: float, resumed_ms: float
-) -> dict[str, Any]:
-    """The warm drain's figures from commit and append times and the moment the reader was
-    resumed (ms since the epoch): ``events_per_s`` from the resume to the last append."""
-    first_commit, last_commit = min(commits.values()), max(commits.values())
-    last_append = max(ms for _, ms in appends)
-    seconds = (last_append - resumed_ms) / 1000
-    return {
-        "events": len(commits),
-        "records": len(appends),
-        "commit_span_s": round((last_commit - first_commit) / 1000, 3),
-        "drain_s": round(seconds, 3),
-        "events_per_s": round(len(commits) / max(seconds, 1e-3), 1),
-        "cpu_s": round(cpu_s, 2),
-    }
 
 
 def latency(
@@ -355,21 +320,25 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     ensure_connect()  # fetched before anything is timed
     with servers(args.dsn, args.bootstrap_servers) as (dsn, bootstrap):
-        ctx = Context(dsn, bootstrap, workdir, int(time.time()))
+        ctx = Context(dsn, bootstrap, workdir, str(int(time.time())))
         prepare(ctx)
         topics = Topics(bootstrap)
         try:
-            names = [
-                f"{ctx.prefix(s)}.{agg}"
-                for s in SYSTEMS
-                for agg in (COLD, IDLE, WARM, *(f"{lat}{s}" for lat in _LAT for s in "wm"))
-            ]
-            topics.create(names)
+            topics.create([f"{ctx.prefix(s)}.{COLD}" for s in SYSTEMS])
             result: dict[str, Any] = {
                 "machine": debezium_report.machine(dsn),
                 "cold": cold(ctx, topics, args),
+                "rounds": [],
             }
-            result["running"] = {s: running(ctx, topics, s, args) for s in SYSTEMS}
+            for n in range(args.rounds):
+                # topics of its own per round; the first system rotates
+                rctx = dataclasses.replace(ctx, stamp=f"{ctx.stamp}r{n}")
+                aggs = (IDLE, WARM, *(f"{lat}{s}" for lat in _LAT for s in "wm"))
+                topics.create([f"{rctx.prefix(s)}.{agg}" for s in SYSTEMS for agg in aggs])
+                order = SYSTEMS[n % len(SYSTEMS) :] + SYSTEMS[: n % len(SYSTEMS)]
+                done = {s: running(rctx, topics, s, args) for s in order}
+                result["rounds"].append({s: done[s] for s in SYSTEMS})
+            result["running"] = debezium_report.median_tree(result["rounds"])
         finally:
             topics.close()
     return result
@@ -385,12 +354,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument("--latency-warmup-seconds", type=float, default=5.0)
     parser.add_argument("--writers", type=int, default=8, help="paced writer threads")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of the running phases (warm drain, latencies) of every system, the first"
+        " system rotating; each figure is the median of the rounds",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per wait, seconds")
     parser.add_argument("--dsn", help="PostgreSQL (track_commit_timestamp = on); default: local")
     parser.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     args = parser.parse_args(argv)
-    if min(args.events, args.txn_size, args.warmup_events, args.latency_seconds) <= 0:
-        parser.error("--events, --txn-size, --warmup-events, --latency-seconds must be positive")
+    if min(args.events, args.txn_size, args.warmup_events, args.latency_seconds, args.rounds) <= 0:
+        parser.error(
+            "--events, --txn-size, --warmup-events, --latency-seconds, --rounds must be positive"
+        )
     with tempfile.TemporaryDirectory(prefix="cdc-outbox-dbz-") as workdir:
         result = run(args, Path(workdir))
     result["params"] = {k: v for k, v in vars(args).items() if k not in ("json", "write_results")}

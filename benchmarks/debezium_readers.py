@@ -35,12 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Context:
-    """Where the run's servers and files are; ``stamp`` makes its topic names new."""
+    """Where the run's servers and files are; ``stamp`` makes its topic names new (one per
+    run and round)."""
 
     dsn: str
     bootstrap: str
     workdir: Path
-    stamp: int
+    stamp: str
 
     def prefix(self, system: str) -> str:
         return f"dbz.{self.stamp}.{system}"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks import debezium_bench, debezium_report, debezium_setup
+from benchmarks import debezium_report, debezium_setup
 from benchmarks.debezium_readers import peak_rss_mb
 from cdc_outbox.config import Settings
 from cdc_outbox.debezium_config import convert
@@ -121,7 +121,7 @@ def test_latencies_count_each_event_once_from_its_commit() -> None:
 def test_warm_drain_runs_from_the_resume_to_the_last_append() -> None:
     commits = {"a": 10_000.0, "b": 10_500.0, "c": 11_000.0}
     appends = [("a", 12_100), ("c", 14_000), ("b", 13_000)]
-    got = debezium_bench.warm_result(commits, appends, 1.5, resumed_ms=11_000.0)
+    got = debezium_report.warm_result(commits, appends, 1.5, resumed_ms=11_000.0)
     assert got["drain_s"] == 3.0 and got["events_per_s"] == 1.0
     assert got["commit_span_s"] == 1.0
     assert (got["events"], got["records"], got["cpu_s"]) == (3, 3, 1.5)
@@ -130,11 +130,21 @@ def test_warm_drain_runs_from_the_resume_to_the_last_append() -> None:
 def test_cold_drain_runs_from_the_process_start_to_the_last_append() -> None:
     # started at t=100 s; the first of 1,001 records appended at 104 s, the last at 105 s
     appends = [105_000, 104_000, *(104_500 for _ in range(999))]
-    got = debezium_bench.cold_result(100.0, 1001, appends, 7.0)
+    got = debezium_report.cold_result(100.0, 1001, appends, 7.0)
     assert (got["start_s"], got["drain_s"], got["total_s"]) == (4.0, 1.0, 5.0)
     assert got["events_per_s"] == 200.2  # 1,001 events in 5 s, start-up included
     assert got["after_first_events_per_s"] == 1000.0
     assert (got["records"], got["cpu_s"]) == (1001, 7.0)
+
+
+def test_median_tree_takes_each_numbers_median() -> None:
+    rounds = [
+        {"a": {"x": 1.0, "n": 3, "load": ["l1"], "ok": True}, "b": "text1"},
+        {"a": {"x": 5.0, "n": 1, "load": ["l2"], "ok": False}, "b": "text2"},
+        {"a": {"x": 2.0, "n": 2, "load": ["l3"], "ok": False}, "b": "text3"},
+    ]
+    got = debezium_report.median_tree(rounds)
+    assert got == {"a": {"x": 2.0, "n": 2, "load": ["l1"], "ok": True}, "b": "text1"}
 
 
 def _side(warm: float, p99: float, cpu: float) -> dict[str, Any]:
@@ -179,6 +189,16 @@ def test_summary_compares_cdc_outbox_with_debezium_tuned() -> None:
     result["summary"] = got = debezium_report.summarize(result)
     assert got["met"] == {"warm_throughput": False, "p99_20x100": False, "cpu": False}
     printed = debezium_report.table(result)
+    # rounds: each ratio is the median of the rounds' ratios
+    slow = _side(warm=100, p99=40, cpu=8)
+    result["rounds"] = [
+        {**result["running"], "cdc_outbox": _side(warm=400, p99=10, cpu=1)},
+        {**result["running"], "cdc_outbox": _side(warm=300, p99=10, cpu=1)},
+        {**result["running"], "cdc_outbox": slow},
+    ]
+    got = debezium_report.summarize(result)
+    assert (got["warm_throughput"], got["p99_20x100"], got["cpu"]) == (3.0, 0.5, 0.25)
+    assert [r["warm_throughput"] for r in got["rounds"]] == [4.0, 3.0, 1.0]
     assert printed.splitlines()[0].split() == ["figure", *result["running"]]
     assert "warm drain 1.99x (target >= 2x: NOT met)" in printed
 
