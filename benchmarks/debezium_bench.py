@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ from benchmarks import debezium_report, debezium_setup, output
 from benchmarks.cpu import tree_cpu
 from benchmarks.debezium_readers import (
     PUBLICATION,
+    ROOT,
     SYSTEMS,
     TABLE,
     Context,
@@ -379,4 +381,13 @@ def main(argv: list[str]) -> int:
     result["summary"] = debezium_report.summarize(result)
     print(debezium_report.table(result))
     output.save("debezium", result, args)
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    row = debezium_report.results_row(result, head or "?")
+    if args.write_results:
+        debezium_report.write_results_row(output.HERE / "RESULTS.md", row)
+        print(f"wrote its row of {output.HERE / 'RESULTS.md'}")
+    else:
+        print(row)
     return 0

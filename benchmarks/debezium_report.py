@@ -235,3 +235,41 @@ def machine(dsn: str) -> dict[str, Any]:
         "debezium": DEBEZIUM_VERSION,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+ROW_START = "| `debezium` |"
+X = "\N{MULTIPLICATION SIGN}"
+
+
+def results_row(result: dict[str, Any], commit: str) -> str:
+    """This benchmark's row of benchmarks/RESULTS.md for ``result``, measured at ``commit``."""
+    s, run, m = result["summary"], result["running"], result["machine"]
+    ours, tuned = run["cdc_outbox"], run["debezium_tuned"]
+    rounds = len(s["rounds"])
+    figure = (
+        f"warm drain **{s['warm_throughput']:.2f}{X}** ({ours['warm']['events_per_s']:,.0f} vs"
+        f" {tuned['warm']['events_per_s']:,.0f} events/s), p99 at 20 {X} 100"
+        f" **{s['p99_20x100']:.3f}{X}** ({ours['latency_20x100']['latency_ms']['p99']:,.1f} vs"
+        f" {tuned['latency_20x100']['latency_ms']['p99']:,.1f} ms), CPU **{s['cpu']:.3f}{X}**"
+        f" ({', '.join(k for k, v in s['met'].items() if v) or 'none'} met); cold drain"
+        f" {s['cold_throughput']:.2f}{X}; medians of {rounds} round(s), load average"
+        f" {m['load_at_start'][0]:.1f} at start"
+    )
+    command = "python -m benchmarks debezium" + (f" --rounds {rounds}" if rounds > 1 else "")
+    return (
+        f"{ROW_START} cdc-outbox vs Debezium 3.6 (Kafka Connect standalone + outbox"
+        " EventRouter, defaults and tuned), same server, broker, table and writes: cold and warm"
+        f" 100,000-event drains, commit→ack p50/p99 at 20 {X} 100 and 2,000 {X} 1 transactions/s,"
+        f" CPU and peak RSS | `{command}` | vs Debezium tuned: warm drain ≥ 2{X}, p99 at"
+        f" 20 {X} 100 ≤ 0.5{X}, CPU ≤ 0.25{X} | {figure} | {m['date']} | {commit} |"
+    )
+
+
+def write_results_row(path: Path, row: str) -> None:
+    """Replace this benchmark's row of the RESULTS.md at ``path`` (it must have one)."""
+    lines = path.read_text().split("\n")
+    at = [i for i, line in enumerate(lines) if line.startswith(ROW_START)]
+    if len(at) != 1:
+        raise ValueError(f"{path}: expected one row starting {ROW_START}, found {len(at)}")
+    lines[at[0]] = row
+    path.write_text("\n".join(lines))

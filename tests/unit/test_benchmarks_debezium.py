@@ -201,6 +201,22 @@ def test_summary_compares_cdc_outbox_with_debezium_tuned() -> None:
     assert [r["warm_throughput"] for r in got["rounds"]] == [4.0, 3.0, 1.0]
     assert printed.splitlines()[0].split() == ["figure", *result["running"]]
     assert "warm drain 1.99x (target >= 2x: NOT met)" in printed
+    result["machine"] = {"load_at_start": [3.25, 1.0, 1.0], "date": "2026-12-04 23:00 UTC"}
+    row = debezium_report.results_row(result, "abc1234")
+    assert row.startswith("| `debezium` |") and row.endswith("| 2026-12-04 23:00 UTC | abc1234 |")
+    assert "warm drain **1.99\u00d7** (199 vs 100 events/s)" in row
+    assert "p99 at 20 \u00d7 100 **0.505\u00d7** (10.1 vs 20.0 ms)" in row and "(none met)" in row
+    assert "load average 3.2 at start" in row and "--rounds" not in row
+
+
+def test_the_row_replaces_this_benchmarks_row_of_results_md(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    path.write_text("| a |\n| `debezium` | old |\n| `debezium-x` | kept |\n")
+    debezium_report.write_results_row(path, "| `debezium` | new |")
+    assert path.read_text() == "| a |\n| `debezium` | new |\n| `debezium-x` | kept |\n"
+    path.write_text("| a |\n")
+    with pytest.raises(ValueError, match="found 0"):
+        debezium_report.write_results_row(path, "| `debezium` | new |")
 
 
 def test_peak_rss_reads_the_process_tree() -> None:
