@@ -251,7 +251,7 @@ def results_row(result: dict[str, Any], commit: str) -> str:
         f" {tuned['warm']['events_per_s']:,.0f} events/s), p99 at 20 {X} 100"
         f" **{s['p99_20x100']:.3f}{X}** ({ours['latency_20x100']['latency_ms']['p99']:,.1f} vs"
         f" {tuned['latency_20x100']['latency_ms']['p99']:,.1f} ms), CPU **{s['cpu']:.3f}{X}**"
-        f" ({', '.join(k for k, v in s['met'].items() if v) or 'none'} met); cold drain"
+        f"; {_verdict(s['met'])}; cold drain"
         f" {s['cold_throughput']:.2f}{X}; medians of {rounds} round(s), load average"
         f" {m['load_at_start'][0]:.1f} at start"
     )
@@ -263,6 +263,19 @@ def results_row(result: dict[str, Any], commit: str) -> str:
         f" CPU and peak RSS | `{command}` | vs Debezium tuned: warm drain ≥ 2{X}, p99 at"
         f" 20 {X} 100 ≤ 0.5{X}, CPU ≤ 0.25{X} | {figure} | {m['date']} | {commit} |"
     )
+
+
+_LABELS = {"warm_throughput": "warm drain", "p99_20x100": "p99", "cpu": "CPU"}
+
+
+def _verdict(met: dict[str, bool]) -> str:
+    """``met: …, NOT met: …`` over the targets."""
+    parts = [
+        f"{word}: {', '.join(_LABELS[k] for k, v in met.items() if v is want)}"
+        for word, want in (("met", True), ("NOT met", False))
+        if want in met.values()
+    ]
+    return "; ".join(parts)
 
 
 def write_results_row(path: Path, row: str) -> None:

@@ -205,8 +205,17 @@ def test_summary_compares_cdc_outbox_with_debezium_tuned() -> None:
     row = debezium_report.results_row(result, "abc1234")
     assert row.startswith("| `debezium` |") and row.endswith("| 2026-12-04 23:00 UTC | abc1234 |")
     assert "warm drain **1.99\u00d7** (199 vs 100 events/s)" in row
-    assert "p99 at 20 \u00d7 100 **0.505\u00d7** (10.1 vs 20.0 ms)" in row and "(none met)" in row
+    assert (
+        "p99 at 20 \u00d7 100 **0.505\u00d7** (10.1 vs 20.0 ms)" in row
+        and "; NOT met: warm drain, p99, CPU;" in row
+    )
     assert "load average 3.2 at start" in row and "--rounds" not in row
+
+
+def test_the_rows_verdict_names_each_target() -> None:
+    met = {"warm_throughput": True, "p99_20x100": False, "cpu": False}
+    assert debezium_report._verdict(met) == "met: warm drain; NOT met: p99, CPU"
+    assert debezium_report._verdict(dict.fromkeys(met, True)) == "met: warm drain, p99, CPU"
 
 
 def test_the_row_replaces_this_benchmarks_row_of_results_md(tmp_path: Path) -> None:
