@@ -246,6 +246,7 @@ def results_row(result: dict[str, Any], commit: str) -> str:
     s, run, m = result["summary"], result["running"], result["machine"]
     ours, tuned = run["cdc_outbox"], run["debezium_tuned"]
     rounds = len(s["rounds"])
+    events = result.get("params", {}).get("events", ours["warm"]["events"])
     figure = (
         f"warm drain **{s['warm_throughput']:.2f}{X}** ({ours['warm']['events_per_s']:,.0f} vs"
         f" {tuned['warm']['events_per_s']:,.0f} events/s), p99 at 20 {X} 100"
@@ -258,9 +259,10 @@ def results_row(result: dict[str, Any], commit: str) -> str:
     command = "python -m benchmarks debezium" + (f" --rounds {rounds}" if rounds > 1 else "")
     return (
         f"{ROW_START} cdc-outbox vs Debezium 3.6 (Kafka Connect standalone + outbox"
-        " EventRouter, defaults and tuned), same server, broker, table and writes: cold and warm"
-        f" 100,000-event drains, commit→ack p50/p99 at 20 {X} 100 and 2,000 {X} 1 transactions/s,"
-        f" CPU and peak RSS | `{command}` | vs Debezium tuned: warm drain ≥ 2{X}, p99 at"
+        " EventRouter, defaults and tuned), same server, broker, table and writes: cold and"
+        f" warm {events:,}-event drains, commit→ack p50/p99 at 20 {X} 100 and 2,000 {X} 1"
+        f" transactions/s, CPU and peak RSS | `{command}` | vs Debezium tuned: warm drain"
+        f" ≥ 2{X}, p99 at"
         f" 20 {X} 100 ≤ 0.5{X}, CPU ≤ 0.25{X} | {figure} | {m['date']} | {commit} |"
     )
 

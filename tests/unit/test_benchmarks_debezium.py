@@ -150,7 +150,7 @@ def test_median_tree_takes_each_numbers_median() -> None:
 def _side(warm: float, p99: float, cpu: float) -> dict[str, Any]:
     latency = {"latency_ms": {"p50": 1.0, "p99": p99}, "cpu_s": cpu, "offered_txns_per_s": 20.0}
     return {
-        "warm": {"events_per_s": warm, "cpu_s": cpu},
+        "warm": {"events_per_s": warm, "cpu_s": cpu, "events": 100},
         "latency_20x100": {**latency, "cores_used": 0.1},
         "latency_2000x1": {**latency, "cores_used": 0.2, "latency_ms": {"p50": 2.0, "p99": 9.0}},
         "peak_rss_mb": 100.0,
@@ -210,6 +210,8 @@ def test_summary_compares_cdc_outbox_with_debezium_tuned() -> None:
         and "; NOT met: warm drain, p99, CPU;" in row
     )
     assert "load average 3.2 at start" in row and "--rounds" not in row
+    result["params"] = {"events": 100_000}
+    assert "cold and warm 100,000-event drains" in debezium_report.results_row(result, "a")
 
 
 def test_the_rows_verdict_names_each_target() -> None:
