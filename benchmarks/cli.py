@@ -66,6 +66,10 @@ BENCHMARKS: dict[str, Benchmark] = {
         "N outbox tables through one slot vs N relays with a slot each: CPU per event",
         "benchmarks.outboxes_bench:main",
     ),
+    "debezium": Benchmark(
+        "cdc-outbox vs Debezium (Kafka Connect, outbox EventRouter): drains, latency, CPU, RSS",
+        "benchmarks.debezium_bench:main",
+    ),
     "table-less-cost": Benchmark(
         "WAL and writer time per event: outbox row vs logical message (PostgreSQL only)",
         "benchmarks.table_less_cost:main",

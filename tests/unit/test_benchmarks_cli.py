@@ -30,6 +30,7 @@ NAMES = {
     "producer-flush",
     "table-less-cost",
     "outboxes",
+    "debezium",
 }
 
 
