@@ -51,5 +51,5 @@ lint: bootstrap
 	$(VENV)/bin/python scripts/import_cycles.py
 
 bench: bootstrap
-	$(VENV)/bin/python -m benchmarks relay --events 100000 --txn-size 100
-	$(VENV)/bin/python -m benchmarks compare --events 20000
+	$(VENV)/bin/python -m benchmarks relay --events 300000 --txn-size 100 --rounds 4
+	$(VENV)/bin/python -m benchmarks compare --events 300000 --eos-events 300000 --mark-events 300000 --latency-rounds 3

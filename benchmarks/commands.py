@@ -113,10 +113,10 @@ def compare(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["mark-cost", "eos-latency", "eos"],
+        choices=["mark-cost", "eos-latency", "eos", "eos-throughput"],
         help="run only this part: mark-cost (the cdc_mark_published costs), eos-latency (the"
-        " latency pair) or eos (the pair and the throughput rounds); --json only (no"
-        " --write-results or --results)",
+        " latency pair), eos (the pair and the throughput rounds) or eos-throughput (the"
+        " throughput rounds); --json only (no --write-results or --results)",
     )
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     parser.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
@@ -141,6 +141,9 @@ def compare(argv: list[str]) -> int:
     if args.only == "mark-cost":
         result = compare_bench.run(args)
         mark_cost.print_table(result["mark_cost"])
+    elif args.only == "eos-throughput":
+        result = compare_bench.run(args)
+        compare_report.print_eos_rounds(result)
     elif args.only:
         result = latency_phases.run_only(args)
         latency_report.print_section(result["eos_latency"])

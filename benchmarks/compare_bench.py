@@ -4,10 +4,12 @@ Each mode runs ``cdc-outbox run``'s :class:`~cdc_outbox.service.Service` with de
 (``mode`` = cdc or polling; polling at its default ``poll_interval_s`` and ``batch_size``), on a
 fresh outbox table filled by the same workload:
 
-1. throughput: ``--events`` events are written first (a backlog), then the relay runs until
-   all of them are visible in Kafka (acknowledged; exactly-once: committed); events/s counts
-   from the first visible events, the ones after them (start-up and exactly-once's first
-   commit interval are reported apart, as ``start_s``).
+1. throughput: ``--events`` events are written first (a backlog), then the relay runs, as
+   its own process (``python -m cdc_outbox run``, :mod:`benchmarks.relay_process`), until a
+   consumer of its topic (read_committed) has seen all of them; events/s counts from the
+   first records that consumer saw, the ones after them (start-up and exactly-once's first
+   commit interval are reported apart, as ``start_s``). CDC streams the backlog: its slot's
+   phase is STREAMING, as ``cdc-outbox init`` leaves it.
 2. latency: with the relay running, writers (another process) offer ``--rate`` events/s, first
    for ``--latency-warmup-seconds`` unmeasured (the broker's JIT compiles the mode's code
    paths: a fresh broker's first seconds of transactions stall now and then), then for
@@ -27,23 +29,22 @@ from __future__ import annotations
 import argparse
 import functools
 import multiprocessing
+import os
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from benchmarks import compare_report, mark_cost
-from benchmarks.costs import costs_per_event, outbox_writes, percentile
+from benchmarks import compare_report, mark_cost, outside_latency, relay_process
+from benchmarks.costs import costs_per_event, outbox_writes
 from benchmarks.cpu import CpuMeter
-from benchmarks.relay_bench import current_wal, services, setup
+from benchmarks.relay_bench import LOG_DIR, current_wal, drop_slot, services, setup
 from cdc_outbox.config import Settings
 from cdc_outbox.kafka.delivery_failure import Headers
 from cdc_outbox.kafka.publisher import KafkaPublisher
 from cdc_outbox.outbox_mapping import ColumnNames
-from cdc_outbox.service import Service
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 
@@ -73,15 +74,15 @@ def _settings(dsn: str, bootstrap: str, mode: str, topic_prefix: str) -> Setting
 
 
 def _fresh(settings: Settings) -> None:
-    """Fresh table (new statistics) and publication; a slot only for CDC."""
-    setup(settings, [SLOT] if settings.mode == "cdc" else [], relay_slots=[])
+    """Fresh table (new statistics) and publication; for CDC a slot whose phase is STREAMING,
+    as ``cdc-outbox init`` leaves it: the backlog is streamed, not caught up from the table
+    (before issue 38 the phase was missing, so every CDC phase began with a snapshot
+    catch-up of whatever was written)."""
+    cdc = [SLOT] if settings.mode == "cdc" else []
+    setup(settings, cdc, relay_slots=cdc)
     if settings.mode != "cdc":  # drop a CDC slot left by an earlier phase: it retains WAL
         with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                " WHERE slot_name = %s",
-                (SLOT,),
-            )
+            drop_slot(conn, SLOT)
 
 
 def _create_topic(settings: Settings, topic: str) -> None:
@@ -100,90 +101,37 @@ class _Warmup:
         raise RuntimeError(f"warm-up record failed: {failure}")
 
 
-class _Running:
-    """A Service on a thread; stopped (errors re-raised) by :meth:`stop`."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.eos = settings.delivery == "exactly_once"
-        self.service = Service(settings)
-        self.stats = self.service.stats
-        self._errors: list[BaseException] = []
-        self._thread = threading.Thread(
-            target=self._target, name=f"relay-{settings.mode}", daemon=True
-        )
-
-    def _target(self) -> None:
-        try:
-            self.service.run()
-        except BaseException as exc:
-            self._errors.append(exc)
-
-    def start(self) -> _Running:
-        self._thread.start()
-        return self
-
-    def visible(self) -> int:
-        """Events a consumer can read (exactly-once: committed in a Kafka transaction)."""
-        return self.stats.eos_committed_events if self.eos else self.stats.events_published
-
-    def wait_first(self, timeout: float) -> int:
-        """Until the relay has made its first events visible (acknowledged; exactly-once:
-        committed); returns how many are visible then."""
-        deadline = time.monotonic() + timeout
-        while (visible := self.visible()) == 0:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.stats.mode}: nothing published")
-            time.sleep(0.001)
-        return visible
-
-    def wait_published(self, events: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.visible() < events:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(
-                    f"{self.stats.mode}: {self.stats.events_published}/{events} published"
-                )
-            time.sleep(0.005)
-
-    def stop(self) -> None:
-        self.service.request_stop()
-        self._thread.join(120)
-        if self._errors:
-            raise self._errors[0]
+def _Running(settings: Settings, keep_ids: bool = False) -> relay_process.Running:
+    """The relay as its own process, with a consumer of its topic (not started)."""
+    log = LOG_DIR / f"compare-{settings.topic_template.split('{')[0]}log"
+    return relay_process.Running(settings, log, keep_ids=keep_ids)
 
 
 def throughput_phase(
     settings: Settings, spec: workload.WorkloadSpec, cpu: CpuMeter, timeout: float
 ) -> dict[str, Any]:
-    """Backlog of ``spec.events``, then the relay until all are acknowledged."""
+    """Backlog of ``spec.events``, then the relay (``python -m cdc_outbox run``, its own
+    process) until a consumer of its topic has seen all of them."""
     dsn = settings.postgres_dsn()
     _fresh(settings)
     wal0 = current_wal(dsn)
     workload.write_orders(dsn, spec, table=TABLE, columns=settings.column_names())
     wal1, writes1 = current_wal(dsn), outbox_writes(dsn, TABLE)
-    running = _Running(settings)
-    cpu.start()
-    t0 = time.perf_counter()
-    # Timed from the first visible events: start-up (election, phase, slot, producer) and
-    # exactly-once's first commit interval are latency, not throughput.
-    first = running.start().wait_first(timeout)
-    t1 = time.perf_counter()
-    running.wait_published(spec.events, timeout)
-    elapsed = time.perf_counter() - t1
-    cores = cpu.cores_used(time.perf_counter() - t0)
-    running.stop()
+    # Timed from the first visible events: start-up (process, election, phase, slot,
+    # producer) and exactly-once's first commit interval are latency, not throughput.
+    log = LOG_DIR / f"compare-{settings.topic_template.split('{')[0]}log"
+    drained = relay_process.drain(settings, spec.events, cpu, log, timeout=timeout)
     wal2, writes2 = current_wal(dsn), outbox_writes(dsn, TABLE)
     return {
         "events": spec.events,
-        "start_s": round(t1 - t0, 3),
-        "seconds": round(elapsed, 3),
-        "timed_events": spec.events - first,
-        "events_per_s": round((spec.events - first) / elapsed, 1),
+        "start_s": round(drained.start_s, 3),
+        "seconds": round(drained.seconds, 3),
+        "timed_events": drained.timed_events,
+        "events_per_s": round(drained.events_per_s, 1),
         "writers": costs_per_event(spec.events, writes1, wal1 - wal0),
         "relay": costs_per_event(spec.events, writes2 - writes1, wal2 - wal1),
-        "cores_used": cores,
+        "cores_used": drained.cores,
+        "load_average": round(os.getloadavg()[0], 2),
     }
 
 
@@ -198,58 +146,73 @@ def latency_phase(
     cpu: CpuMeter,
     warmup_s: float = 0.0,
     txn_sizes: tuple[int, ...] = (1, 5, 10),
+    e2e: str | None = None,
 ) -> dict[str, Any]:
-    """Relay running; writers offer ``rate`` events/s (transactions of ``txn_sizes``) for
-    ``warmup_s`` (not measured), then for ``seconds``; latency percentiles of the latter."""
+    """Relay running (its own process); writers offer ``rate`` events/s (transactions of
+    ``txn_sizes``) for ``warmup_s`` (not measured), then for ``seconds``; percentiles of the
+    latter's commit -> visible latency (:mod:`benchmarks.outside_latency`). With ``e2e`` (a
+    consumer name) ``cdc-outbox consume`` runs too, and ``e2e_latency_ms`` is commit ->
+    applied by it."""
     dsn = settings.postgres_dsn()
     _fresh(settings)
-    samples: list[tuple[float, int]] = []
-    running = _Running(settings)
-    running.stats.latency_observers.append(lambda s, n: samples.append((s, n)))
+    topics = relay_process.phase_topics(settings)
+    running = _Running(settings, keep_ids=True)
+    meter = running.meter(cpu)
+    consumer = None
+    if e2e:
+        consumer = outside_latency.consumer(settings, topics, e2e, LOG_DIR / f"{e2e}.log")
+        consumer.start()
     running.start()
-    columns = settings.column_names()
-    warm = workload.WorkloadSpec(events=20, writers=1, txn_sizes=(1,))
-    workload.write_orders(dsn, warm, table=TABLE, columns=columns)
-    running.wait_published(warm.events, 120)
-    written = warm.events
-    if warmup_s > 0:
-        warmup = _spec(rate, warmup_s, txn_sizes)
-        _run_writers(dsn, warmup, columns, running)
-        written += warmup.events
-        running.wait_published(written, 300)
-    # Every event written so far has its sample (exactly-once observes at the Kafka commit,
-    # a moment after the acknowledgement wait_published counts): none may leak into the
-    # measured ones.
-    deadline = time.monotonic() + 30
-    while sum(n for _, n in list(samples)) < written and time.monotonic() < deadline:
-        time.sleep(0.01)
-    samples.clear()
-    spec = _spec(rate, seconds, txn_sizes)
-    events = spec.events
-    wal0, writes0 = current_wal(dsn), outbox_writes(dsn, TABLE, settle_s=0.2)
-    cpu.start()
-    t0 = time.perf_counter()
-    _run_writers(dsn, spec, columns, running)
-    offered_s = time.perf_counter() - t0
-    running.wait_published(written + events, 300)
-    elapsed = time.perf_counter() - t0
-    cores = cpu.cores_used(elapsed)
-    running.stop()
+    try:
+        columns = settings.column_names()
+        warm = workload.WorkloadSpec(events=20, writers=1, txn_sizes=(1,))
+        workload.write_orders(dsn, warm, table=TABLE, columns=columns)
+        running.wait_published(warm.events, 120)
+        written = warm.events
+        if warmup_s > 0:
+            warmup = _spec(rate, warmup_s, txn_sizes)
+            _run_writers(dsn, warmup, columns, running)
+            written += warmup.events
+            running.wait_published(written, 300)
+        since = time.time()  # events committed from now on are measured
+        spec = _spec(rate, seconds, txn_sizes)
+        events = spec.events
+        wal0, writes0 = current_wal(dsn), outbox_writes(dsn, TABLE, settle_s=0.2)
+        meter.start()
+        t0 = time.perf_counter()
+        _run_writers(dsn, spec, columns, running)
+        offered_s = time.perf_counter() - t0
+        running.wait_published(written + events, 300)
+        elapsed = time.perf_counter() - t0
+        cores = meter.cores_used(elapsed)
+        applied: dict[str, float] = {}
+        if consumer is not None and e2e:
+            deadline = time.monotonic() + 300
+            while outside_latency.applied_count(dsn, e2e) < written + events:
+                if time.monotonic() > deadline or not consumer.alive():
+                    raise RuntimeError(f"{e2e}: not every event applied")
+                time.sleep(0.05)
+            applied = outside_latency.applied_times(dsn, e2e)
+    finally:
+        running.stop()
+        if consumer is not None:
+            consumer.stop()
     wal1, writes1 = current_wal(dsn), outbox_writes(dsn, TABLE)
-    ms = [(s * 1000.0, n) for s, n in samples]
-    return {
+    seen = running.counter.seen or {}
+    committed = outside_latency.commit_times(dsn, list(seen))
+    latency = outside_latency.quantiles(committed, seen, since)
+    out = {
         "events": events,
         "offered_events_per_s": round(events / offered_s, 1),
-        "latency_ms": {
-            "p50": round(percentile(ms, 0.50), 1),
-            "p95": round(percentile(ms, 0.95), 1),
-            "p99": round(percentile(ms, 0.99), 1),
-            "max": round(max(v for v, _ in ms), 1),
-        },
-        "latency_events": sum(n for _, n in samples),
+        "latency_ms": {k: v for k, v in latency.items() if k != "events"},
+        "latency_events": latency["events"],
         "writers_and_relay": costs_per_event(events, writes1 - writes0, wal1 - wal0),
         "cores_used": cores,
+        "load_average": round(os.getloadavg()[0], 2),
     }
+    if applied:
+        out["e2e_latency_ms"] = outside_latency.quantiles(committed, applied, since)
+    return out
 
 
 def _spec(rate: float, seconds: float, txn_sizes: tuple[int, ...]) -> workload.WorkloadSpec:
@@ -259,7 +222,10 @@ def _spec(rate: float, seconds: float, txn_sizes: tuple[int, ...]) -> workload.W
 
 
 def _run_writers(
-    dsn: str, spec: workload.WorkloadSpec, columns: ColumnNames, running: _Running | None
+    dsn: str,
+    spec: workload.WorkloadSpec,
+    columns: ColumnNames,
+    running: relay_process.Running | None,
 ) -> None:
     """Write ``spec`` from another process: in this one the writers would compete with the
     relay for the GIL and inflate its latency. Stops the relay (if any) if they fail."""
@@ -321,6 +287,13 @@ def run(args: argparse.Namespace, extras: tuple[Extra, ...] = ()) -> dict[str, A
         if args.only == "mark-cost":
             return {"mark_cost": _mark_cost(args, dsn, bootstrap, cpu)}
         stamp = int(time.time())
+        if args.only == "eos-throughput":
+            rounds = eos_rounds(args, dsn, bootstrap, cpu, stamp)
+            return {
+                "eos_rounds": rounds,
+                "eos_rounds_median_events_per_s": eos_round_medians(rounds),
+                "machine": compare_report.machine(dsn),
+            }
         spec = workload.WorkloadSpec(events=args.events, writers=args.writers)
         out: dict[str, Any] = {}
         for mode in MODES:

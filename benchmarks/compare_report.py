@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -38,7 +39,27 @@ def machine(dsn: str) -> dict[str, str]:
         "kafka": f"{KAFKA_VERSION} (single KRaft node, local)",
         "confluent_kafka": metadata.version("confluent-kafka"),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        # The 2-core machine is shared: its load (uptime's figures) at the end of the run.
+        "load_average_1_5_15_min": " ".join(f"{v:.2f}" for v in os.getloadavg()),
     }
+
+
+def print_eos_rounds(result: dict[str, Any]) -> None:
+    """``compare --only eos-throughput``: each round's events/s and ratio, the medians."""
+    ratios = []
+    for n, r in enumerate(result["eos_rounds"]):
+        alo, eos = r["cdc"], r["cdc_eos"]
+        ratios.append(alo["events_per_s"] / eos["events_per_s"])
+        print(
+            f"round {n + 1}: at-least-once {alo['events_per_s']:,.0f} events/s"
+            f" (load {alo.get('load_average', '?')}), exactly-once {eos['events_per_s']:,.0f}"
+            f" (load {eos.get('load_average', '?')}), ALO/EOS {ratios[-1]:.2f}"
+        )
+    medians = result["eos_rounds_median_events_per_s"]
+    print(
+        f"medians: at-least-once {medians['cdc']:,.0f}, exactly-once {medians['cdc_eos']:,.0f}"
+        f" events/s; ALO/EOS {statistics.median(ratios):.2f} (median of the rounds' ratios)"
+    )
 
 
 _COST_ROWS = (
@@ -158,8 +179,8 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         "",
         'The same CDC relay with `delivery = "exactly_once"` (Kafka transactions, default'
         f" commit interval {result['eos']['commit_interval_ms']:.0f} ms), in the same run."
-        " Latency runs from the PostgreSQL commit to the Kafka delivery report (at-least-once)"
-        " or to the Kafka commit (exactly-once: visible to read_committed consumers).",
+        " Latency runs from the writer's PostgreSQL commit to the record received by a"
+        " read_committed consumer of the topic (exactly-once: after the Kafka commit).",
         "",
         "| metric | at-least-once | exactly-once | EOS vs ALO |",
         "|---|---:|---:|---:|",
@@ -187,17 +208,19 @@ def write_results(result: dict[str, Any], path: Path, command: str) -> None:
         f" cdc_mark_published = {result['cdc']['settings']['cdc_mark_published']}).",
         f"- Throughput: {p['events']:,} events from {p['writers']} writers (transactions of"
         f" {', '.join(map(str, p['txn_sizes_throughput']))} events, 200 aggregates) written"
-        " first, then the relay runs until all of them are visible in Kafka (acknowledged;"
-        " exactly-once: committed): events/s of the events after the first visible ones, timed"
-        " from then (start-up, i.e. leader election, slot and producer set-up, and"
-        " exactly-once's first commit interval are reported separately as start_s in the"
-        " JSON).",
+        " first, then the relay (`python -m cdc_outbox run`, its own process; CDC streams:"
+        " the slot's phase is STREAMING as `cdc-outbox init` leaves it) runs until a"
+        " read_committed consumer of its topic has seen all of them: events/s of the events"
+        " after the first ones it saw, timed from then (start-up, i.e. process start, leader"
+        " election, slot and producer set-up, and exactly-once's first commit interval are"
+        " reported separately as start_s in the JSON).",
         f"- Latency: {p['rate']:,.0f} events/s offered (4 writers, transactions of 1, 5, 10"
         f" events) with the relay running, {p.get('latency_warmup_seconds', 0):.0f} s unmeasured"
         " (a fresh broker's JIT compiles the mode's code paths meanwhile), then"
-        f" {p['latency_seconds']:.0f} s measured; from the commit"
-        " timestamp (CDC) or created_at = clock_timestamp() at insert (polling) to the"
-        " delivery report, weighted per event.",
+        f" {p['latency_seconds']:.0f} s measured; per event, from the writer's commit (the"
+        " commit timestamp of its business row, track_commit_timestamp = on) to the record"
+        " received by a read_committed consumer of the topic, the same for both modes"
+        " (benchmarks/outside_latency.py).",
         f"- Exactly-once vs at-least-once throughput: {p['eos_events']:,} events in"
         f" {p['eos_txn_size']}-row transactions per run, {p['eos_rounds']} rounds of one run per"
         " mode back to back (the first mode alternates); the table shows the median events/s"

@@ -64,6 +64,10 @@ class CpuMeter:
         self._probes = probes
         self._start: dict[str, float] = {}
 
+    def with_probes(self, probes: dict[str, Callable[[], float]]) -> CpuMeter:
+        """A meter of this one's probes and ``probes`` (replacing those of the same name)."""
+        return CpuMeter({**self._probes, **probes})
+
     def start(self) -> None:
         self._start = {name: probe() for name, probe in self._probes.items()}
 

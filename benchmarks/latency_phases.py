@@ -4,7 +4,8 @@
 Each round runs :func:`benchmarks.compare_bench.latency_phase` once per delivery (the first
 alternates by round) at ``TXNS_PER_S`` PostgreSQL transactions/s of ``TXN_ROWS`` outbox rows,
 on a fresh table, slot and topic each, then :func:`benchmarks.latency_floor.floor_phase`
-at the same load (no relay: what PostgreSQL alone takes to deliver a commit). The targets are
+at the same load (no relay: what PostgreSQL alone takes to deliver a commit), and an end-to-end
+phase (at-least-once with ``cdc-outbox consume`` running: commit -> applied). The targets are
 :func:`benchmarks.latency_report.targets`.
 """
 
@@ -14,7 +15,13 @@ import argparse
 import time
 from typing import Any
 
-from benchmarks import compare_bench, compare_report, latency_floor, latency_report
+from benchmarks import (
+    compare_bench,
+    compare_report,
+    latency_floor,
+    latency_report,
+    outside_latency,
+)
 from benchmarks.cpu import CpuMeter
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
 from benchmarks.relay_bench import services
@@ -46,6 +53,19 @@ def eos_latency(
             )
             phase["records_in_kafka"] = count_records(bootstrap, prefix) - 1
             pair[mode] = phase
+        print(f"-- end to end (cdc + consume): {TXNS_PER_S} txns/s x {TXN_ROWS} rows", flush=True)
+        prefix = f"bench.{stamp}.e2e.lat{TXN_ROWS}.{number}"
+        settings = compare_bench._settings(dsn, bootstrap, "cdc", prefix)
+        outside_latency.create_empty_topic(bootstrap, f"{prefix}.order")
+        pair["e2e"] = compare_bench.latency_phase(
+            settings,
+            TXNS_PER_S * TXN_ROWS,
+            args.latency_seconds,
+            cpu,
+            args.latency_warmup_seconds,
+            txn_sizes=(TXN_ROWS,),
+            e2e=f"bench-e2e-{stamp}-{number}",
+        )
         print(f"-- floor (no relay): {TXNS_PER_S} txns/s x {TXN_ROWS} rows", flush=True)
         floor_settings = compare_bench._settings(
             dsn, bootstrap, "cdc", f"bench.{stamp}.floor.{number}"

@@ -1,17 +1,20 @@
 """The price of marking rows (issue 25): PostgreSQL CPU and WAL per event of CDC's
-``cdc_mark_published`` modes (``update``, ``delete``, ``off``; at-least-once), beside polling,
-in the same run: part of ``python -m benchmarks compare``, or alone with ``--only mark-cost``.
+``cdc_mark_published`` modes (``update``, ``delete``, ``off``; at-least-once) and of the
+table-less outbox (issue 38: events as logical messages, ``message_prefix``, nothing to mark),
+beside polling, in the same run: part of ``python -m benchmarks compare``, or alone with
+``--only mark-cost``.
 
 Each mode relays the same workload from a fresh table: ``--mark-events`` events are written
 first (a backlog; autovacuum is off for the table, which gets a ``VACUUM ANALYZE`` then), then
-a :class:`~cdc_outbox.service.Service` runs until every event is visible in Kafka **and** its
+the relay (``python -m cdc_outbox run``, its own process) runs until every event is visible
+to a consumer of its topic **and** its
 row is done with (``update``/``delete``/polling: no row left ``PENDING``/``PROCESSING``,
 checked by the partial index every 0.1 s once Kafka acknowledged everything; ``off``: nothing
 to wait for). Over that window:
 
 * PostgreSQL CPU: :func:`benchmarks.cpu.tree_cpu` of the postmaster (backends, walsender,
   checkpointer, WAL writer, autovacuum; backends that exit are counted by their parent);
-* relay-process CPU (this process: the relay and the marker thread);
+* relay-process CPU (the relay's own process: its main and marker threads, librdkafka's);
 * WAL: the ``pg_current_wal_lsn()`` delta (whole server);
 
 each divided by the events. Afterwards a ``VACUUM`` of the table is measured the same way: the
@@ -23,6 +26,7 @@ that many times, the order rotated, and each figure is the median.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -41,8 +45,12 @@ MODES = (
     ("update", "cdc", "update"),
     ("delete", "cdc", "delete"),
     ("off", "cdc", "off"),
+    # Issue 38: the table-less outbox (docs/outboxes.md): no row, nothing to mark.
+    ("table-less", "cdc", "off"),
     ("polling", "polling", "update"),
 )
+#: The table-less phase's ``message_prefix`` (the writers' and the relay's).
+MESSAGE_PREFIX = "bench.outbox"
 #: Issue 25: CDC (default ``update``) / polling throughput.
 TARGET_UPDATE_RATIO = 5.0
 _METRICS = (
@@ -50,6 +58,7 @@ _METRICS = (
     "pg_cpu_us_per_event",
     "relay_cpu_us_per_event",
     "wal_bytes_per_event",
+    "writers_wal_bytes_per_event",
     "vacuum_pg_cpu_us_per_event",
     "vacuum_wal_bytes_per_event",
 )
@@ -92,10 +101,13 @@ def phase(
     dsn, table = settings.postgres_dsn(), settings.outbox_table
     fresh(settings)
     _no_autovacuum(dsn, table)
+    wal_w = current_wal(dsn)
     workload.write_orders(dsn, spec, table=table, columns=settings.column_names())
+    wal_w = current_wal(dsn) - wal_w
     _vacuum(dsn, table, analyze=True)
     wal0 = current_wal(dsn)
     relay = running(settings)
+    cpu = relay.meter(cpu)  # relay_process: the relay's own process
     cpu.start()
     t0 = time.perf_counter()
     first = relay.start().wait_first(timeout)
@@ -125,6 +137,7 @@ def phase(
         "pg_cpu_us_per_event": round(used.get("postgres", float("nan")) / n * 1e6, 2),
         "relay_cpu_us_per_event": round(used["relay_process"] / n * 1e6, 2),
         "wal_bytes_per_event": round((wal1 - wal0) / n, 1),
+        "writers_wal_bytes_per_event": round(wal_w / n, 1),
         "vacuum_pg_cpu_us_per_event": round(vacuum.get("postgres", float("nan")) / n * 1e6, 2),
         "vacuum_wal_bytes_per_event": round((wal2 - wal1) / n, 1),
     }
@@ -140,7 +153,8 @@ def measure(
 ) -> dict[str, Any]:
     """Every mode of :data:`MODES`, ``args.mark_rounds`` times (order rotated); medians.
     The compare benchmark's parts: ``settings_for(mode, topic_prefix)`` (a relay mode's
-    settings), ``create_topic``, ``fresh`` (new table) and ``running`` (a Service thread)."""
+    settings), ``create_topic``, ``fresh`` (new table) and ``running`` (the relay process
+    and a consumer of its topic: :class:`benchmarks.relay_process.Running`)."""
     spec = workload.WorkloadSpec(events=args.mark_events, writers=args.writers)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _m, _c in MODES}
     stamp = int(time.time())
@@ -150,9 +164,14 @@ def measure(
             print(f"-- mark cost: {label}, round {number + 1}", flush=True)
             prefix = f"bench.{stamp}.mark.{label}.{number}"
             base = settings_for(mode, prefix)
-            settings = base.model_copy(update={"cdc_mark_published": marking})
+            update: dict[str, Any] = {"cdc_mark_published": marking}
+            written = spec
+            if label == "table-less":
+                update["message_prefix"] = MESSAGE_PREFIX
+                written = dataclasses.replace(spec, message_prefix=MESSAGE_PREFIX)
+            settings = base.model_copy(update=update)
             create_topic(settings, f"{prefix}.order")
-            runs[label].append(phase(settings, spec, cpu, fresh, running))
+            runs[label].append(phase(settings, written, cpu, fresh, running))
     modes = {
         label: {k: statistics.median(r[k] for r in rs) for k in _METRICS}
         for label, rs in runs.items()
@@ -176,6 +195,7 @@ def measure(
 _COLUMNS = (
     ("PostgreSQL CPU, relay phase (us/event)", "pg_cpu_us_per_event", ".1f"),
     ("WAL, relay phase (bytes/event)", "wal_bytes_per_event", ",.0f"),
+    ("WAL, writers (bytes/event; business row included)", "writers_wal_bytes_per_event", ",.0f"),
     ("relay process CPU (us/event)", "relay_cpu_us_per_event", ".1f"),
     ("throughput (events/s)", "events_per_s", ",.0f"),
     ("throughput / polling", "vs_polling_throughput", ".2f"),
@@ -185,7 +205,7 @@ _COLUMNS = (
 
 
 def rows(result: dict[str, Any]) -> list[list[str]]:
-    """Header and one row per figure: CDC update, delete, off, then polling."""
+    """Header and one row per figure: CDC update, delete, off, table-less, then polling."""
     modes = result["modes"]
     head = ["metric", *(f"CDC {m}" if m != "polling" else m for m in modes)]
     return [head] + [

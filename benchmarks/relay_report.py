@@ -22,7 +22,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("relay into Kafka (acked/committed), median", f"{result['relay_eps']:,.0f} events/s"),
         ("ratio relay/raw (median of the rounds')", f"{result['ratio']:.2f}"),
         ("relay warm-up (no round's)", f"{result['warmup_relay_eps']:,.0f} events/s"),
-        ("relay thread CPU per event, median", f"{result['relay_thread_us_per_event']:.1f} us"),
+        ("relay process CPU per event, median", f"{result['relay_thread_us_per_event']:.1f} us"),
         ("records in Kafka (fewest of a round)", f"{result['records_in_kafka']:,}"),
         ("cores used, raw phase (median round)", _cores(result["cores_raw_phase"])),
         ("cores used, relay phase (median round)", _cores(result["cores_relay_phase"])),
@@ -36,7 +36,7 @@ def print_table(result: dict[str, Any]) -> None:
                 f"{result['avro_vs_json']:.2f} of "
                 + ", ".join(f"{p['ratio']:.2f}" for p in result["avro_rounds"]),
             ),
-            ("Avro relay thread CPU/event", f"{result['avro_relay_thread_us_per_event']:.1f} us"),
+            ("Avro relay process CPU/event", f"{result['avro_relay_thread_us_per_event']:.1f} us"),
         ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.outbox import write_event
 from cdc_outbox.outbox_mapping import ColumnNames
 from cdc_outbox_dev.readback import ConsumedRecord
 
@@ -40,6 +41,9 @@ class WorkloadSpec:
     rate: float = (
         0.0  # offered load in committed events/s over all writers (0: as fast as possible)
     )
+    #: Non-empty: each event is a table-less event (``write_event(..., message_prefix=)``, a
+    #: transactional logical message) instead of an outbox row; the business row is the same.
+    message_prefix: str = ""
 
 
 @dataclass
@@ -173,7 +177,10 @@ def _run_writer(
                 try:
                     with conn.cursor() as cur:
                         cur.executemany(insert_order, orders)
-                        cur.executemany(insert_outbox, events)
+                        if spec.message_prefix:
+                            _emit(cur, spec, events, columns)
+                        else:
+                            cur.executemany(insert_outbox, events)
                     if rollback:
                         conn.rollback()
                     else:
@@ -197,6 +204,26 @@ def _run_writer(
                 written += size
     finally:
         conn.close()
+
+
+def _emit(
+    cur: psycopg.Cursor[Any], spec: WorkloadSpec, events: list[list[str]], columns: ColumnNames
+) -> None:
+    """The transaction's events as table-less events (the rows' values, as the writer's API
+    takes them)."""
+    for row in events:
+        event_id, aggregate_type, aggregate_id, event_type, payload = row[:5]
+        headers = json.loads(row[5]) if columns.headers and len(row) > 5 else None
+        write_event(
+            cur,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            json.loads(payload),
+            headers,
+            event_id,
+            message_prefix=spec.message_prefix,
+        )
 
 
 def _reconnect(

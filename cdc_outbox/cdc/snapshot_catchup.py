@@ -353,13 +353,17 @@ def _settle(delivery: Delivery, backlog: _Backlog) -> None:
 
 def _bound_unmarked(delivery: Delivery, backlog: _Backlog) -> None:
     """At least once: wait while more than ``UNMARKED_WINDOW`` rows are unacknowledged or
-    acknowledged but unmarked (see the module contract)."""
+    acknowledged but unmarked (see the module contract). While it waits the marker is woken
+    at every turn that finds ids to mark: the acknowledgements served meanwhile would
+    otherwise wait for its flush interval, and the catch-up with them (issue 38)."""
     marker = _marker(delivery)
     if marker is None:
         return
     if marker.unmarked >= UNMARKED_WINDOW // 2:
         marker.hurry()
     while backlog.pending > UNMARKED_WINDOW or marker.unmarked > UNMARKED_WINDOW:
+        if marker.unmarked:
+            marker.hurry()
         delivery.publisher.poll(0.005)
         delivery.service()
         _check(delivery, backlog)

@@ -96,9 +96,16 @@ class KafkaSource:
         self._on_revoke([(p.topic, p.partition) for p in parts])
 
     def poll(self, timeout_s: float, max_records: int = 500) -> list[RawRecord]:
-        """Up to ``max_records`` records in partition order (may serve rebalance callbacks)."""
+        """Up to ``max_records`` records in partition order (may serve rebalance callbacks):
+        waits up to ``timeout_s`` for the first one, then takes only what is already fetched.
+        (``consume(n, timeout)`` alone waits for ``n`` records or the whole timeout: at
+        moderate load every batch sat out the timeout, issue 38.)"""
         out: list[RawRecord] = []
-        for msg in self._consumer.consume(max_records, timeout_s):
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return out
+        more = self._consumer.consume(max_records - 1, 0) if max_records > 1 else []
+        for msg in (first, *more):
             err = msg.error()
             if err is not None:
                 if err.fatal():
