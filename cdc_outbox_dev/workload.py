@@ -189,7 +189,7 @@ def _run_writer(
                 except psycopg.OperationalError:
                     # The server went away (a restart test): reconnect, then find out whether
                     # the commit happened before retrying the same transaction.
-                    conn = _reconnect(dsn, conn)
+                    conn = reconnect(dsn, conn)
                     if not rollback and conn.execute(check_committed, (ids[0],)).fetchone():
                         conn.rollback()
                         break
@@ -226,9 +226,11 @@ def _emit(
         )
 
 
-def _reconnect(
+def reconnect(
     dsn: str, old: psycopg.Connection[tuple[Any, ...]]
 ) -> psycopg.Connection[tuple[Any, ...]]:
+    """A new connection in place of ``old`` (closed), retried for up to 120 s while the server
+    is away (a restart test)."""
     old.close()
     deadline = time.monotonic() + 120
     while True:

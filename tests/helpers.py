@@ -6,11 +6,13 @@ Fixtures live in tests/conftest.py; plain functions live here (``from tests.help
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,3 +356,26 @@ def recording_checkpointer(
         **options,
     )
     return checkpointer, stream
+
+
+def arrivals_and_order(
+    records: Sequence[Any], ids: Sequence[str]
+) -> tuple[Counter[str], list[str]]:
+    """(how often each of ``ids`` is among ``records`` (by their ``id`` header), the
+    per-key order violations of the ``seq`` field among first arrivals)."""
+    wanted = set(ids)
+    counts: Counter[str] = Counter()
+    last: dict[bytes, int] = {}
+    broken = []
+    for r in records:
+        eid = dict(r.headers)["id"].decode()
+        if eid not in wanted:
+            continue
+        counts[eid] += 1
+        if counts[eid] > 1:
+            continue
+        seq = json.loads(r.value)["seq"]
+        if seq < last.get(r.key, 0):
+            broken.append(f"{r.key!r}: {seq} after {last[r.key]}")
+        last[r.key] = seq
+    return counts, broken

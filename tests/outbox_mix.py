@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, write_event
+from cdc_outbox_dev.workload import reconnect
 from tests.relay_support import init_outbox, leave_for_catch_up, relay_settings
 
 LEDGER = "mix_ledger"
@@ -259,24 +260,12 @@ def _commit(
                 conn.commit()
             return conn
         except psycopg.OperationalError:
-            conn = _reconnect(dsn, conn)
+            conn = reconnect(dsn, conn)
             found = conn.execute("SELECT 1 FROM mix_ledger WHERE id = %s", (events[0][0],))
             done = not rollback and found.fetchone() is not None
             conn.rollback()
             if done:
                 return conn
-
-
-def _reconnect(dsn: str, old: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    old.close()
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return psycopg.connect(dsn)
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def unmarked(dsn: str) -> list[str]:

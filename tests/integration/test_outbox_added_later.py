@@ -11,7 +11,6 @@ lost.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter, defaultdict
 from typing import Any
@@ -23,7 +22,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, write_event
 from cdc_outbox.store import schema
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
+from tests.helpers import arrivals_and_order, wait_until
 from tests.relay_support import init_outbox, relay_settings, relay_thread, wait_streamed_past_now
 
 B = OutboxTable(schema="shipping", table="events")
@@ -58,27 +57,6 @@ def _streamed(dsn: str, settings: Settings, relay: Any) -> None:
 def _records(bootstrap: str, prefix: str, eos: bool) -> list[Any]:
     extra = {"isolation.level": "read_committed" if eos else "read_uncommitted"}
     return read_topics(bootstrap, prefix, timeout=60, extra_config=extra)
-
-
-def _verdict(records: list[Any], ids: list[str]) -> tuple[Counter[str], list[str]]:
-    """(how often each of ``ids`` is in ``records``, per-aggregate order violations among
-    their first occurrences)."""
-    wanted = set(ids)
-    counts: Counter[str] = Counter()
-    last: dict[bytes, int] = {}
-    broken = []
-    for r in records:
-        eid = dict(r.headers)["id"].decode()
-        if eid not in wanted:
-            continue
-        counts[eid] += 1
-        if counts[eid] > 1:
-            continue
-        seq = json.loads(r.value)["seq"]
-        if seq < last.get(r.key, 0):
-            broken.append(f"{r.key!r}: {seq} after {last[r.key]}")
-        last[r.key] = seq
-    return counts, broken
 
 
 @pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
@@ -126,11 +104,11 @@ def test_a_table_added_to_the_publication_later_loses_nothing(
 
         def b_done() -> bool:
             records = _records(bootstrap, f"{prefix}.ship.", committed)
-            return len(_verdict(records, w.ids["B"])[0]) == len(w.ids["B"])
+            return len(arrivals_and_order(records, w.ids["B"])[0]) == len(w.ids["B"])
 
         wait_until(b_done, timeout=60, interval=0.5, message=lambda: f"{relay.stats}")
     for table, topic in (("B", f"{prefix}.ship."), ("A", f"{prefix}.event.")):
-        counts, broken = _verdict(_records(bootstrap, topic, committed), w.ids[table])
+        counts, broken = arrivals_and_order(_records(bootstrap, topic, committed), w.ids[table])
         missing = [i for i in w.ids[table] if counts[i] == 0]
         assert not missing, f"{table}: {len(missing)} of {len(w.ids[table])} rows lost"
         assert not broken, f"{table}: order broken {broken[:5]}"

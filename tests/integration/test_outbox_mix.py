@@ -12,7 +12,6 @@ read_committed), in order per (table, aggregate), and every row is marked or del
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -24,7 +23,7 @@ from cdc_outbox.config import Settings
 from cdc_outbox.outbox import OutboxTable, write_event
 from cdc_outbox.store import schema
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
+from tests.helpers import arrivals_and_order, wait_until
 from tests.relay_support import init_outbox, relay_settings, running, wait_streamed_past_now
 
 PREFIX = "app.outbox"
@@ -84,25 +83,6 @@ def _settings(dsn: str, bootstrap: str, prefix: str, delivery: str) -> Settings:
     return Settings.model_validate(values)
 
 
-def _verdict(records: list[Any], ids: list[str]) -> tuple[Counter[str], list[str]]:
-    wanted = set(ids)
-    counts: Counter[str] = Counter()
-    last: dict[bytes, int] = {}
-    broken = []
-    for r in records:
-        eid = dict(r.headers)["id"].decode()
-        if eid not in wanted:
-            continue
-        counts[eid] += 1
-        if counts[eid] > 1:
-            continue
-        seq = json.loads(r.value)["seq"]
-        if seq < last.get(r.key, 0):
-            broken.append(f"{r.key!r}: {seq} after {last[r.key]}")
-        last[r.key] = seq
-    return counts, broken
-
-
 @pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_default_and_debezium_tables_and_table_less_events_through_one_slot(
     pg_dsn: str, kafka_broker: Any, kafka_topic_prefix: str, delivery: str
@@ -141,7 +121,11 @@ def test_default_and_debezium_tables_and_table_less_events_through_one_slot(
         def delivered() -> bool:
             extra = {"isolation.level": "read_committed" if committed else "read_uncommitted"}
             return all(
-                len(_verdict(read_topics(bootstrap, topic, extra_config=extra), w.ids[seq])[0])
+                len(
+                    arrivals_and_order(
+                        read_topics(bootstrap, topic, extra_config=extra), w.ids[seq]
+                    )[0]
+                )
                 == len(w.ids[seq])
                 for seq, topic in (("orders", f"{prefix}.event."), ("shipping", f"{prefix}.ship."))
             )
@@ -151,7 +135,9 @@ def test_default_and_debezium_tables_and_table_less_events_through_one_slot(
         wait_until(lambda: relay.marker is not None and relay.marker.unmarked == 0, timeout=30)
     extra = {"isolation.level": "read_committed" if committed else "read_uncommitted"}
     for seq, topic in (("orders", f"{prefix}.event."), ("shipping", f"{prefix}.ship.")):
-        counts, broken = _verdict(read_topics(bootstrap, topic, extra_config=extra), w.ids[seq])
+        counts, broken = arrivals_and_order(
+            read_topics(bootstrap, topic, extra_config=extra), w.ids[seq]
+        )
         assert not [i for i in w.ids[seq] if counts[i] == 0], f"{seq}: events lost"
         assert not broken, f"{seq}: order broken {broken[:5]}"
         if committed:
