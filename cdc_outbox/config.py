@@ -20,11 +20,12 @@ import re
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -181,6 +182,8 @@ class Settings(BaseSettings):
     #: Several outbox tables through one slot (``[[outboxes]]``, :class:`OutboxSettings`);
     #: empty: the single-table keys above are the one entry (see :meth:`outbox_settings`).
     outboxes: list[OutboxSettings] = Field(default_factory=list)
+    #: The last single-table entry and the values it was built from (:meth:`_single_outbox`).
+    _single: tuple[tuple[Any, ...], OutboxSettings] | None = PrivateAttr(default=None)
     schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
@@ -310,14 +313,24 @@ class Settings(BaseSettings):
         return self
 
     def _single_outbox(self) -> OutboxSettings:
-        """The single-table keys as one :class:`OutboxSettings` (``ValueError`` if invalid)."""
+        """The single-table keys as one :class:`OutboxSettings` (``ValueError`` if invalid);
+        validated once per set of values (a ``model_copy`` with other values builds anew)."""
+        marking = self.cdc_mark_published if "cdc_mark_published" in self.model_fields_set else None
+        key = (self.outbox_schema, self.outbox_table, self.columns, self.topic_template,
+               self.cloudevents_source, marking)  # fmt: skip
+        private = self.__pydantic_private__ or {}
+        cached = private.get("_single")
+        if cached is not None and cached[0] == key:
+            return cast(OutboxSettings, cached[1])
         entry: dict[str, Any] = {OUTBOX_KEYS[k]: getattr(self, k) for k in OUTBOX_KEYS}
-        if "cdc_mark_published" not in self.model_fields_set:
+        if marking is None:
             del entry["cdc_mark_published"]  # unset: the layout's default
         try:
-            return OutboxSettings.model_validate(entry)
+            single = OutboxSettings.model_validate(entry)
         except ValidationError as exc:
             raise ValueError(describe(exc).removeprefix("config: ")) from None
+        self._single = (key, single)
+        return single
 
     def _check_outboxes(self, explicit: set[str]) -> None:
         """The single-table keys are refused beside ``[[outboxes]]``; names must differ."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from cdc_outbox.config import Settings, load_settings, redact_dsn
+from cdc_outbox.config import ColumnSettings, Settings, load_settings, redact_dsn
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
 
@@ -428,3 +428,21 @@ def test_a_statusless_entry_makes_permanent_errors_halt_and_refuses_exactly_once
                 ],
             }
         )
+
+
+def test_the_single_table_entry_is_built_once_and_follows_a_copy() -> None:
+    s = Settings.model_validate({"dsn": "host=db"})
+    assert s.outbox() is s.outbox()  # validated once, not per call (catch-up rows ask it)
+    other = s.model_copy(update={"outbox_table": "other"})
+    debezium = s.model_copy(
+        update={"columns": ColumnSettings.model_validate({"preset": "debezium"})}
+    )
+    assert (other.outbox().table, s.outbox().table, other.outbox().table) == (
+        "other",
+        "outbox",
+        "other",
+    )
+    assert (debezium.outbox().cdc_mark_published, s.outbox().cdc_mark_published) == (
+        "off",
+        "update",
+    )
