@@ -33,6 +33,7 @@ from confluent_kafka.admin import (
 from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
+from cdc_outbox.config import Settings
 from cdc_outbox.relay_stats import RelayStats
 
 T = TypeVar("T")
@@ -379,3 +380,42 @@ def arrivals_and_order(
             broken.append(f"{r.key!r}: {seq} after {last[r.key]}")
         last[r.key] = seq
     return counts, broken
+
+
+def lead_through_failing_streams(
+    settings: Settings, monkeypatch: Any, failures: int = 3
+) -> tuple[list[str], int]:
+    """Run ``Service._lead`` (auto mode's choice) while every replication stream fails with
+    ``CdcUnavailable`` (CDC itself usable: ``cdc_problem`` names a problem of the server),
+    until ``failures`` streams failed or the service fell back to polling. Returns (the
+    problems it fell back to polling for, the streams tried)."""
+    from cdc_outbox import service as service_mod
+    from cdc_outbox.backoff import BackoffPolicy
+    from cdc_outbox.cdc.stream_failures import CdcUnavailable
+
+    svc = service_mod.Service(settings)
+    fell_back: list[str] = []
+    attempts: list[int] = []
+
+    def stream_fails(_: Settings) -> None:
+        attempts.append(1)
+        if len(attempts) == failures:
+            svc.request_stop()
+        raise CdcUnavailable("the replication connection failed")
+
+    def fall_back(_: Any, problem: str) -> None:
+        fell_back.append(problem)
+        svc.request_stop()
+
+    monkeypatch.setattr(service_mod, "cdc_problem", lambda _: "wal_level is 'replica'")
+    monkeypatch.setattr(service_mod, "publication_must_fit", stream_fails)
+    monkeypatch.setattr(service_mod, "RECONNECT", BackoffPolicy(base_s=0.0, max_s=0.0))
+    monkeypatch.setattr(svc, "_read_state", lambda: None)
+    monkeypatch.setattr(svc, "_fall_back", fall_back)
+
+    class Lead:
+        def is_leader(self) -> bool:
+            return True
+
+    svc._lead(Lead())  # type: ignore[arg-type]
+    return fell_back, len(attempts)

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cdc_outbox.admin.preflight import evaluate_checks
-from cdc_outbox.backoff import BackoffPolicy
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
 from cdc_outbox.config import Settings
 from cdc_outbox.outbox import EMIT_SQL, OutboxTable, OutboxWriteError, prepare_message
 from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
+from tests.helpers import lead_through_failing_streams
 
 
 def test_message_prefix_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,40 +163,13 @@ def test_init_and_status_warn_what_a_table_less_outbox_can_lose() -> None:
 def test_auto_mode_retries_the_stream_instead_of_polling_table_less_events(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from cdc_outbox import service as service_mod
-    from cdc_outbox.cdc.stream_failures import CdcUnavailable
-
     settings = Settings.model_validate(
         {"dsn": "postgresql://u@h/db", "mode": "auto", "message_prefix": "app"}
     )
-    svc = service_mod.Service(settings)
-    fell_back: list[str] = []
-    attempts: list[int] = []
-
-    def stream_fails(_: Settings) -> None:
-        attempts.append(1)
-        if len(attempts) == 3:
-            svc.request_stop()
-        raise CdcUnavailable("the replication connection failed")
-
-    def fall_back(_: Any, problem: str) -> None:
-        fell_back.append(problem)
-        svc.request_stop()
-
-    monkeypatch.setattr(service_mod, "cdc_problem", lambda _: "wal_level is 'replica'")
-    monkeypatch.setattr(service_mod, "publication_must_fit", stream_fails)
-    monkeypatch.setattr(service_mod, "RECONNECT", BackoffPolicy(base_s=0.0, max_s=0.0))
-    monkeypatch.setattr(svc, "_read_state", lambda: None)
-    monkeypatch.setattr(svc, "_fall_back", fall_back)
-
-    class Lead:
-        def is_leader(self) -> bool:
-            return True
-
     with caplog.at_level("WARNING", logger="cdc_outbox.service"):
-        svc._lead(Lead())  # type: ignore[arg-type]
+        fell_back, attempts = lead_through_failing_streams(settings, monkeypatch)
     assert fell_back == []  # never polls: polling cannot see table-less events
-    assert len(attempts) == 3  # the stream is retried, as in cdc mode
+    assert attempts == 3  # the stream is retried, as in cdc mode
     assert "relaying by CDC only" in caplog.text
 
 

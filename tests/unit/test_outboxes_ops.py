@@ -7,12 +7,10 @@ from typing import Any
 
 import pytest
 
-from cdc_outbox import service as service_mod
 from cdc_outbox.admin.preflight import polling_fallback_blocked
-from cdc_outbox.backoff import BackoffPolicy
-from cdc_outbox.cdc.stream_failures import CdcUnavailable
 from cdc_outbox.config import Settings
 from cdc_outbox.polling.rows import batch_shares
+from tests.helpers import lead_through_failing_streams
 
 DEFAULT = {"schema": "public", "table": "outbox"}
 DEBEZIUM = {"schema": "cdc", "table": "raw", "columns": {"preset": "debezium"},
@@ -39,34 +37,12 @@ def test_a_statusless_table_anywhere_keeps_auto_mode_on_cdc(
 ) -> None:
     """The first table has status columns, the second has none: polling would never relay
     the second one's rows, so a failing stream is retried, never replaced by polling."""
-    svc = service_mod.Service(_settings(DEFAULT, DEBEZIUM))
-    fell_back: list[str] = []
-    attempts: list[int] = []
-
-    def stream_fails(_: Settings) -> None:
-        attempts.append(1)
-        if len(attempts) == 3:
-            svc.request_stop()
-        raise CdcUnavailable("the replication connection failed")
-
-    def fall_back(_: Any, problem: str) -> None:
-        fell_back.append(problem)
-        svc.request_stop()
-
-    monkeypatch.setattr(service_mod, "cdc_problem", lambda _: "wal_level is 'replica'")
-    monkeypatch.setattr(service_mod, "publication_must_fit", stream_fails)
-    monkeypatch.setattr(service_mod, "RECONNECT", BackoffPolicy(base_s=0.0, max_s=0.0))
-    monkeypatch.setattr(svc, "_read_state", lambda: None)
-    monkeypatch.setattr(svc, "_fall_back", fall_back)
-
-    class Lead:
-        def is_leader(self) -> bool:
-            return True
-
     with caplog.at_level("WARNING", logger="cdc_outbox.service"):
-        svc._lead(Lead())  # type: ignore[arg-type]
+        fell_back, attempts = lead_through_failing_streams(
+            _settings(DEFAULT, DEBEZIUM), monkeypatch
+        )
     assert fell_back == []
-    assert len(attempts) == 3
+    assert attempts == 3
     assert "cdc.raw has no status columns (cannot be polled); relaying by CDC only" in caplog.text
 
 
