@@ -369,24 +369,13 @@ def outbox_figures(
             row = conn.execute(outbox.count_unpublished()).fetchone()
             f.unpublished_rows = int(row[0]) if row else 0
             continue
-        unpublished = outbox.unpublished()
-        query = sql.SQL(
-            "SELECT count(*) FILTER (WHERE {u}),"
-            " coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE {u})), 0)::float8,"
-            " count(*) FILTER (WHERE {p}), count(*) FILTER (WHERE {f}),"
-            " count(DISTINCT {agg}) FILTER (WHERE {f}) FROM {t} WHERE {u} OR {f}"
-        ).format(
-            u=unpublished,
-            p=sql.SQL("status = 'PENDING'"),
-            f=outbox.failed(),
-            agg=sql.Identifier(outbox.columns.aggregate_id),
-            t=outbox.ident,
-        )
-        row = conn.execute(query).fetchone()
+        row = conn.execute(outbox.status_counts()).fetchone()
         assert row is not None
         f.unpublished_rows, age, f.pending_rows, f.failed_rows, f.parked_aggregates = row
         f.oldest_unpublished_age_seconds = max(float(age), 0.0)
     return figures
+
+
 def outbox_id_type(conn: Conn, schema: str, table: str, column: str) -> ColumnType:
     """The SQL type of ``column`` of the outbox table ``schema.table`` (one catalog query;
     :func:`id_column_type` for one given by name, e.g. each of several outbox tables);

@@ -114,13 +114,24 @@ class OutboxTable:
         return sql.SQL("SELECT count(*) FROM {} WHERE {}").format(self.ident, self.unpublished())
 
     def status_counts(self) -> sql.Composed:
-        """``SELECT`` pending rows, dead-lettered rows and the aggregates they park."""
+        """``SELECT`` the unpublished rows, the oldest one's age in seconds (by ``created_at``;
+        0 when there is none), the PENDING rows, the dead-lettered rows and the aggregates
+        they park: what ``status``, ``lag`` and the per-table gauges show."""
         self._need_status("status counts")
+        unpublished = self.unpublished()
         return sql.SQL(
-            "SELECT count(*) FILTER (WHERE {s} = 'PENDING'),"
-            " count(*) FILTER (WHERE {s} = 'FAILED'),"
-            " count(DISTINCT {agg}) FILTER (WHERE {s} = 'FAILED') FROM {t}"
-        ).format(s=_STATUS, agg=sql.Identifier(self.columns.aggregate_id), t=self.ident)
+            "SELECT count(*) FILTER (WHERE {u}),"
+            " coalesce(extract(epoch FROM now() - min({c}) FILTER (WHERE {u})), 0)::float8,"
+            " count(*) FILTER (WHERE {s} = 'PENDING'), count(*) FILTER (WHERE {f}),"
+            " count(DISTINCT {agg}) FILTER (WHERE {f}) FROM {t} WHERE {u} OR {f}"
+        ).format(
+            u=unpublished,
+            c=sql.Identifier("created_at"),
+            s=_STATUS,
+            f=self.failed(),
+            agg=sql.Identifier(self.columns.aggregate_id),
+            t=self.ident,
+        )
 
     def polling_counts(self, *, with_age: bool) -> sql.Composed:
         """``SELECT`` PENDING, PROCESSING and FAILED rows, the retrying PENDING rows and their
