@@ -1,6 +1,7 @@
 """CDC vs polling in one run, same broker, same workload: ``python -m benchmarks compare``.
 
-Each mode runs ``cdc-outbox run``'s :class:`~cdc_outbox.service.Service` with default settings
+Each mode runs ``cdc-outbox run``'s :class:`~cdc_outbox.service.relay_service.Service`
+with default settings
 (``mode`` = cdc or polling; polling at its default ``poll_interval_s`` and ``batch_size``), on a
 fresh outbox table filled by the same workload:
 
@@ -41,10 +42,10 @@ from benchmarks import compare_report, mark_cost, outside_latency, relay_process
 from benchmarks.costs import costs_per_event, outbox_writes
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import LOG_DIR, current_wal, drop_slot, services, setup
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.kafka.delivery_failure import Headers
 from cdc_outbox.kafka.publisher import KafkaPublisher
-from cdc_outbox.outbox_mapping import ColumnNames
+from cdc_outbox.mapping.rows import ColumnNames
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 

@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from benchmarks import debezium_setup
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.schema import relay_state_ddl, relay_state_ident
 from cdc_outbox_dev.sandbox import _proc
 from cdc_outbox_dev.sandbox.kafka_connect import LocalConnect

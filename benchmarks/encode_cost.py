@@ -44,7 +44,7 @@ def _child(what: str, n: int) -> None:
     """Build ``n`` records, then encode each with ``what`` ("none": build only)."""
     from cdc_outbox.avro.serializer import AvroSerializer, _Writer
     from cdc_outbox.avro.wire import JsonToAvro, header, parse
-    from cdc_outbox.config import Settings
+    from cdc_outbox.config.settings import Settings
 
     schema = parse(SCHEMA.read_text())
     records = _records(n)

@@ -25,7 +25,7 @@ from benchmarks.costs import percentile
 from benchmarks.latency_report import TXN_ROWS, TXNS_PER_S
 from benchmarks.relay_bench import services
 from cdc_outbox.cdc.replication_stream import ReplicationStream
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.pgwire.walproto import (
     XLOG_HEADER_SIZE,

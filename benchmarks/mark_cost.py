@@ -37,7 +37,7 @@ from psycopg import sql
 
 from benchmarks.cpu import CpuMeter
 from benchmarks.relay_bench import current_wal
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 
 #: (label, relay mode, cdc_mark_published); CDC at-least-once.

@@ -26,7 +26,7 @@ from psycopg import sql
 
 from benchmarks.costs import percentile
 from benchmarks.relay_process import RelayProcess, settings_values
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.processed_events import PROCESSED_EVENTS_TABLE
 from cdc_outbox_dev.workload import BUSINESS_TABLE
 

@@ -31,7 +31,7 @@ from psycopg import sql
 from benchmarks import avro_rounds, relay_process, relay_rounds
 from benchmarks.cpu import CpuMeter, process_cpu, tree_cpu
 from cdc_outbox.cdc.replication_stream import ReplicationStream
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.kafka.publisher import KafkaPublisher
 from cdc_outbox.pgwire.walproto import Keepalive
 from cdc_outbox.store.schema import (

@@ -140,10 +140,11 @@ def _child(what: str, n: int) -> None:
     from cdc_outbox.cdc.ack_tracker import AckTracker
     from cdc_outbox.cdc.message_router import MessageRouter
     from cdc_outbox.cdc.published_marker import PublishedMarker
-    from cdc_outbox.config import Settings
+    from cdc_outbox.config.settings import Settings
     from cdc_outbox.delivery.engine import Delivery
     from cdc_outbox.kafka.publisher import ProducerFactory
-    from cdc_outbox.relay_stats import RelayStats
+    from cdc_outbox.mapping.build import outbox_mapper
+    from cdc_outbox.telemetry.relay_stats import RelayStats
 
     stream = payloads(n)
     settings = Settings.model_validate(
@@ -160,7 +161,7 @@ def _child(what: str, n: int) -> None:
     delivery = Delivery(
         settings, stats, marker=marker, producer_client=cast(ProducerFactory, _Client)
     )
-    router = MessageRouter(settings, [settings.outbox_mapper()], delivery, stats, None)
+    router = MessageRouter(settings, [outbox_mapper(settings)], delivery, stats, None)
     tracker = AckTracker(0)
 
     class _Checkpoint:

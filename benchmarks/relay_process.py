@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.cpu import CpuMeter, process_cpu
-from cdc_outbox.config import ENV_PREFIX, Settings
+from cdc_outbox.config.settings import ENV_PREFIX, Settings
 
 logger = logging.getLogger(__name__)
 

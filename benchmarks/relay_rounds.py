@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.schema import outbox_ident
 from cdc_outbox_dev.readback import count_records
 

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from benchmarks import output
-from cdc_outbox.outbox import write_event
+from cdc_outbox.writer import write_event
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 
 _SQL = Path(__file__).resolve().parents[1] / "sql" / "outbox.sql"

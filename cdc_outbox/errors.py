@@ -12,7 +12,7 @@ The one classification every stage acts on (:class:`FailureClass`):
 
 - ``RETRY``: transient (server down, connection refused, broker down, a slot still held, a
   Kafka producer that must be replaced): keep retrying with back-off
-  (:mod:`cdc_outbox.backoff`) and a throttled log line;
+  (:mod:`cdc_outbox.config.backoff`) and a throttled log line;
 - ``DEAD_LETTER``: this one record can never be written (Kafka's record-level rejections,
   :func:`cdc_outbox.kafka.delivery_failure.classify`; a payload its schema refuses): it is
   dead-lettered, or halted on with ``on_permanent_error = "halt"``

@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cdc_outbox.admin import bootstrap
-from cdc_outbox.config import Settings
+from cdc_outbox.admin import lifecycle
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.service import Service
+from cdc_outbox.service.relay_service import Service
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
@@ -86,7 +86,7 @@ def run_demo(
                 "auto_register": True,
             }
         settings = Settings.model_validate(values)
-        report = bootstrap.init(settings, create_table=True)
+        report = lifecycle.init(settings, create_table=True)
         for action in report.actions:
             console.print(f"init: {action.name}: {action.sql}")
         return _relay_and_verify(settings, events, writers, aggregates, console)

@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.outbox import write_event
-from cdc_outbox.outbox_mapping import ColumnNames
+from cdc_outbox.mapping.rows import ColumnNames
+from cdc_outbox.writer import write_event
 from cdc_outbox_dev.readback import ConsumedRecord
 
 BUSINESS_TABLE = "demo_orders"

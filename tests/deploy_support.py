@@ -12,7 +12,7 @@ from typing import Any
 
 from dockerfile_parse import DockerfileParser
 
-from cdc_outbox.config import ENV_PREFIX, Settings, load_settings
+from cdc_outbox.config.settings import ENV_PREFIX, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"

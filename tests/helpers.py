@@ -30,11 +30,11 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
-from cdc_outbox.config import Settings
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.cdc.slot_feedback import Checkpointer
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 T = TypeVar("T")
 
@@ -389,9 +389,9 @@ def lead_through_failing_streams(
     ``CdcUnavailable`` (CDC itself usable: ``cdc_problem`` names a problem of the server),
     until ``failures`` streams failed or the service fell back to polling. Returns (the
     problems it fell back to polling for, the streams tried)."""
-    from cdc_outbox import service as service_mod
-    from cdc_outbox.backoff import BackoffPolicy
     from cdc_outbox.cdc.stream_failures import CdcUnavailable
+    from cdc_outbox.config.backoff import BackoffPolicy
+    from cdc_outbox.service import relay_service as service_mod
 
     svc = service_mod.Service(settings)
     fell_back: list[str] = []

@@ -34,8 +34,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from cdc_outbox.config import Settings
-from cdc_outbox.outbox import OutboxTable, write_event
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.writer import OutboxTable, write_event
 from cdc_outbox_dev.workload import reconnect
 from tests.relay_support import init_outbox, leave_for_catch_up, relay_settings
 

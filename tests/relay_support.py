@@ -18,12 +18,12 @@ import psycopg
 from psycopg import sql
 from pydantic import BaseModel, SecretStr
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
+from cdc_outbox.cdc.catch_up import UNMARKED_WINDOW
 from cdc_outbox.cdc.relay import Relay
-from cdc_outbox.cdc.snapshot_catchup import UNMARKED_WINDOW
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.service import Service
+from cdc_outbox.service.relay_service import Service
 from cdc_outbox_dev import workload
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -51,7 +51,7 @@ def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: A
 
 def init_outbox(settings: Settings) -> None:
     """Outbox table, publication and slot, as ``cdc-outbox init --create-table`` does."""
-    bootstrap.init(settings, create_table=True)
+    lifecycle.init(settings, create_table=True)
 
 
 def init_for_catch_up(settings: Settings) -> None:

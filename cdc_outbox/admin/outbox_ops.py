@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.redrive import redrive_aggregates

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.failover_checks import primary_failover_checks, table_less_checks
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.errors import PreflightError
 from cdc_outbox.store.inspection import Conn, DatabaseState, TableState, inspect_database
 from cdc_outbox.store.outbox_table import OutboxTable

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from cdc_outbox.avro.registry import RegistryClient, RegistryError
 from cdc_outbox.avro.serializer import LocalSchema, load_schemas_dir
 from cdc_outbox.avro.wire import subject_name
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 
 __all__ = ["SchemaCheck", "check_schemas"]

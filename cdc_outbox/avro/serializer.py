@@ -1,6 +1,6 @@
 """Avro serialization of mapped outbox records (the one code path of every mode).
 
-:meth:`AvroSerializer.encode` takes an :class:`~cdc_outbox.outbox_mapping.OutboxRecord` whose
+:meth:`AvroSerializer.encode` takes an :class:`~cdc_outbox.mapping.rows.OutboxRecord` whose
 value is the row's JSON payload and returns ``(key, value)`` in the Confluent wire format, or an
 :class:`EncodeProblem` for :func:`cdc_outbox.delivery.policy.on_encode_failure` to judge:
 
@@ -41,7 +41,7 @@ from cdc_outbox.avro.wire import (
     record_names,
     subject_name,
 )
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.records import OutboxRecord
 

@@ -1,6 +1,6 @@
 """Marking the rows a catch-up published, in their own outbox tables.
 
-A catch-up (:mod:`cdc_outbox.cdc.snapshot_catchup`) may publish the rows of several outbox
+A catch-up (:mod:`cdc_outbox.cdc.catch_up`) may publish the rows of several outbox
 tables (issue 36). Exactly-once, the ids of each committed batch travel in its checkpoint
 record (``catch_up_ids``, ``dead_letters``); with several outboxes configured each id is
 *qualified* with its table (:func:`qualify`: ``schema.table`` NUL id; a PostgreSQL text holds
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.failed_rows import mark_failed
 from cdc_outbox.store.inspection import outbox_id_type
 from cdc_outbox.store.mark_published import marking_statement

@@ -4,7 +4,7 @@ Learned from Kafka Connect's KIP-618, in one process: one transactional producer
 (``transactional.id`` derived from the server's system identifier, the database and the slot),
 the position (a checkpoint record) committed in the same Kafka transaction as the events, and
 zombie fencing by ``init_transactions``. Contract (the positions and their rules are the
-:class:`~cdc_outbox.cdc.ledger.Ledger`'s, with :class:`~cdc_outbox.delivery.eos_batch.EosBatch`):
+:class:`~cdc_outbox.cdc.ledger.Ledger`'s, with :class:`~cdc_outbox.cdc.eos_batch.EosBatch`):
 
 - Events of whole PostgreSQL transactions go into the open Kafka transaction; at a boundary,
   once it is due (at once when the relay caught up with the WAL, else by the commit interval
@@ -38,21 +38,21 @@ import logging
 import time
 from collections.abc import Callable
 
-from cdc_outbox import db_pool
+from cdc_outbox.cdc.eos_batch import EosBatch
 from cdc_outbox.cdc.eos_start import meanwhile
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.txn_handle import TxnHandle
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.crash_points import crash_during, crash_point
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.delivery.eos_batch import EosBatch
 from cdc_outbox.kafka import checkpoints
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire import pgoutput
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store import db_pool
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
@@ -366,8 +366,8 @@ class EosCommitter:
         """Before a catch-up takes its snapshot: fence older producers, read the last
         checkpoint and mark the rows of the catch-up batch it committed, PUBLISHED or FAILED
         (they are then skipped). Raises ``CatchUpFailed``."""
+        from cdc_outbox.cdc.catch_up import CatchUpFailed
         from cdc_outbox.cdc.catch_up_marks import mark_committed_batch
-        from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed
 
         try:
             self.delivery.new_session()

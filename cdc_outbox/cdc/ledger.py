@@ -5,7 +5,7 @@ Positions, all LSNs of the WAL history they were recorded in:
 * **acked** (:attr:`Ledger.acked`, an :class:`~cdc_outbox.cdc.ack_tracker.AckTracker`): end LSN
   of the newest transaction whose events, and every earlier one's, Kafka acknowledged (or were
   durably dead-lettered); one tracker per streaming session.
-* **committed** (:attr:`Ledger.batch`, an :class:`~cdc_outbox.delivery.eos_batch.EosBatch`,
+* **committed** (:attr:`Ledger.batch`, an :class:`~cdc_outbox.cdc.eos_batch.EosBatch`,
   exactly-once only): end LSN of the newest PostgreSQL transaction in a committed Kafka
   transaction (from this process, or the checkpoint topic as far as it is trusted).
 * **marked** (:attr:`Ledger.marked`): the newest position whose events are all marked
@@ -51,8 +51,8 @@ from __future__ import annotations
 from collections import deque
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
+from cdc_outbox.cdc.eos_batch import EosBatch
 from cdc_outbox.cdc.history import History, stream_start, trusted_below
-from cdc_outbox.delivery.eos_batch import EosBatch
 
 __all__ = ["Checkpoint", "Ledger", "MarkedWatermark"]
 

@@ -7,10 +7,10 @@ Contract of :class:`MessageEvents`:
   ``aggregate_id``, ``event_type``, ``payload`` (the *text* PostgreSQL renders for the jsonb
   payload, so the Kafka value is byte-identical to a row's), ``headers`` (the jsonb text of the
   headers object), ``tracing_span_context``; each a string or null/absent (null: as a NULL
-  column). :func:`cdc_outbox.outbox.write_event` (``message_prefix``) and
+  column). :func:`cdc_outbox.writer.write_event` (``message_prefix``) and
   ``sql/example_emit_message.sql`` write it;
 * :meth:`MessageEvents.map` hands these values, in ``row_columns`` order, to the relay's own
-  :meth:`~cdc_outbox.outbox_mapping.OutboxMapper.map_row`: the same record (or dead letter) a
+  :meth:`~cdc_outbox.mapping.rows.OutboxMapper.map_row`: the same record (or dead letter) a
   row with these values gives. ``headers``/``tracing_span_context`` count only when the outbox
   columns configure them (a message with headers and no headers column: a dead letter), and a
   ``header_columns`` source is read from the field of that column's name;
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from cdc_outbox.outbox_mapping import ColumnNames, OutboxMapper
+from cdc_outbox.mapping.rows import ColumnNames, OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
 
 __all__ = ["NON_TRANSACTIONAL", "MessageEvents"]

@@ -32,17 +32,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from cdc_outbox.cdc import pacing
 from cdc_outbox.cdc.ack_tracker import AckTracker
-from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
+from cdc_outbox.cdc.slot_feedback import Checkpointer
 from cdc_outbox.cdc.txn_handle import TxnHandle
-from cdc_outbox.config import Settings
-from cdc_outbox.delivery import pacing
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.outcomes import TABLELESS
 from cdc_outbox.delivery.policy import parking_key
-from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.pgwire.walproto import (
     XLOG_HEADER_SIZE,
@@ -51,8 +51,8 @@ from cdc_outbox.pgwire.walproto import (
     pg_clock_to_unix,
 )
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store.redrive import parse_redrive_message
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,8 @@ class MessageRouter:
         up to ``max_in_flight`` unacknowledged events, a stop, or (exactly-once) a commit at
         which the Kafka transaction wants attention; keepalives go to the tracker and the
         checkpointer. A turn that ends caught up (:attr:`caught_up`, by
-        :func:`~cdc_outbox.delivery.pacing.caught_up`) has librdkafka send what it holds at
-        once (:func:`~cdc_outbox.delivery.pacing.send_now`)."""
+        :func:`~cdc_outbox.cdc.pacing.caught_up`) has librdkafka send what it holds at
+        once (:func:`~cdc_outbox.cdc.pacing.send_now`)."""
         publisher = self.delivery.publisher
         eos = self.eos
         tracker = self._tracker

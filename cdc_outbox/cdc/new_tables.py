@@ -8,7 +8,7 @@ every session start, before the stream starts:
 - the tables the slot has been streaming are persisted (``streamed_tables`` of the state
   row, :mod:`cdc_outbox.store.relay_state`), each with the LSN ``L`` from which the stream
   publishes its rows; a configured table not among them gets a catch-up first;
-- that catch-up is the new slot's, reused (:func:`~cdc_outbox.cdc.snapshot_catchup.
+- that catch-up is the new slot's, reused (:func:`~cdc_outbox.cdc.catch_up.
   publish_backlog`): a temporary slot exports a snapshot and its consistent point ``L``
   (:func:`~cdc_outbox.cdc.replication_stream.exported_snapshot`); the table's unpublished rows
   visible in it (exactly those of transactions committed before ``L``) are published in its
@@ -35,15 +35,15 @@ from contextlib import AbstractContextManager
 
 import psycopg
 
-from cdc_outbox import db_pool
+from cdc_outbox.cdc.catch_up import CatchUpCommitter, publish_backlog
 from cdc_outbox.cdc.catch_up_marks import mark_committed_batch
 from cdc_outbox.cdc.replication_stream import exported_snapshot
-from cdc_outbox.cdc.snapshot_catchup import CatchUpCommitter, publish_backlog
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.kafka.checkpoints import Checkpoint
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.mapping.rows import OutboxMapper
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.relay_state import record_streamed_tables, streamed_tables
 
 __all__ = ["NewTables"]

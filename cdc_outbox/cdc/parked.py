@@ -5,9 +5,9 @@ aggregate id in two tables is two aggregates (issue 36)."""
 
 from __future__ import annotations
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.policy import table_aggregate
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.failed_rows import parked_aggregates
 from cdc_outbox.store.outbox_table import OutboxTable
 

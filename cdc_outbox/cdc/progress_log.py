@@ -8,7 +8,7 @@ import time
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["ProgressLog"]
 

@@ -48,7 +48,7 @@ from typing import Protocol
 
 import psycopg
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.published_marks import UUID, TableMarks, marks_statement

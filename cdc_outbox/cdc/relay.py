@@ -41,8 +41,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from cdc_outbox.backoff import RECONNECT, Backoff
-from cdc_outbox.cdc.checkpoint import Checkpointer
+from cdc_outbox.cdc.catch_up import CatchUpFailed, publish_backlog
 from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.message_router import MessageRouter
@@ -53,20 +52,22 @@ from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_finish import finish
 from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
+from cdc_outbox.cdc.slot_feedback import Checkpointer
 from cdc_outbox.cdc.slot_watch import SlotWatch
-from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed, publish_backlog
 from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.cdc.stream_failures import give_up_if_unusable
-from cdc_outbox.config import Settings
+from cdc_outbox.config.backoff import RECONNECT, Backoff
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.store.failed_rows import FailedRows
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position, slot_facts
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class Relay:
         self._slot_watch = SlotWatch(ports.slot_facts or (lambda: slot_facts(settings)))
         # Tables added later (cdc/new_tables.py): the real state table with the real stream.
         self._new_tables = ports.new_tables or (None if ports.stream else NewTables(settings))
-        self._mappers = tuple(map(settings.outbox_mapper, settings.outbox_settings()))
+        self._mappers = tuple(outbox_mapper(settings, o) for o in settings.outbox_settings())
         marker = PublishedMarker(settings, rows=ports.marks)
         self.marker = marker if marker.enabled else None
         self._bookkept = all(t.has_status for t in OutboxTable.all_of(settings))
@@ -152,7 +153,7 @@ class Relay:
         """Create the slot (exporting a snapshot) and publish every row still unpublished in
         that snapshot, all acknowledged or durably dead-lettered, before :meth:`run` streams
         from the consistent point. Returns ``(consistent_point, rows)``. Raises
-        :class:`~cdc_outbox.cdc.snapshot_catchup.CatchUpFailed`, ``RelayHalted`` or ``NotLeader``;
+        :class:`~cdc_outbox.cdc.catch_up.CatchUpFailed`, ``RelayHalted`` or ``NotLeader``;
         the slot is then left for the caller (its phase stays CATCHING_UP)."""
         from cdc_outbox.crash_points import crash_point
 

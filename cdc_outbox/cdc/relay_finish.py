@@ -6,10 +6,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from cdc_outbox.cdc.checkpoint import Checkpointer
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_ports import ReplicationPort
+from cdc_outbox.cdc.slot_feedback import Checkpointer
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn

@@ -29,7 +29,6 @@ from typing import NoReturn
 from psycopg import conninfo, pq, sql
 
 from cdc_outbox.cdc.history import History, parse_timeline_history
-from cdc_outbox.db_pool import connect_kwargs
 from cdc_outbox.errors import (
     AUTH_FAILED_TEXT,
     REPLICATION_PERMANENT_SQLSTATES,
@@ -38,6 +37,7 @@ from cdc_outbox.errors import (
 )
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire.walproto import Keepalive, XLogData, parse_copy_data, standby_status_update
+from cdc_outbox.store.db_pool import connect_kwargs
 from cdc_outbox.store.schema import slot_failover
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Is the slot a streaming session is about to start still the one the relay was streaming?
 
 The service decides at its start whether the slot may be streamed as it is or needs a
-catch-up (:func:`~cdc_outbox.ha.catch_up_rule.catch_up_reason`). A relay re-streams many
+catch-up (:func:`~cdc_outbox.cdc.catch_up_rule.catch_up_reason`). A relay re-streams many
 times after that (a dropped replication connection, a Kafka error), and meanwhile someone may
 drop and recreate the slot (or ``init`` may, and write ``CATCHING_UP``): the new slot starts
 at a consistent point past the rows committed in the gap, which streaming it would skip.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.errors import CdcOutboxError
-from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.store.relay_state import SlotFacts
 
 __all__ = ["SlotChanged", "SlotWatch"]

@@ -28,12 +28,12 @@ import psycopg
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.relay_ports import ReplicationPort
 from cdc_outbox.cdc.standby_gate import StandbyGate, release_point
-from cdc_outbox.config import Settings
-from cdc_outbox.config_input import parse_standby_names
+from cdc_outbox.config.input import parse_standby_names
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, XLogData, parse_copy_data
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox.cdc.replication_stream import ReplicationError
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing
 
 __all__ = ["CdcUnavailable", "give_up_if_unusable"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from cdc_outbox.cdc.ack_tracker import AckTracker
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 
 class TxnHandle:

@@ -16,12 +16,12 @@ import typer
 
 from cdc_outbox import __version__
 from cdc_outbox.cli import (
-    bootstrap_cmd,
     config_cmd,
     consume_cmd,
     debezium_cmd,
     lag_cmd,
-    polling_cmd,
+    lifecycle_cmd,
+    outbox_ops_cmd,
     relay_cmd,
     schemas_cmd,
     sql_cmd,
@@ -97,13 +97,13 @@ def _global(
 # -- command registration ------------------------------------------------------------------
 # Each command module exposes `register(app)` (or a Typer sub-app) and gets its settings with
 # `cdc_outbox.cli.common.settings_from(ctx)`.
-bootstrap_cmd.register(app)  # init, status, drop
+lifecycle_cmd.register(app)  # init, status, drop
 
 relay_cmd.register(app)  # run
 
 lag_cmd.register(app)  # lag (slot lag, retained WAL, oldest unpublished; --watch)
 
-polling_cmd.register(app)  # redrive, cleanup (polling relay rows)
+outbox_ops_cmd.register(app)  # redrive, cleanup (outbox rows, every mode)
 
 consume_cmd.register(app)  # consume (the idempotent consumer, cdc_outbox.consumer)
 schemas_cmd.register(app)  # schemas check (Avro schemas against the registry)

@@ -24,7 +24,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from cdc_outbox.config import Settings, load_settings
+from cdc_outbox.config.settings import Settings, load_settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.redaction import redact
 

@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from cdc_outbox.cli.common import global_options, print_json, scrub, settings_from, stdout
-from cdc_outbox.config_input import ENV_PREFIX
-from cdc_outbox.config_sources import effective_settings
+from cdc_outbox.config.input import ENV_PREFIX
+from cdc_outbox.config.sources import effective_settings
 
 config_app = typer.Typer(help="The configuration in effect.", no_args_is_help=True)
 

@@ -2,7 +2,7 @@
 connector configuration (``.properties`` or Kafka Connect REST ``.json``).
 
 Exit 0 with the TOML on stdout; 2 with one line naming the first setting cdc-outbox cannot
-honour (or an unreadable file). The conversion itself is :mod:`cdc_outbox.debezium_config`.
+honour (or an unreadable file). The conversion itself is :mod:`cdc_outbox.debezium.config_import`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def import_debezium(
 ) -> None:
     """Print the cdc-outbox TOML equivalent to a Debezium outbox connector configuration;
     refuse (exit 2) with one line naming a setting cdc-outbox does not support."""
-    from cdc_outbox.debezium_config import convert, to_toml
-    from cdc_outbox.debezium_files import parse_connect_json, parse_properties
+    from cdc_outbox.debezium.config_import import convert, to_toml
+    from cdc_outbox.debezium.files import parse_connect_json, parse_properties
 
     try:
         text = file.read_text(encoding="utf-8")

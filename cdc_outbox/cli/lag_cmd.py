@@ -24,9 +24,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.cli.common import print_json, scrub, settings_from, stdout
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.monitoring.lag import (
     LagSample,
@@ -76,7 +76,7 @@ def lag(
     settings = settings_from(ctx)
     url = relay_url if relay_url is not None else default_relay_url(settings)
     if not watch:
-        with bootstrap.connect(settings) as conn:
+        with lifecycle.connect(settings) as conn:
             doc = collect(settings, conn, url)
         if json_out:
             print_json(doc)
@@ -114,7 +114,7 @@ def fetch_relay(url: str | None, timeout: float = 2.0) -> tuple[dict[str, Any] |
     return current, None
 
 
-def collect(settings: Settings, conn: bootstrap.Conn, url: str | None) -> dict[str, Any]:
+def collect(settings: Settings, conn: lifecycle.Conn, url: str | None) -> dict[str, Any]:
     """The ``lag --json`` document: fresh database figures plus the relay's sample."""
     relay, relay_error = fetch_relay(url)
     mode = relay.get("mode") if relay else (None if settings.mode == "auto" else settings.mode)
@@ -256,7 +256,7 @@ def _watch(
     settings: Settings, url: str | None, json_out: bool, interval: float, iterations: int
 ) -> None:
     history: dict[str, deque[float]] = {"lag": deque(maxlen=40), "rate": deque(maxlen=40)}
-    conn: bootstrap.Conn | None = None
+    conn: lifecycle.Conn | None = None
     done = 0
     with contextlib.ExitStack() as stack:
         live = None if json_out else stack.enter_context(Live(console=stdout, auto_refresh=False))
@@ -265,7 +265,7 @@ def _watch(
             view: Table | Text
             try:
                 if conn is None or conn.closed:
-                    conn = bootstrap.connect(settings)
+                    conn = lifecycle.connect(settings)
                 doc = collect(settings, conn, url)
                 history["lag"].append(float(doc["slot_lag_bytes"] or 0))
                 rate = (doc["relay"] or {}).get("throughput_events_per_second")

@@ -3,7 +3,7 @@
 Contract of :func:`catch_up_bar`: only when ``stream`` is a terminal and logs are text lines
 (not ``log_format = "json"``, not a pipe, a file or a container's log), a live region drawn
 with ``rich`` shows, while ``stats().catch_up_progress`` is set, a bar and the line of
-:meth:`cdc_outbox.progress.Progress.line` (rows done/total, rate, ETA: the same numbers as
+:meth:`cdc_outbox.telemetry.progress.Progress.line` (rows done/total, rate, ETA: the same numbers as
 the log lines and metrics); otherwise it does nothing. While it runs, the cdc-outbox log
 handler writes through the live region, so log lines scroll above the bar intact; both are
 restored on exit. The relay's code never touches the terminal: this reads its stats.
@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["catch_up_bar", "render"]
 

@@ -53,7 +53,7 @@ def run(
     transaction boundary, waits (up to the grace period) for Kafka to acknowledge what was
     sent, confirms it to the slot and exits 0. On a terminal a catch-up shows a progress bar.
     """
-    from cdc_outbox.service import Service
+    from cdc_outbox.service.relay_service import Service
 
     overrides = global_options(ctx).overrides
     if mode is not None:

@@ -45,7 +45,7 @@ from cdc_outbox.consumer.settings import ConsumerSettings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.kafka.consumer import DeadLetterError, DeadLetterSender, RawRecord
 from cdc_outbox.store.processed_events import ConsumerStore
-from cdc_outbox.tracing import handler_span, handler_span_wanted, tracer_provider_set
+from cdc_outbox.telemetry.tracing import handler_span, handler_span_wanted, tracer_provider_set
 
 logger = logging.getLogger("cdc_outbox.consumer.loop")
 
@@ -223,8 +223,8 @@ class Applier:
         return PROCESSED
 
     def _handle(self, conn: psycopg.Connection[Any], event: Event) -> None:
-        """The handler, in a span continuing the record's trace (cdc_outbox.tracing), when
-        a span would change anything (:func:`~cdc_outbox.tracing.handler_span_wanted`;
+        """The handler, in a span continuing the record's trace (cdc_outbox.telemetry.tracing), when
+        a span would change anything (:func:`~cdc_outbox.telemetry.tracing.handler_span_wanted`;
         whether a tracer provider is set is asked once per transaction)."""
         if not handler_span_wanted(event.headers, self._tracing):
             self.handler(conn, event)

@@ -19,7 +19,7 @@ from typing import Any
 
 from cdc_outbox.avro.registry import RegistryClient, RegistryError, RegistryUnavailable
 from cdc_outbox.avro.wire import decode, parse, unframe
-from cdc_outbox.config_models import SchemaRegistrySettings
+from cdc_outbox.config.models import SchemaRegistrySettings
 from cdc_outbox.consumer.event_types import BadRecord, DecodeUnavailable
 from cdc_outbox.kafka.consumer import RawRecord
 

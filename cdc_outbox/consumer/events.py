@@ -15,7 +15,7 @@ import json
 import uuid
 from typing import Any
 
-from cdc_outbox.config_models import SchemaRegistrySettings
+from cdc_outbox.config.models import SchemaRegistrySettings
 from cdc_outbox.consumer.event_types import BadRecord, Event, ValueDecoder, make_event, text_of
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord

@@ -24,10 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from cdc_outbox.backoff import BackoffPolicy
-from cdc_outbox.config_models import SchemaRegistrySettings, check_ident, check_topic
+from cdc_outbox.config.backoff import BackoffPolicy
+from cdc_outbox.config.models import SchemaRegistrySettings, check_ident, check_topic
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import is_legal_topic
+from cdc_outbox.names import is_legal_topic
 
 __all__ = [
     "DEFAULT_DEAD_LETTER_TOPIC",
@@ -113,7 +113,7 @@ class ConsumerSettings(BaseModel):
 
     @classmethod
     def from_relay(cls, relay: Any, **values: Any) -> ConsumerSettings:
-        """Defaults from the relay's :class:`~cdc_outbox.config.Settings` (Kafka, topics,
+        """Defaults from the relay's :class:`~cdc_outbox.config.settings.Settings` (Kafka, topics,
         ``value_format``, ``[schema_registry]``), ``values`` win (``None`` = not given)."""
         given = {k: v for k, v in values.items() if v is not None}
         given.setdefault("bootstrap_servers", relay.kafka.bootstrap_servers)

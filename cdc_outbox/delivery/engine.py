@@ -26,7 +26,7 @@ their loop. Contract (the interfaces are in :mod:`cdc_outbox.delivery.outcomes`)
   to the marker, and its dead letter is marked FAILED, in that outbox table; parking and the
   in-flight keys are per (outbox, aggregate) (:func:`~cdc_outbox.delivery.policy.parking_key`).
 - With ``tracing_relay_span``, a record carrying a ``traceparent`` is produced inside a relay
-  span (:class:`cdc_outbox.tracing.RelaySpans`) whose context its headers then carry.
+  span (:class:`cdc_outbox.telemetry.tracing.RelaySpans`) whose context its headers then carry.
 - The produce loop is the publisher's: it honours ``interrupted`` (stop, halt, restart) while
   the queue is full and calls ``idle`` (e.g. replication status updates) meanwhile.
 
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
@@ -69,9 +69,9 @@ from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener
 from cdc_outbox.kafka.producer_config import eos_config
 from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.relay_stats import RelayStats
 from cdc_outbox.store.failed_rows import FailedRowsStore
-from cdc_outbox.tracing import RelaySpans
+from cdc_outbox.telemetry.relay_stats import RelayStats
+from cdc_outbox.telemetry.tracing import RelaySpans
 
 if TYPE_CHECKING:
     from cdc_outbox.avro.serializer import AvroSerializer

@@ -21,7 +21,7 @@ from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import KeysInFlight
 from cdc_outbox.errors import FailureClass
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers, ReportingListener
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["DeadLetterReport", "RecordReport", "ReportSink", "rows_by_outbox"]
 

@@ -38,7 +38,7 @@ import psycopg
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError, raise_if_cannot_heal
 from cdc_outbox.ha.leadership_rules import (
     LeaseClock,

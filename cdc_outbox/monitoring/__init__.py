@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.health import HealthChecks
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.http_server import MonitoringServer
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["Monitoring", "start_monitoring"]
 

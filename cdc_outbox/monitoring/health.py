@@ -8,7 +8,7 @@ Contract:
   endpoint beats for it when asked: liveness then means "the process serves HTTP". (Not the
   check thread: a check hanging on a frozen database must not make the process look dead.)
 - Readiness: PostgreSQL answered ``SELECT 1`` (a connection borrowed from
-  :mod:`cdc_outbox.db_pool`, so a pool that cannot lend one is not ready) and Kafka returned
+  :mod:`cdc_outbox.store.db_pool`, so a pool that cannot lend one is not ready) and Kafka returned
   cluster metadata (:class:`~cdc_outbox.kafka.publisher.KafkaProbe`), both in the latest
   background check, which runs every ``health.check_interval_s`` with ``health.check_timeout_s``
   timeouts. A request only reads cached results, so probes are cheap; results older than a
@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.kafka.probe import KafkaProbe
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store import db_pool
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["CheckResult", "HealthChecks"]
 

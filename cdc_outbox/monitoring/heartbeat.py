@@ -8,7 +8,7 @@ ignores it (counted in ``ignored_messages_total{kind="message"}``).
 
 A failing heartbeat never affects the stream: it counts in ``errors``, logs a warning and is
 retried at the next interval (logged at most once a minute). Each heartbeat borrows a
-connection from :mod:`cdc_outbox.db_pool`.
+connection from :mod:`cdc_outbox.store.db_pool`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import json
 import logging
 import time
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
+from cdc_outbox.store import db_pool
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.redaction import redact
 from cdc_outbox.store.inspection import outbox_figures

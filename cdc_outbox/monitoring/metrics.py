@@ -28,7 +28,7 @@ from cdc_outbox import __version__
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metric_families import PREFIX, by_label, gauge, one_of
 from cdc_outbox.monitoring.slot_metrics import heartbeat_families, monitor_families
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 if TYPE_CHECKING:
     from cdc_outbox.monitoring.heartbeat import Heartbeat

@@ -1,6 +1,6 @@
 """The slot monitor: samples the lag view every ``monitor_interval_s``.
 
-Each sample borrows a connection from :mod:`cdc_outbox.db_pool` (not the stream's), so the
+Each sample borrows a connection from :mod:`cdc_outbox.store.db_pool` (not the stream's), so the
 slot figures stay true while the stream is stuck (Kafka down, relay restarting); the sample's
 reads run in one transaction with a statement timeout. Each sample adds the relay's figures
 (mode, counters, throughput and latency over the interval) and, in CDC mode, the age of the
@@ -21,8 +21,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import (
@@ -36,7 +35,8 @@ from cdc_outbox.monitoring.lag import (
     read_slot,
 )
 from cdc_outbox.monitoring.latency import LatencyHistogram, quantile
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.store import db_pool
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 

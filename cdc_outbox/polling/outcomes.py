@@ -14,8 +14,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from cdc_outbox.backoff import BackoffPolicy
-from cdc_outbox.config_models import PollingSettings
+from cdc_outbox.config.backoff import BackoffPolicy
+from cdc_outbox.config.models import PollingSettings
 
 __all__ = [
     "BACK",

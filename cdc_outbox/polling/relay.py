@@ -46,20 +46,20 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox import db_pool
-from cdc_outbox.backoff import RECONNECT, Backoff
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.backoff import RECONNECT, Backoff
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
+from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RetryCounts, outcome_params
 from cdc_outbox.polling.rows import _Row, batch_shares, default_worker_id
 from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.store import polling_sql
+from cdc_outbox.store import db_pool, polling_sql
 from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
 from cdc_outbox.store.relay_state import NotLeader
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class PollingRelay:
         self._is_leader = is_leader
         self._sql = polling_sql.build(settings, self.outbox)
         self._ns = polling_sql.advisory_namespace(self.outbox.schema_name, self.outbox.table)
-        self._mapper = settings.outbox_mapper(self.outbox)
+        self._mapper = outbox_mapper(settings, self.outbox)
         self._with_headers = settings.column_names(self.outbox).headers is not None
         self._with_tracing = settings.column_names(self.outbox).tracing_span_context is not None
         self._siblings = [

@@ -9,7 +9,7 @@ import time
 from typing import Any, Protocol
 
 from cdc_outbox.polling.outcomes import DEAD, OK, RETRY
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["Settles", "_Row", "batch_shares", "default_worker_id"]
 

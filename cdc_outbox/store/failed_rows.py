@@ -15,7 +15,7 @@ Contract:
   the catch-up and redrive use): a re-stream publishes such events as the first time.
 - Ids are compared in the id column's own type (uuid, text, bigint, ...), never via ``::text``.
 - Several outbox tables (issue 36): each call names its outbox (an index in the configured
-  outboxes, or the :class:`~cdc_outbox.config.OutboxSettings`); None/0: the first.
+  outboxes, or the :class:`~cdc_outbox.config.settings.OutboxSettings`); None/0: the first.
 - Needs the status columns of the default column preset.
 """
 
@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.settings import OutboxSettings, Settings
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.inspection import ColumnType, outbox_id_type
 from cdc_outbox.store.outbox_table import OutboxTable
 

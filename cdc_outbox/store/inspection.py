@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.store.outbox_table import OutboxTable

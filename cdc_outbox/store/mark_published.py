@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["UNPUBLISHED", "mark_published_statement", "marking_statement"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from cdc_outbox.config import OutboxSettings, Settings
-from cdc_outbox.outbox_mapping import ColumnNames
+from cdc_outbox.config.columns import ColumnNames
+from cdc_outbox.config.settings import OutboxSettings, Settings
 
 __all__ = ["STATUSES", "UNPUBLISHED_STATES", "OutboxTable"]
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from psycopg import sql
 
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.store.mark_published import mark_published_statement
 from cdc_outbox.store.schema import outbox_ident
 

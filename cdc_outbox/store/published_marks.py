@@ -19,8 +19,8 @@ import logging
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.inspection import ColumnType, outbox_id_type
 from cdc_outbox.store.mark_published import marking_statement
 from cdc_outbox.store.outbox_table import OutboxTable

@@ -7,7 +7,7 @@ Contract:
 - ``CATCHING_UP(slot, consistent_point)``: a slot is being (re)created and the rows that were
   unpublished at its consistent point are being published (``init`` leaves it when the table
   had unpublished rows once its new slot existed; with none it writes ``STREAMING`` at the
-  slot's consistent point: :func:`record_new_slot`, :mod:`cdc_outbox.ha.catch_up_rule`).
+  slot's consistent point: :func:`record_new_slot`, :mod:`cdc_outbox.cdc.catch_up_rule`).
   Streaming from that slot is only allowed once the phase is ``STREAMING``, which is written
   after every backlog row was acknowledged (or durably dead-lettered). A restart that finds
   ``CATCHING_UP`` recreates the slot and redoes the catch-up (duplicates possible, never a
@@ -46,11 +46,10 @@ from typing import Any, Literal, NamedTuple
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.store import schema
+from cdc_outbox.store import db_pool, schema
 from cdc_outbox.store.inspection import SlotStatus, slot_status
 
 __all__ = [
@@ -222,7 +221,7 @@ def keep_position(settings: Settings, lsn: int) -> KeepOutcome:
 
 
 class SlotFacts(NamedTuple):
-    """What the catch-up rule (:mod:`cdc_outbox.ha.catch_up_rule`) decides on: the state row,
+    """What the catch-up rule (:mod:`cdc_outbox.cdc.catch_up_rule`) decides on: the state row,
     the slot (None if missing) and whether the state table keeps positions."""
 
     state: RelayState

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.store.processed_events import PROCESSED_EVENTS_TABLE as PROCESSED_EVENTS_TABLE
 from cdc_outbox.store.processed_events import consumer_tables_ddl
 

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from cdc_outbox.outbox import write_event
+from cdc_outbox.writer import write_event
 
 #: The orders table; sql/example_write.sql creates the same one (a test compares them).
 ORDERS_DDL = """

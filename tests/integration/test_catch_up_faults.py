@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaException
 
-from cdc_outbox.cdc.snapshot_catchup import UNMARKED_WINDOW
-from cdc_outbox.config import Settings
+from cdc_outbox.cdc.catch_up import UNMARKED_WINDOW
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
@@ -198,9 +198,9 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
     """The broker is down during a catch-up; a stop interrupts it. Afterwards no marker thread
     or relay connection is left, and the records the catch-up had queued were dropped (not
     left in a live producer that would deliver them once the broker is back)."""
-    from cdc_outbox import db_pool
+    from cdc_outbox.cdc.catch_up import CatchUpFailed
     from cdc_outbox.cdc.relay import Relay
-    from cdc_outbox.cdc.snapshot_catchup import CatchUpFailed
+    from cdc_outbox.store import db_pool
 
     settings = relay_settings(
         pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode="cdc"

@@ -22,10 +22,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import PreflightError
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.service import Service
+from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store import relay_state
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
@@ -201,7 +201,7 @@ def test_a_slot_init_made_over_an_empty_table_is_streamed_without_a_catch_up(
     assert phase == "STREAMING" and point == slot_position(pg_dsn, settings.slot_name)[0]
     spec = workload.WorkloadSpec(events=2_000, writers=2, aggregates=20, txn_sizes=(1, 10))
     workload.write_orders(pg_dsn, spec, columns=settings.column_names())  # relay not running
-    caplog.set_level(logging.INFO, logger="cdc_outbox.service")
+    caplog.set_level(logging.INFO, logger="cdc_outbox.service.relay_service")
     stats = _relay_all(settings)
     assert stats.catch_ups == 0
     assert f"streaming slot {settings.slot_name} as it is" in caplog.text

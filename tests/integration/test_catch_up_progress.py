@@ -30,7 +30,7 @@ def test_catch_up_reports_its_total_and_reaches_it(
     init_for_catch_up(settings)
     spec = workload.WorkloadSpec(events=ROWS, writers=1, aggregates=20, txn_sizes=(1, 10))
     workload.write_orders(pg_dsn, spec, columns=settings.column_names())
-    caplog.set_level(logging.INFO, logger="cdc_outbox.cdc.snapshot_catchup")
+    caplog.set_level(logging.INFO, logger="cdc_outbox.cdc.catch_up")
     with service_thread(settings) as service:
         wait_streamed_past_now(pg_dsn, settings.slot_name, 300, lambda: f"{service.stats}")
         registry = CollectorRegistry()

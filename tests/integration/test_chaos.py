@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from tests.helpers import wait_until

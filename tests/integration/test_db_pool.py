@@ -6,8 +6,9 @@ import threading
 
 import psycopg
 
-from cdc_outbox import db_pool, housekeeping
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.service import housekeeping
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import RelayHalted
-from cdc_outbox.service import Service
+from cdc_outbox.service.relay_service import Service
 from cdc_outbox_dev.readback import ConsumedRecord, count_records, read_topics
 from tests.helpers import wait_until
 from tests.relay_support import (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from cdc_outbox.config import load_settings
+from cdc_outbox.config.settings import load_settings
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.helpers import consume_all
 

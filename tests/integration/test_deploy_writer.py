@@ -11,7 +11,8 @@ import time
 
 import psycopg
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.records import OutboxRecord
 from tests.deploy_support import DOCKER
 from tests.helpers import wait_until
@@ -51,7 +52,7 @@ def test_writer_commits_orders_with_their_events(pg_dsn: str) -> None:
     assert first[3]["orderId"] == int(first[1]) and first[4]["source"] == "writer"
     assert {e[1] for e in paid} <= {e[1] for e in created}  # same aggregates: same key
     # every row maps to a Kafka record with the relay's own mapping (no dead letter)
-    mapper = Settings.model_validate({"dsn": pg_dsn}).outbox_mapper()
+    mapper = outbox_mapper(Settings.model_validate({"dsn": pg_dsn}))
     columns = ", ".join(f"{c}::text" for c in mapper.row_columns)
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute(f"SELECT {columns} FROM outbox").fetchall()  # noqa: S608

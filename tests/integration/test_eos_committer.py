@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.history import History
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.records import OutboxRecord
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import RecordingHandle, wait_until
 

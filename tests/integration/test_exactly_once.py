@@ -575,7 +575,7 @@ def test_auto_mode_polls_at_least_once_and_says_so(
                 sql.Identifier(settings.publication_name)
             )
         )
-    caplog.set_level(logging.WARNING, logger="cdc_outbox.service")
+    caplog.set_level(logging.WARNING, logger="cdc_outbox.service.relay_service")
     spec = workload.WorkloadSpec(events=300, writers=1, aggregates=10, txn_sizes=(1, 10))
     with service_thread(settings) as service:
         _writer(pg_dsn, settings, spec).join()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from tests.helpers import wait_until
 from tests.integration.test_exactly_once import COMMITTED, _tally, _wait_relayed

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox import standby as sb
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
@@ -73,7 +73,7 @@ def test_a_synchronized_failover_slot_is_resumed_after_promotion_without_a_catch
             with caplog.at_level(logging.INFO, logger="cdc_outbox.store.schema"):
                 init_outbox(settings)
             slot = settings.slot_name
-            checks = {c.name: c for c in bootstrap.standby_checks(settings, standby.dsn)}
+            checks = {c.name: c for c in lifecycle.standby_checks(settings, standby.dsn)}
             if version < 170000:
                 assert "slot_failover ignored" in caplog.text
                 assert _one(primary.dsn_for("fslots"), "SELECT count(*) FROM pg_replication_slots"
@@ -83,7 +83,7 @@ def test_a_synchronized_failover_slot_is_resumed_after_promotion_without_a_catch
                 return
             failover = "SELECT failover FROM pg_replication_slots WHERE slot_name = 'cdc_outbox'"
             assert _one(primary.dsn, failover) is True
-            primary_checks = {c.name: c for c in bootstrap.status(settings).checks}
+            primary_checks = {c.name: c for c in lifecycle.status(settings).checks}
             assert not primary_checks["synchronized_standby_slots"].warning
             wait_until(lambda: _synced(standby, slot), timeout=120)
             servers = kafka_broker.bootstrap_servers

@@ -7,9 +7,9 @@ import json
 import time
 from typing import Any
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring import start_monitoring
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.helpers import wait_until

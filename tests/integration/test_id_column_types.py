@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.store.inspection import id_column_type
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import wait_until
@@ -59,8 +59,8 @@ def test_rows_with_non_uuid_ids_are_marked_published(
 ) -> None:
     settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     _create_outbox(pg_dsn, id_type)
-    bootstrap.init(settings, create_table=False)
-    with bootstrap.connect(settings) as conn:
+    lifecycle.init(settings, create_table=False)
+    with lifecycle.connect(settings) as conn:
         found = id_column_type(conn, settings)
     assert (found.name, found.is_uuid) == (shown_as, False)
     with relay_thread(settings) as relay, psycopg.connect(pg_dsn) as conn:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
 from tests.helpers import create_topic, wait_until

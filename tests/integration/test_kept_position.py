@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev import workload
 from tests.helpers import wait_until
@@ -111,7 +111,7 @@ def test_a_state_table_made_by_an_older_init_gets_the_column_or_a_warning(
     )
     init_outbox(settings)
     _drop_column(pg_dsn)
-    assert [a.name for a in bootstrap.init(settings).actions] == ["add_confirmed_lsn"]
+    assert [a.name for a in lifecycle.init(settings).actions] == ["add_confirmed_lsn"]
     assert _has_column(pg_dsn)
     _drop_column(pg_dsn)
     with service_thread(settings):  # a role that may: the service adds it on start

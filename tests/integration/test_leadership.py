@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdc_outbox.admin import bootstrap
-from cdc_outbox.config import Settings
+from cdc_outbox.admin import lifecycle
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.store import relay_state
@@ -35,7 +35,7 @@ from tests.relay_support import relay_settings
 REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, threading, time
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.ha.leadership import Leadership
 settings = Settings.model_validate({"dsn": sys.argv[1], "leader_lease_s": float(sys.argv[2])})
 lead = Leadership(settings, instance_id="child")
@@ -57,7 +57,7 @@ while True:  # sample every 2 ms; report changes at once, the state every 50 ms
 
 def _settings(dsn: str, lease: float = 5.0) -> Settings:
     settings = relay_settings(dsn, "127.0.0.1:1", "x", leader_lease_s=lease)
-    bootstrap.init(settings, create_table=True)
+    lifecycle.init(settings, create_table=True)
     return settings
 
 

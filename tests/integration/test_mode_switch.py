@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres

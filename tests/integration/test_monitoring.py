@@ -27,14 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
-from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.service import Service
+from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store import schema
+from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev import workload
 from tests.helpers import wait_until
 from tests.relay_support import init_outbox, relay_settings, running

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.store.schema import outbox_table_ddl
 from tests.helpers import run_cli

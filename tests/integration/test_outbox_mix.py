@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from cdc_outbox.cdc.relay import Relay
-from cdc_outbox.config import Settings
-from cdc_outbox.outbox import OutboxTable, write_event
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
+from cdc_outbox.writer import OutboxTable, write_event
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import arrivals_and_order, wait_until
 from tests.relay_support import init_outbox, relay_settings, running, wait_streamed_past_now

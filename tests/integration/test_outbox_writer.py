@@ -11,15 +11,15 @@ import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 
-from cdc_outbox.config import Settings
-from cdc_outbox.outbox import (
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.store.schema import outbox_table_ddl
+from cdc_outbox.writer import (
     OutboxTable,
     OutboxWriteError,
     write_event,
     write_event_async,
     write_event_sqlalchemy,
 )
-from cdc_outbox.store.schema import outbox_table_ddl
 
 
 def _create_outbox(dsn: str) -> None:

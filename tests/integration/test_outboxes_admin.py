@@ -213,9 +213,9 @@ def test_redrive_and_cleanup_take_a_table_and_default_to_every_table(pg_dsn: str
 
 
 def test_metrics_and_lag_show_each_outbox_table(pg_dsn: str) -> None:
-    from cdc_outbox.config import Settings
+    from cdc_outbox.config.settings import Settings
     from cdc_outbox.monitoring import start_monitoring
-    from cdc_outbox.relay_stats import RelayStats
+    from cdc_outbox.telemetry.relay_stats import RelayStats
     from tests.helpers import wait_until
     from tests.integration.test_monitoring import free_port, scrape
 

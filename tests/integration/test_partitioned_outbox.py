@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_outbox.admin import bootstrap
-from cdc_outbox.config import Settings
+from cdc_outbox.admin import lifecycle
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
@@ -129,7 +129,7 @@ def test_partitioned_outbox_relays_every_event_in_order(
 ) -> None:
     settings = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix, mode)
     create_partitioned_outbox(settings)
-    bootstrap.init(settings, create_table=False)
+    lifecycle.init(settings, create_table=False)
     if mode == "auto":
         # No slot: auto mode creates one with an exported snapshot and publishes the rows
         # pending in it (both partitions) before streaming.
@@ -167,9 +167,9 @@ def test_preflight_wants_publish_via_partition_root(pg_dsn: str) -> None:
         sql.SQL("CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')").format(pub),
     )
 
-    def publication_check() -> bootstrap.Check:
-        with bootstrap.connect(settings) as conn:
-            checks = bootstrap.preflight(conn, settings)
+    def publication_check() -> lifecycle.Check:
+        with lifecycle.connect(settings) as conn:
+            checks = lifecycle.preflight(conn, settings)
         [found] = [c for c in checks if c.name == "publication"]
         return found
 
@@ -177,8 +177,8 @@ def test_preflight_wants_publish_via_partition_root(pg_dsn: str) -> None:
     assert not failed.ok
     assert "lacks publish_via_partition_root" in failed.detail, failed.detail
     assert "covers" not in failed.detail  # listed as its two leaves, which is the whole table
-    with pytest.raises(bootstrap.PreflightFailed, match="publish_via_partition_root"):
-        bootstrap.init(settings, create_table=False)
+    with pytest.raises(lifecycle.PreflightFailed, match="publish_via_partition_root"):
+        lifecycle.init(settings, create_table=False)
     _execute(pg_dsn, sql.SQL(failed.fix))  # the fix, as printed, repairs it
     assert publication_check().ok
     with psycopg.connect(pg_dsn) as conn:

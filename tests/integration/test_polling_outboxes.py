@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.store import schema
 from tests.helpers import consume_all, wait_until

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from cdc_outbox.admin import outbox_ops as outbox_admin
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.store.schema import outbox_table_ddl

@@ -28,14 +28,14 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc_outbox import db_pool
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import PrivilegeMissing
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.polling.relay import PollingRelay
-from cdc_outbox.service import RelayEnded, Service
+from cdc_outbox.service.relay_service import RelayEnded, Service
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox.kafka import LocalKafka

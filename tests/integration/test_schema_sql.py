@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from examples.cache_invalidation.orders import ORDERS_DDL, create_order, update_order

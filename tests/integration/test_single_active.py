@@ -15,7 +15,7 @@ import time
 
 import psycopg
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from tests.helpers import wait_until
 from tests.mix_tally import mix_tally
 from tests.outbox_mix import (
@@ -91,7 +91,7 @@ def test_two_instances_without_faults_publish_every_event_once(
     try:
 
         def one_leads_one_stands_by() -> bool:
-            relay = bootstrap.status(settings).relay
+            relay = lifecycle.status(settings).relay
             return relay is not None and (
                 relay["phase"],
                 relay["instances"],

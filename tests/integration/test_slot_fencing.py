@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox.housekeeping import drop_slot_quietly
-from cdc_outbox.service import Service
+from cdc_outbox.service.housekeeping import drop_slot_quietly
+from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store.relay_state import NotLeader, Phase
 from tests.helpers import wait_until
 from tests.relay_support import init_for_catch_up, init_outbox, relay_settings

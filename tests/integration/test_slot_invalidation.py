@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox import standby as sb
 from cdc_outbox_dev.sandbox._pg_os import find_bindir

@@ -3,7 +3,7 @@
 The walsender is terminated; before the relay's next session starts, someone drops the slot,
 commits rows, and creates the slot again: its consistent point is past those rows (the relay's
 next session is held back in-process until then, so the timing is always this one). The
-service-start rule (:mod:`cdc_outbox.ha.catch_up_rule`: the slot confirmed past every
+service-start rule (:mod:`cdc_outbox.cdc.catch_up_rule`: the slot confirmed past every
 position the relay kept) must hold at that session start too, so the service catches up and
 publishes them; streaming the new slot would skip them for good.
 """

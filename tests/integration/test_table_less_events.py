@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox.admin import bootstrap as bootstrap_ops
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL
-from cdc_outbox.outbox import write_event, write_event_async, write_event_sqlalchemy
+from cdc_outbox.writer import write_event, write_event_async, write_event_sqlalchemy
 from cdc_outbox_dev.readback import read_topics
 from tests.helpers import ConsumedMessage, consume_all, wait_until
 from tests.relay_support import (
@@ -115,7 +115,7 @@ def test_refused_foreign_and_poison_messages(
     bootstrap = kafka_broker.bootstrap_servers
     settings = relay_settings(pg_dsn, bootstrap, kafka_topic_prefix, message_prefix=PREFIX)
     init_outbox(settings)
-    report = bootstrap_ops.status(settings)
+    report = lifecycle.status(settings)
     warned = {c.name: c for c in report.checks if c.warning}
     with psycopg.connect(pg_dsn) as conn:
         failover_slots = conn.info.server_version >= 170000  # init made a failover slot

@@ -15,10 +15,10 @@ import uuid
 import psycopg
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.readback import count_records, read_topics
 from tests.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
 from tests.relay_support import (

@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
-from cdc_outbox.outbox import OutboxTable, write_event
+from cdc_outbox.writer import OutboxTable, write_event
 from tests.helpers import wait_until
 from tests.relay_support import init_outbox, relay_settings, running, service_thread
 

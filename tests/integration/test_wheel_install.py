@@ -151,8 +151,8 @@ def test_writer_only_install_needs_psycopg_only(
         )
     check = (
         "import decimal, importlib.util, sys, psycopg\n"
-        "from cdc_outbox.outbox import write_event\n"
-        "assert write_event.__module__ == 'cdc_outbox.outbox'\n"
+        "from cdc_outbox.writer import write_event\n"
+        "assert write_event.__module__ == 'cdc_outbox.writer'\n"
         "for name in ('confluent_kafka', 'fastavro', 'pydantic', 'typer', 'msgspec'):\n"
         "    assert importlib.util.find_spec(name) is None, name\n"
         "with psycopg.connect(sys.argv[1]) as conn:\n"
@@ -171,7 +171,7 @@ def test_writer_only_install_needs_psycopg_only(
 
 def test_runtime_imports_no_harness(venv: Path, tmp_path: Path) -> None:
     check = (
-        "import cdc_outbox, cdc_outbox.cli, cdc_outbox.service, importlib.util, sys\n"
+        "import cdc_outbox, cdc_outbox.cli, cdc_outbox.service.relay_service, importlib.util, sys\n"
         "assert cdc_outbox.__file__.startswith(sys.prefix), cdc_outbox.__file__\n"
         "assert importlib.util.find_spec('cdc_outbox_dev') is None\n"
         "assert not any(m.startswith(('cdc_outbox.sandbox', 'cdc_outbox_dev'))"

@@ -28,7 +28,7 @@ from cdc_outbox.avro.wire import (
     subject_name,
     unframe,
 )
-from cdc_outbox.config import load_settings
+from cdc_outbox.config.settings import load_settings
 from cdc_outbox.delivery.policy import FailureAction, on_encode_failure
 from cdc_outbox.errors import ConfigError
 from tests.helpers import RecordingHandle
@@ -219,10 +219,10 @@ def test_schemas_dir(tmp_path: Path) -> None:
 def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
     """Delivery with a registry nobody listens on (and a producer that never connects):
     the event is retried (restart), not dead-lettered; later events are not produced."""
-    from cdc_outbox.config import Settings
+    from cdc_outbox.config.settings import Settings
     from cdc_outbox.delivery.engine import Delivery
     from cdc_outbox.records import OutboxRecord
-    from cdc_outbox.relay_stats import RelayStats
+    from cdc_outbox.telemetry.relay_stats import RelayStats
     from cdc_outbox_dev.sandbox._proc import free_port
 
     settings = Settings.model_validate(

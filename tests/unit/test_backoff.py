@@ -1,11 +1,11 @@
-"""cdc_outbox.backoff: the one retry back-off rule."""
+"""cdc_outbox.config.backoff: the one retry back-off rule."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.backoff import Backoff, BackoffPolicy, doubling
+from cdc_outbox.config.backoff import Backoff, BackoffPolicy, doubling
 
 
 def test_doubling_from_the_first_delay_up_to_the_cap() -> None:

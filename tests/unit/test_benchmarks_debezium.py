@@ -14,9 +14,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks import debezium_report, debezium_setup
 from benchmarks.debezium_readers import peak_rss_mb
-from cdc_outbox.config import Settings
-from cdc_outbox.debezium_config import convert
-from cdc_outbox.debezium_files import parse_properties
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.debezium.config_import import convert
+from cdc_outbox.debezium.files import parse_properties
 from cdc_outbox_dev.sandbox import kafka_connect
 from cdc_outbox_dev.sandbox.kafka_jars import KAFKA_VERSION
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.relay_process import phase_topics, settings_env, settings_values
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 
 
 def _phase_settings() -> Settings:

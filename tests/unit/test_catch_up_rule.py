@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
 from cdc_outbox.cdc import catch_up_order
+from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.cdc.slot_watch import SlotChanged, SlotWatch
-from cdc_outbox.config import Settings
-from cdc_outbox.ha.catch_up_rule import catch_up_reason
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.store.inspection import SlotStatus
 from cdc_outbox.store.relay_state import Phase, RelayState, SlotFacts

@@ -14,9 +14,9 @@ import threading
 
 from pydantic import SecretStr
 
-from cdc_outbox.cdc import snapshot_catchup
+from cdc_outbox.cdc import catch_up
 from cdc_outbox.cdc.published_marker import PublishedMarker
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from tests.helpers import wait_until
 
 
@@ -41,7 +41,7 @@ class _Publisher:
     """Each poll serves the acknowledgement of ``per_poll`` of the backlog's records: their
     ids go to the marker, as the relay's listener hands them over."""
 
-    def __init__(self, marker: PublishedMarker, backlog: snapshot_catchup._Backlog) -> None:
+    def __init__(self, marker: PublishedMarker, backlog: catch_up._Backlog) -> None:
         self.marker, self.backlog, self.per_poll = marker, backlog, 500
         self.acked = 0
 
@@ -64,7 +64,7 @@ class _Delivery:
     halt_reason = None
     restart_reason = None
 
-    def __init__(self, marker: PublishedMarker, backlog: snapshot_catchup._Backlog) -> None:
+    def __init__(self, marker: PublishedMarker, backlog: catch_up._Backlog) -> None:
         self.marker = marker
         self.publisher = _Publisher(marker, backlog)
         self.stats = _Stats()
@@ -80,9 +80,9 @@ def test_waiting_for_unmarked_rows_wakes_the_marker_until_they_are_marked() -> N
     rows = _Rows()
     settings = Settings(dsn=SecretStr("host=db.example dbname=shop"))
     marker = PublishedMarker(settings, flush_interval_s=3600.0, rows=rows)
-    backlog = snapshot_catchup._Backlog()
+    backlog = catch_up._Backlog()
     delivery = _Delivery(marker, backlog)
-    window = snapshot_catchup.UNMARKED_WINDOW
+    window = catch_up.UNMARKED_WINDOW
     # The catch-up has submitted three windows of rows, none acknowledged yet: it must wait
     # until at most a window is unacknowledged and at most a window unmarked.
     backlog.pending = 3 * window
@@ -90,7 +90,7 @@ def test_waiting_for_unmarked_rows_wakes_the_marker_until_they_are_marked() -> N
     done = threading.Event()
 
     def wait() -> None:
-        snapshot_catchup._bound_unmarked(delivery, backlog)  # type: ignore[arg-type]
+        catch_up._bound_unmarked(delivery, backlog)  # type: ignore[arg-type]
         done.set()
 
     waiter = threading.Thread(target=wait, daemon=True)

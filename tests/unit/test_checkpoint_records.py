@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.checkpoints import Checkpoint, _decoded, read_last
-from cdc_outbox.outbox_mapping import DEFAULT_COLUMNS, OutboxMapper
+from cdc_outbox.mapping.build import outbox_mapper
+from cdc_outbox.mapping.rows import DEFAULT_COLUMNS, OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
 
 OURS = Checkpoint("slot", "7", "db", 1234, ["a"], timeline=2, producer="cdc-outbox.7.db.slot")
@@ -89,7 +90,7 @@ def test_a_row_routed_onto_a_relay_topic_is_a_dead_letter() -> None:
         eos={"checkpoint_topic": "relay.checkpoints"},
         dead_letter_topic="relay.dead",
     )
-    mapper = settings.outbox_mapper()
+    mapper = outbox_mapper(settings)
     for topic in ("relay.checkpoints", "relay.dead"):
         result = _map(mapper, topic)
         assert isinstance(result, DeadLetter), topic

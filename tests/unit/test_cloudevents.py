@@ -16,13 +16,14 @@ from cloudevents.core.formats.json import JSONFormat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.cloudevents_mapping import CloudEventsMapper, default_source
-from cdc_outbox.config import load_settings
+from cdc_outbox.config.settings import load_settings
 from cdc_outbox.consumer.event_types import BadRecord
 from cdc_outbox.consumer.events import event_of, json_value
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
-from cdc_outbox.outbox_mapping import DEFAULT_COLUMNS, OutboxMapper
+from cdc_outbox.mapping.build import outbox_mapper
+from cdc_outbox.mapping.cloudevents import CloudEventsMapper, default_source
+from cdc_outbox.mapping.rows import DEFAULT_COLUMNS, OutboxMapper
 from cdc_outbox.pgwire.pgoutput import Relation, RelationColumn
 from cdc_outbox.records import DeadLetter, OutboxRecord
 
@@ -178,15 +179,15 @@ def test_any_json_payload_round_trips_in_both_modes(payload: Any, aggregate: str
 
 def test_settings_build_the_cloudevents_mapper_with_a_default_source() -> None:
     s = load_settings(overrides={"cloudevents": "binary", **DSN})
-    m = s.outbox_mapper()
+    m = outbox_mapper(s)
     assert isinstance(m, CloudEventsMapper)
     assert m._source == "cdc-outbox/shop/public.outbox"
     assert default_source(None, "s", "t") == "cdc-outbox/s.t"
     custom = load_settings(
         overrides={"cloudevents": "structured", "cloudevents_source": "/x", **DSN}
     )
-    assert custom.outbox_mapper()._source == "/x"  # type: ignore[attr-defined]
-    assert type(load_settings(overrides=DSN).outbox_mapper()) is OutboxMapper
+    assert outbox_mapper(custom)._source == "/x"  # type: ignore[attr-defined]
+    assert type(outbox_mapper(load_settings(overrides=DSN))) is OutboxMapper
 
 
 @pytest.mark.parametrize(
@@ -230,7 +231,7 @@ def test_without_the_sdk_the_setting_is_refused_and_plain_records_still_work(
     monkeypatch.setitem(sys.modules, "cloudevents", None)  # what an absent package looks like
     with pytest.raises(ConfigError, match=r"pip install 'cdc-outbox\[cloudevents\]'"):
         load_settings(overrides={"cloudevents": "binary", **DSN})
-    plain = load_settings(overrides=DSN).outbox_mapper().map_insert(REL, row())
+    plain = outbox_mapper(load_settings(overrides=DSN)).map_insert(REL, row())
     assert isinstance(plain, OutboxRecord)
     assert event_of(consumed(plain), json_value).payload == {"n": 1}
     ce = RawRecord("t", 0, 1, b"k", b"{}", (("ce_id", EID.encode()),))

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from cdc_outbox.config import ColumnSettings, Settings, load_settings, redact_dsn
+from cdc_outbox.config.settings import ColumnSettings, Settings, load_settings, redact_dsn
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
+from cdc_outbox.mapping.build import outbox_mapper
+from cdc_outbox.mapping.rows import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
 
 DSN = "host=db.example port=5432 user=app dbname=shop"
 
@@ -388,7 +389,7 @@ def test_outboxes_list_each_with_its_own_layout(tmp_path: Path) -> None:
     s = load_settings(path)
     assert [o.name for o in s.outboxes] == ["billing.outbox", "shipping.events"]
     assert s.outboxes[1].columns.has_status is False
-    assert s.outbox_mapper(s.outboxes[1]).table == "events"
+    assert outbox_mapper(s, s.outboxes[1]).table == "events"
     assert s.outbox("shipping.events") is s.outboxes[1]
     with pytest.raises(ConfigError, match=r"no outbox .x\.y. is configured"):
         s.outbox("x.y")

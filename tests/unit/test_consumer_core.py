@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_outbox.backoff import doubling
-from cdc_outbox.config import Settings
+from cdc_outbox.config.backoff import doubling
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.consumer.event_types import BadRecord, Event, make_event
 from cdc_outbox.consumer.events import decoder_for, event_of, json_value
 from cdc_outbox.consumer.settings import (
@@ -93,7 +93,7 @@ def test_avro_settings_come_from_the_relay() -> None:
 def test_avro_decoder_bad_bytes_dead_letter_unreachable_registry_retries() -> None:
     """A value that is not the wire format is a BadRecord without asking the registry; an id
     that needs a registry nobody listens on is DecodeUnavailable (retry), not a BadRecord."""
-    from cdc_outbox.config_models import SchemaRegistrySettings
+    from cdc_outbox.config.models import SchemaRegistrySettings
     from cdc_outbox.consumer.event_types import DecodeUnavailable
     from cdc_outbox_dev.sandbox._proc import free_port
 

@@ -7,9 +7,9 @@ import logging
 import pytest
 from psycopg_pool import ConnectionPool
 
-from cdc_outbox import db_pool
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import DatabaseUnavailable
+from cdc_outbox.store import db_pool
 
 
 def _settings(dsn: str, **extra: object) -> Settings:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc_outbox.config import load_settings
-from cdc_outbox.debezium_config import ROUTER_OPTIONS, convert, to_toml
-from cdc_outbox.debezium_files import parse_connect_json, parse_properties
+from cdc_outbox.config.settings import load_settings
+from cdc_outbox.debezium.config_import import ROUTER_OPTIONS, convert, to_toml
+from cdc_outbox.debezium.files import parse_connect_json, parse_properties
 from cdc_outbox.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

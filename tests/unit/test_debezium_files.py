@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.debezium_files import parse_properties
+from cdc_outbox.debezium.files import parse_properties
 
 
 def test_properties_syntax() -> None:

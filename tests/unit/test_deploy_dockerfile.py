@@ -19,10 +19,10 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from prometheus_client import CollectorRegistry
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.health import HealthChecks
 from cdc_outbox.monitoring.http_server import MonitoringServer
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"

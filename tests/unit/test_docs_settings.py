@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.consumer.settings import ConsumerSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.delivery.eos_batch import EosBatch
+from cdc_outbox.cdc.eos_batch import EosBatch
 
 
 def test_commits_at_max_events_only_at_a_transaction_boundary() -> None:

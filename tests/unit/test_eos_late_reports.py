@@ -14,10 +14,10 @@ import pytest
 
 from cdc_outbox.cdc import eos
 from cdc_outbox.cdc.eos import EosCommitter
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.records import OutboxRecord
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient
 
 TOPIC = "t.event.orders"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from tests.unit.test_config import config_error
 

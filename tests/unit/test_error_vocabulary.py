@@ -1,6 +1,6 @@
 """Issue 35.1: one error vocabulary. One classification (retry / dead-letter / halt) named the
 same in every stage, one list of SQLSTATEs that cannot heal, and back-off bounds as a policy
-object (:class:`cdc_outbox.backoff.BackoffPolicy`) instead of literals at call sites."""
+object (:class:`cdc_outbox.config.backoff.BackoffPolicy`) instead of literals at call sites."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from confluent_kafka import KafkaError
 
 from cdc_outbox import errors
-from cdc_outbox.backoff import RECONNECT, STARTUP, Backoff, BackoffPolicy
 from cdc_outbox.cdc import replication_stream
 from cdc_outbox.cdc.replication_stream import ReplicationError
-from cdc_outbox.config_models import PollingSettings
+from cdc_outbox.config.backoff import RECONNECT, STARTUP, Backoff, BackoffPolicy
+from cdc_outbox.config.models import PollingSettings
 from cdc_outbox.consumer.settings import ConsumerSettings
 from cdc_outbox.delivery import policy
 from cdc_outbox.errors import FailureClass, SchemaMissing, classify

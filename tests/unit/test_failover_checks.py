@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from cdc_outbox.admin.failover_checks import primary_failover_checks, standby_failover_checks
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox.store.inspection import StandbyState
 

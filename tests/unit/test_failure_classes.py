@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_outbox.config import load_settings
-from cdc_outbox.config_sources import effective_settings
+from cdc_outbox.config.settings import load_settings
+from cdc_outbox.config.sources import effective_settings
 from cdc_outbox.errors import (
     AuthenticationFailed,
     CdcOutboxError,

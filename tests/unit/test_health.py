@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.health import CheckResult, HealthChecks
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 SETTINGS = Settings.model_validate({"dsn": "host=127.0.0.1 dbname=x", "metrics_port": 0})
 

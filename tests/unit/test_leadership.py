@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.leadership_rules import (
     LeaseClock,

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
+from cdc_outbox.cdc.eos_batch import EosBatch
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
-from cdc_outbox.delivery.eos_batch import EosBatch
 
 SYSTEM = "7000"
 EXAMPLES = int(os.environ.get("CDC_OUTBOX_LEDGER_EXAMPLES", "300"))

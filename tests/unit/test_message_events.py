@@ -16,10 +16,11 @@ from pydantic import ValidationError
 
 from cdc_outbox.admin.preflight import evaluate_checks
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
-from cdc_outbox.config import Settings
-from cdc_outbox.outbox import EMIT_SQL, OutboxTable, OutboxWriteError, prepare_message
-from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, OutboxMapper
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.mapping.build import outbox_mapper
+from cdc_outbox.mapping.rows import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
+from cdc_outbox.writer import EMIT_SQL, OutboxTable, OutboxWriteError, prepare_message
 from tests.helpers import lead_through_failing_streams
 
 
@@ -166,7 +167,7 @@ def test_auto_mode_retries_the_stream_instead_of_polling_table_less_events(
     settings = Settings.model_validate(
         {"dsn": "postgresql://u@h/db", "mode": "auto", "message_prefix": "app"}
     )
-    with caplog.at_level("WARNING", logger="cdc_outbox.service"):
+    with caplog.at_level("WARNING", logger="cdc_outbox.service.relay_service"):
         fell_back, attempts = lead_through_failing_streams(settings, monkeypatch)
     assert fell_back == []  # never polls: polling cannot see table-less events
     assert attempts == 3  # the stream is retried, as in cdc mode
@@ -181,7 +182,7 @@ def _message_frame(transactional: bool, lsn: int, prefix: str, content: bytes) -
 def test_a_non_transactional_message_is_confirmed_only_once_its_dead_letter_is() -> None:
     from cdc_outbox.cdc.ack_tracker import AckTracker
     from cdc_outbox.cdc.message_router import MessageRouter
-    from cdc_outbox.relay_stats import RelayStats
+    from cdc_outbox.telemetry.relay_stats import RelayStats
 
     settings = Settings.model_validate({"dsn": "postgresql://u@h/db", "message_prefix": "app"})
     submitted: list[tuple[Any, Any]] = []
@@ -189,7 +190,7 @@ def test_a_non_transactional_message_is_confirmed_only_once_its_dead_letter_is()
     written: list[int] = []
     checkpoint = SimpleNamespace(note_written=written.append)
     stats = RelayStats()
-    router = MessageRouter(settings, [settings.outbox_mapper()], delivery, stats, None)  # type: ignore[arg-type]
+    router = MessageRouter(settings, [outbox_mapper(settings)], delivery, stats, None)  # type: ignore[arg-type]
     tracker = AckTracker(0x100)
     router.new_session(tracker, checkpoint)  # type: ignore[arg-type]
     router.handle(_message_frame(False, 0x2000, "app", b'{"id": "x"}'))

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.lag import LagSample, WalClock
 from cdc_outbox.monitoring.latency import LATENCY_BUCKETS, LatencyHistogram, quantile
 from cdc_outbox.monitoring.metrics import METRIC_NAMES, RelayCollector
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 SETTINGS = Settings.model_validate(
     {"dsn": "host=127.0.0.1 port=1 dbname=x", "heartbeat_interval_s": 5}

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_outbox.errors import ConfigError, DecodeError
-from cdc_outbox.outbox_mapping import (
+from cdc_outbox.mapping.rows import (
     DEBEZIUM_COLUMNS,
     DEFAULT_COLUMNS,
     ColumnNames,

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 import cdc_outbox
-from cdc_outbox.config_models import OUTBOX_KEYS
+from cdc_outbox.config.models import OUTBOX_KEYS
 
 PACKAGE = Path(cdc_outbox.__file__).resolve().parent
 SETTINGS_MODULES = {"config.py", "config_models.py", "config_input.py", "config_sources.py"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.outbox_table import STATUSES, UNPUBLISHED_STATES, OutboxTable
 
 

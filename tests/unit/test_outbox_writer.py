@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.config_models import COLUMN_PRESETS
-from cdc_outbox.outbox import PRESETS, OutboxTable, OutboxWriteError, default_dumps
-from cdc_outbox.outbox import prepare as _prepare
+from cdc_outbox.config.models import COLUMN_PRESETS
+from cdc_outbox.writer import PRESETS, OutboxTable, OutboxWriteError, default_dumps
+from cdc_outbox.writer import prepare as _prepare
 
 
 def prepare(*args: object, **kwargs: object) -> object:
@@ -29,13 +29,18 @@ def test_presets_match_the_relay_settings() -> None:
 
 def test_importing_the_writer_imports_no_relay_code() -> None:
     code = (
-        "import sys, cdc_outbox.outbox; "
+        "import sys, cdc_outbox.writer; "
         "print(sorted(m for m in sys.modules if m.startswith('cdc_outbox')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert (
-        out.stdout.strip()
-        == "['cdc_outbox', 'cdc_outbox.names', 'cdc_outbox.outbox', 'cdc_outbox.tracing']"
+    assert out.stdout.strip() == str(
+        [
+            "cdc_outbox",
+            "cdc_outbox.names",
+            "cdc_outbox.telemetry",
+            "cdc_outbox.telemetry.tracing",
+            "cdc_outbox.writer",
+        ]
     )
 
 
@@ -225,7 +230,7 @@ def _run_blocked(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_writer_imports_and_works_without_the_relay_dependencies() -> None:
     done = _run_blocked(
-        "import decimal, cdc_outbox.outbox as o\n"
+        "import decimal, cdc_outbox.writer as o\n"
         "q, p, _ = o.prepare(o.OutboxTable(), 'order', 42, 'OrderPaid',"
         " {'t': decimal.Decimal('1.5')}, None, None)\n"
         "print(p[2], p[4])\n"
@@ -233,5 +238,5 @@ def test_the_writer_imports_and_works_without_the_relay_dependencies() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["42", '{"t":"1.5"}']
     # The blocker works: the relay's settings module needs pydantic, and is refused.
-    refused = _run_blocked("import cdc_outbox.config\n")
+    refused = _run_blocked("import cdc_outbox.config.settings\n")
     assert refused.returncode == 1 and "blocked for this test: pydantic" in refused.stderr

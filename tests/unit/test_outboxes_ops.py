@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cdc_outbox.admin.preflight import polling_fallback_blocked
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.polling.rows import batch_shares
 from tests.helpers import lead_through_failing_streams
 
@@ -37,7 +37,7 @@ def test_a_statusless_table_anywhere_keeps_auto_mode_on_cdc(
 ) -> None:
     """The first table has status columns, the second has none: polling would never relay
     the second one's rows, so a failing stream is retried, never replaced by polling."""
-    with caplog.at_level("WARNING", logger="cdc_outbox.service"):
+    with caplog.at_level("WARNING", logger="cdc_outbox.service.relay_service"):
         fell_back, attempts = lead_through_failing_streams(
             _settings(DEFAULT, DEBEZIUM), monkeypatch
         )

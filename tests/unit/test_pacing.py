@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.delivery.pacing import BEHIND_S, caught_up, send_now
+from cdc_outbox.cdc.pacing import BEHIND_S, caught_up, send_now
 
 
 def test_caught_up_with_records_waiting_sends_now() -> None:

@@ -13,8 +13,8 @@ from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.backoff import BackoffPolicy
-from cdc_outbox.config import Settings
+from cdc_outbox.config.backoff import BackoffPolicy
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, backoff_delay

@@ -10,7 +10,7 @@ from pydantic import SecretStr
 
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.preflight import evaluate_checks
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.inspection import DatabaseState, PublicationStatus, TableState
 
 SETTINGS = Settings(dsn=SecretStr("host=db.example dbname=shop"))

@@ -1,4 +1,4 @@
-"""cdc_outbox.progress: rate, ETA and when a progress line is due."""
+"""cdc_outbox.telemetry.progress: rate, ETA and when a progress line is due."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc_outbox.progress import Progress
+from cdc_outbox.telemetry.progress import Progress
 
 
 def test_rate_eta_and_line() -> None:

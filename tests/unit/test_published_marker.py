@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from cdc_outbox.cdc.eos_batch import EosBatch
 from cdc_outbox.cdc.ledger import Ledger, MarkedWatermark
 from cdc_outbox.cdc.published_marker import PublishedMarker
-from cdc_outbox.config import Settings
-from cdc_outbox.delivery.eos_batch import EosBatch
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.inspection import ColumnType
 from cdc_outbox.store.published_marks import marks_statement as _statement
 from tests.helpers import recording_checkpointer

@@ -9,12 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from cdc_outbox.config import Settings
-from cdc_outbox.config_models import KafkaSettings
-from cdc_outbox.db_pool import _MaskSecrets
+from cdc_outbox.config.models import KafkaSettings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.kafka.producer_config import redact_config
 from cdc_outbox.monitoring.lag import one_line
 from cdc_outbox.redaction import MASK, is_secret_kafka_key, redact
+from cdc_outbox.store.db_pool import _MaskSecrets
 
 SECRET_KEYS = [
     "sasl.password",

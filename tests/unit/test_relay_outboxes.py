@@ -16,7 +16,7 @@ import pytest
 from cdc_outbox.cdc.new_tables import NewTables
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.relay_state import KeepOutcome
 from tests.fakes.kafka import FakeCheckpoints, Record
 from tests.fakes.replication import FakeMarks

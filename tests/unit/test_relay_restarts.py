@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.cdc.slot_watch import SlotChanged
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.relay_state import KeepOutcome, NotLeader
 from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient, Record
 from tests.fakes.outbox import FakeOutbox

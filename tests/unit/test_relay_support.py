@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cdc_outbox.config import Settings, load_settings
+from cdc_outbox.config.settings import Settings, load_settings
 from tests.relay_support import relay_settings, settings_env
 
 DSN = "host=db.example user=app password=pw dbname=shop"

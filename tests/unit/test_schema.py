@@ -7,7 +7,7 @@ from typing import Any
 from psycopg import sql
 from pydantic import SecretStr
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 
 DSN = "host=db.example dbname=shop"

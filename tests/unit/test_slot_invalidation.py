@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.errors import FailureClass, SlotInvalidated, classify
-from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.slot_invalidation import REASONS, Invalidation, of_error, of_slot
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.store.inspection import SlotStatus

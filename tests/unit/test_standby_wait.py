@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.standby_gate import StandbyGate, release_point
 from cdc_outbox.cdc.standby_wait import GatedStream, StandbyPoller
-from cdc_outbox.config import Settings
-from cdc_outbox.config_input import parse_standby_names
+from cdc_outbox.config.input import parse_standby_names
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.pgwire.walproto import Keepalive, parse_copy_data
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 
 def _w(payload: bytes) -> bytes:
@@ -104,7 +104,7 @@ def test_parse_standby_names() -> None:
 def test_a_bad_wait_for_standbys_setting_is_one_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cdc_outbox.config import load_settings
+    from cdc_outbox.config.settings import load_settings
 
     monkeypatch.setenv("CDC_OUTBOX_DSN", "postgresql://u@h/d")
     monkeypatch.setenv("CDC_OUTBOX_WAIT_FOR_STANDBYS", "s1,,s2")

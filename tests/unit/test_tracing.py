@@ -13,17 +13,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from cdc_outbox.config import Settings
-from cdc_outbox.outbox import OutboxTable, prepare
-from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.records import OutboxRecord
-from cdc_outbox.tracing import (
+from cdc_outbox.telemetry.tracing import (
     RelaySpans,
     current_span_context,
     format_span_context,
     handler_span,
     span_context_headers,
 )
+from cdc_outbox.writer import OutboxTable, prepare
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 DSN = "host=localhost dbname=x"

@@ -7,14 +7,15 @@ Contract:
   it is lent, so after a PostgreSQL restart a dead one is dropped and a new one made.
 - With ``statement_timeout_s`` the connection is lent inside a transaction with
   ``SET LOCAL statement_timeout``: nothing session-level is left behind for the next borrower.
-- Failing to get a connection raises :class:`~cdc_outbox.admin.bootstrap.DatabaseUnavailable`
-  (one line, DSN redacted, secrets masked), like :func:`cdc_outbox.admin.bootstrap.connect`.
+- Failing to get a connection raises :class:`~cdc_outbox.admin.lifecycle.DatabaseUnavailable`
+  (one line, DSN redacted, secrets masked), like :func:`cdc_outbox.admin.lifecycle.connect`.
   Errors raised by the caller's own statements pass through unchanged.
 - :func:`hold` keeps the pool open for a scope (``Service.run``) and closes it when the last
   holder leaves; :func:`close_all` closes every pool (also at interpreter exit).
 
 Who borrows: the auto-mode CDC probes and publication checks, the phase reads/writes and the
-slot/publication housekeeping (:mod:`cdc_outbox.service`), the slot monitor and heartbeat
+slot/publication housekeeping (:mod:`~cdc_outbox.service.relay_service`), the slot monitor
+and heartbeat
 samplers and the readiness check's ``SELECT 1`` - at most one connection per thread at a
 time, so ``db_pool_max_size`` (default 4) covers them without waiting.
 
@@ -38,7 +39,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import DatabaseUnavailable
 from cdc_outbox.redaction import redact, redact_dsn
 

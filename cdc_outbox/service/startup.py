@@ -25,11 +25,11 @@ import time
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.admin.preflight import evaluate_checks, table_state
-from cdc_outbox.backoff import STARTUP, Backoff
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.backoff import STARTUP, Backoff
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.kafka.producer_config import check_producer_config, eos_config
 from cdc_outbox.store.inspection import DatabaseState, inspect_database
@@ -61,7 +61,7 @@ def check_before_run(settings: Settings, stop: threading.Event) -> bool:
     failures, logged_at, backoff = 0, float("-inf"), Backoff(STARTUP)
     while not stop.is_set():
         try:
-            with bootstrap.connect(settings) as conn:
+            with lifecycle.connect(settings) as conn:
                 state = inspect_database(conn, settings)
                 checks = evaluate_checks(state, settings, create_table=False)
                 privileges = {

@@ -48,19 +48,19 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import db_pool
 from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.catch_up_marks import Marking, mark_committed_batch, qualify
 from cdc_outbox.cdc.published_marker import PublishedMarker
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.policy import parking_key
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
-from cdc_outbox.outbox_mapping import OutboxMapper
-from cdc_outbox.progress import Progress
+from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
+from cdc_outbox.store import db_pool
 from cdc_outbox.store.outbox_table import OutboxTable
+from cdc_outbox.telemetry.progress import Progress
 
 logger = logging.getLogger(__name__)
 

@@ -14,19 +14,14 @@ from __future__ import annotations
 import functools
 import json
 
+from cdc_outbox.names import RESERVED_HEADER_PREFIX, RESERVED_HEADERS, is_free_header_name
+
 __all__ = ["is_free_header_name", "parse_headers_json"]
 
-#: Header names the relay sets itself (dead letters add ``cdc_outbox.*`` ones): a row may not.
-_RESERVED_HEADERS = frozenset({"id", "event_type", "aggregate_type"})
-_RESERVED_PREFIX = "cdc_outbox."
 _from_json = json.JSONDecoder().decode
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def is_free_header_name(name: str) -> bool:
-    """Whether a row may set header ``name``: not empty, not the relay's own (``id``,
-    ``event_type``, ``aggregate_type``, ``cdc_outbox.*``)."""
-    return bool(name) and name not in _RESERVED_HEADERS and not name.startswith(_RESERVED_PREFIX)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -44,7 +39,7 @@ def parse_headers_json(
     out: list[tuple[str, bytes]] = []
     try:
         for k, v in obj.items():
-            if k in _RESERVED_HEADERS or k.startswith(_RESERVED_PREFIX) or k in taken:
+            if k in RESERVED_HEADERS or k.startswith(RESERVED_HEADER_PREFIX) or k in taken:
                 return f"column {name!r}: header {k!r} is reserved"
             t = type(v)
             if t is str:

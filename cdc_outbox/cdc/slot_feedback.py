@@ -25,7 +25,7 @@ from collections.abc import Callable
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_ports import ReplicationPort
-from cdc_outbox.relay_stats import RelayStats
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 MIN_CONFIRM_INTERVAL_S = 0.2
 

@@ -8,7 +8,7 @@ Secrets: ``Settings.dsn`` is a ``SecretStr`` so a settings object can be printed
 safely; code that connects calls :meth:`Settings.postgres_dsn` (the real conninfo) and
 :meth:`Settings.kafka_config` (the full librdkafka dict). :meth:`Settings.redacted` is the
 display form (DSN password and secret-looking Kafka keys shown as ``***``). The nested tables
-live in :mod:`cdc_outbox.config_models`, the secret helpers in :mod:`cdc_outbox.redaction`;
+live in :mod:`cdc_outbox.config.models`, the secret helpers in :mod:`cdc_outbox.redaction`;
 both are re-exported here.
 """
 
@@ -22,7 +22,6 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     Field,
     PrivateAttr,
@@ -39,8 +38,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cdc_outbox.cloudevents_mapping import CloudEventsMapper, check_settings, default_source
-from cdc_outbox.config_input import (
+from cdc_outbox.config.cloudevents_rules import check_settings
+from cdc_outbox.config.columns import ColumnNames
+from cdc_outbox.config.input import (
     ENV_ALLOWED,
     ENV_ALLOWED_PREFIXES,
     ENV_PREFIX,
@@ -49,7 +49,7 @@ from cdc_outbox.config_input import (
     describe,
     parse_standby_names,
 )
-from cdc_outbox.config_models import (
+from cdc_outbox.config.models import (
     COLUMN_PRESETS,
     IDENT_RE,
     OUTBOX_KEYS,
@@ -66,7 +66,6 @@ from cdc_outbox.config_models import (
     check_topic_template,
 )
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import ColumnNames, OutboxMapper
 from cdc_outbox.redaction import (
     KAFKA_SECRET_MARKERS,
     MASK,
@@ -167,7 +166,7 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9077, ge=0, le=65535)
     monitor_interval_s: float = Field(default=5.0, gt=0, le=3600)
     heartbeat_interval_s: float = Field(default=0.0, ge=0, le=3600)
-    #: Connections the process-wide pool (cdc_outbox.db_pool) may hold: probes, phase
+    #: Connections the process-wide pool (cdc_outbox.store.db_pool) may hold: probes, phase
     #: reads/writes, housekeeping, monitor, heartbeat and readiness check borrow from it.
     db_pool_max_size: int = Field(default=4, ge=1, le=32)
     health: HealthSettings = Field(default_factory=HealthSettings)
@@ -187,7 +186,7 @@ class Settings(BaseSettings):
     schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
-    #: A PRODUCER span per traced record for the relay hop (cdc_outbox.tracing.RelaySpans).
+    #: A PRODUCER span per traced record for the relay hop (telemetry.tracing.RelaySpans).
     tracing_relay_span: bool = False
 
     @classmethod
@@ -378,27 +377,6 @@ class Settings(BaseSettings):
     def kafka_config(self) -> dict[str, str]:
         """Complete librdkafka config: ``bootstrap.servers`` plus the passthrough keys."""
         return {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.config}
-
-    def outbox_mapper(self, outbox: OutboxSettings | None = None) -> OutboxMapper:
-        """The row-to-record mapping of ``outbox`` (None: the first; every mode uses these)."""
-        o = outbox or self.outbox()
-        args = (o.schema_name, o.table, self.column_names(o), o.topic_template)
-        kwargs: dict[str, Any] = {
-            "tombstones": self.null_payload == "tombstone",
-            "reserved_topics": frozenset({self.dead_letter_topic, self.eos.checkpoint_topic}),
-        }
-        if self.cloudevents == "off":
-            return OutboxMapper(*args, **kwargs)
-        dbname = conninfo_to_dict(self.postgres_dsn()).get("dbname") if self.dsn else None
-        avro = self.value_format == "avro"
-        return CloudEventsMapper(
-            *args,
-            mode=self.cloudevents,
-            source=o.cloudevents_source
-            or default_source(str(dbname or ""), o.schema_name, o.table),
-            datacontenttype="application/avro" if avro else "application/json",
-            **kwargs,
-        )
 
     def column_names(self, outbox: OutboxSettings | None = None) -> ColumnNames:
         """The resolved column names (preset + overrides) of ``outbox`` (None: the first)."""

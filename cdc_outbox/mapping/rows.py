@@ -21,18 +21,18 @@ Contract of :meth:`OutboxMapper.map_insert`:
   means "no extra headers";
 * with a ``tracing_span_context`` column configured, its W3C trace context becomes the
   ``traceparent`` (and ``tracestate``) headers after those (NULL or malformed: none, never a
-  dead letter; :func:`cdc_outbox.tracing.span_context_headers`).
+  dead letter; :func:`cdc_outbox.telemetry.tracing.span_context_headers`).
 """
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from cdc_outbox.config.columns import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, ColumnNames
 from cdc_outbox.errors import ConfigError, DecodeError
-from cdc_outbox.outbox_headers import parse_headers_json
+from cdc_outbox.mapping.headers import parse_headers_json
+from cdc_outbox.names import is_legal_topic
 from cdc_outbox.pgwire.pgoutput import (
     UNCHANGED_TOAST,
     ColumnValue,
@@ -41,7 +41,7 @@ from cdc_outbox.pgwire.pgoutput import (
     TupleData,
 )
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.tracing import span_context_headers
+from cdc_outbox.telemetry.tracing import span_context_headers
 
 __all__ = [
     "DEBEZIUM_COLUMNS",
@@ -52,52 +52,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class ColumnNames:
-    id: str
-    aggregate_type: str
-    aggregate_id: str
-    event_type: str
-    payload: str
-    headers: str | None
-    #: W3C trace context text written by the writer helper (cdc_outbox.tracing); None: none.
-    tracing_span_context: str | None = None
-    #: (header name, column) pairs: the column's value is sent in a header of that name
-    #: (Debezium's ``column:header:alias`` placement); never part of a preset.
-    header_columns: tuple[tuple[str, str], ...] = ()
-
-    def row_columns(self) -> list[str]:
-        """The columns a row is read with, in order: the event columns, the headers and
-        tracing columns if configured, then :meth:`header_sources`."""
-        return self._event_columns() + self.header_sources()
-
-    def header_sources(self) -> list[str]:
-        """The ``header_columns`` sources that are none of the other columns, each once."""
-        if not self.header_columns:
-            return []
-        taken = self._event_columns()
-        return [c for c in dict.fromkeys(c for _, c in self.header_columns) if c not in taken]
-
-    def _event_columns(self) -> list[str]:
-        names = [self.id, self.aggregate_type, self.aggregate_id, self.event_type, self.payload]
-        names += [self.headers] if self.headers is not None else []
-        return names + ([self.tracing_span_context] if self.tracing_span_context else [])
-
-
-DEFAULT_COLUMNS = ColumnNames(
-    "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers"
-)
-DEBEZIUM_COLUMNS = ColumnNames("id", "aggregatetype", "aggregateid", "type", "payload", None)
-
-
 _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _TOPIC_CACHE_MAX = 4096
 
 
-def is_legal_topic(name: str) -> bool:
-    """Kafka's rule: 1..249 chars of ``[A-Za-z0-9._-]``, and not ``.`` or ``..``."""
-    return _TOPIC_RE.fullmatch(name) is not None and name not in (".", "..")
 
 
 def _problem(name: str, value: ColumnValue) -> str:

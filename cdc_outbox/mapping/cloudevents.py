@@ -1,6 +1,6 @@
 """Publish outbox records in the CloudEvents Kafka protocol binding (pure, no I/O).
 
-:class:`CloudEventsMapper` is an :class:`~cdc_outbox.outbox_mapping.OutboxMapper` (setting
+:class:`CloudEventsMapper` is an :class:`~cdc_outbox.mapping.rows.OutboxMapper` (setting
 ``cloudevents = "binary"`` or ``"structured"``) whose records carry a CloudEvents 1.0 event
 built with the ``cloudevents`` SDK (extra ``cdc-outbox[cloudevents]``, imported only here):
 
@@ -11,7 +11,7 @@ built with the ``cloudevents`` SDK (extra ``cdc-outbox[cloudevents]``, imported 
   headers, the value stays the payload (a tombstone stays a tombstone);
 * structured mode: the value is the JSON envelope (``data`` = the parsed payload) and the
   ``content-type`` header is ``application/cloudevents+json``; a payload that is not JSON is
-  a :class:`~cdc_outbox.outbox_mapping.DeadLetter`.
+  a :class:`~cdc_outbox.mapping.rows.DeadLetter`.
 
 Key, topic and the relay's own headers (``id``, ``event_type``, ``aggregate_type``, extras)
 are those of the plain mapping; dead letters are never wrapped.
@@ -19,17 +19,16 @@ are those of the plain mapping; dead letters are never wrapped.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from datetime import datetime
 from typing import Any, Literal
 
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_mapping import OutboxMapper
+from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.pgwire.pgoutput import Relation, TupleData
 from cdc_outbox.records import DeadLetter, OutboxRecord
 
-__all__ = ["TIME_COLUMN", "CloudEventsMapper", "check_settings", "default_source", "load_sdk"]
+__all__ = ["TIME_COLUMN", "CloudEventsMapper", "default_source", "load_sdk"]
 
 #: The column whose value becomes the CloudEvents ``time`` when the relation has it.
 TIME_COLUMN = "created_at"
@@ -43,27 +42,6 @@ def load_sdk() -> Any:
     except ImportError:
         raise ConfigError(f"config: cloudevents: {_INSTALL_HINT}") from None
     return kafka
-
-
-def check_settings(mode: str, value_format: str, null_payload: str) -> None:
-    """CloudEvents combinations that make no sense, and a missing SDK (ValueError, one line)."""
-    if mode == "off":
-        return
-    if importlib.util.find_spec("cloudevents") is None:
-        raise ValueError(
-            f"cloudevents = {mode!r} needs the cloudevents SDK:"
-            " pip install 'cdc-outbox[cloudevents]'"
-        )
-    if mode == "structured" and value_format == "avro":
-        raise ValueError(
-            'cloudevents = "structured" puts a JSON envelope in the value: it cannot be'
-            ' value_format = "avro" (use cloudevents = "binary")'
-        )
-    if mode == "structured" and null_payload == "tombstone":
-        raise ValueError(
-            'cloudevents = "structured" never publishes a null value: null_payload ='
-            ' "tombstone" needs cloudevents = "binary" or "off"'
-        )
 
 
 def default_source(dbname: str | None, schema: str, table: str) -> str:

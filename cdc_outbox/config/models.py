@@ -1,9 +1,10 @@
 """Nested settings tables: ``[columns]``, ``[kafka]``, ``[polling]``, ``[health]``,
 ``[schema_registry]`` and ``[eos]``.
 
-Each model forbids unknown keys and validates its defaults; :class:`~cdc_outbox.config.Settings`
-composes them (see docs/configuration.md). :func:`check_ident` and :func:`check_topic` (the SQL
-identifier and Kafka topic rules) are shared with the top-level settings.
+Each model forbids unknown keys and validates its defaults;
+:class:`~cdc_outbox.config.settings.Settings` composes them (see docs/configuration.md).
+:func:`check_ident` and :func:`check_topic` (the SQL identifier and Kafka topic rules) are
+shared with the top-level settings.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdc_outbox.backoff import BackoffPolicy
-from cdc_outbox.names import IDENT_RE
-from cdc_outbox.outbox_headers import is_free_header_name
-from cdc_outbox.outbox_mapping import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, is_legal_topic
+from cdc_outbox.config.backoff import BackoffPolicy
+from cdc_outbox.config.columns import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
+from cdc_outbox.names import IDENT_RE, is_free_header_name, is_legal_topic
 from cdc_outbox.redaction import MASK, is_secret_kafka_key
 
 __all__ = [

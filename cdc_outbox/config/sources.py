@@ -2,7 +2,7 @@
 
 :func:`effective_settings` flattens :meth:`Settings.redacted` (secrets already ``***``) to
 dotted keys (``polling.batch_size``; ``kafka.config.sasl.password`` for a librdkafka key)
-and names each value's source by the precedence of :func:`cdc_outbox.config.load_settings`:
+and names each value's source by the precedence of :func:`cdc_outbox.config.settings.load_settings`:
 ``flag`` > ``env`` > ``file`` > ``default``.
 """
 
@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from cdc_outbox.config import ENV_ALLOWED, ENV_ALLOWED_PREFIXES, ENV_PREFIX, Settings
+from cdc_outbox.config.settings import ENV_ALLOWED, ENV_ALLOWED_PREFIXES, ENV_PREFIX, Settings
 
 __all__ = ["Source", "effective_settings"]
 

@@ -12,7 +12,7 @@ transition before it takes effect:
 - ``polling`` mode: ``POLLING``, the polling relay.
 - ``cdc`` mode: ``STREAMING`` with a healthy slot that is the relay's own streams it (also
   the slot ``init`` made over a table with no unpublished row); anything else
-  (:mod:`cdc_outbox.ha.catch_up_rule`: ``CATCHING_UP`` left by ``init`` or by a crash,
+  (:mod:`cdc_outbox.cdc.catch_up_rule`: ``CATCHING_UP`` left by ``init`` or by a crash,
   ``POLLING``, a missing, invalidated or foreign slot) writes ``CATCHING_UP``, recreates the
   slot with an exported snapshot, publishes every row still unpublished in it (each
   aggregate's in commit order), writes ``STREAMING`` at the slot's consistent point, then
@@ -48,13 +48,13 @@ from contextlib import ExitStack
 
 import psycopg
 
-from cdc_outbox import db_pool
 from cdc_outbox.admin.preflight import polling_fallback_blocked
-from cdc_outbox.backoff import RECONNECT
+from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.cdc.stream_failures import CdcUnavailable
-from cdc_outbox.config import Settings
+from cdc_outbox.config.backoff import RECONNECT
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import (
@@ -68,10 +68,10 @@ from cdc_outbox.errors import (
     raise_if_cannot_heal,
 )
 from cdc_outbox.ha import slot_invalidation
-from cdc_outbox.ha.catch_up_rule import catch_up_reason
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.slot_invalidation import of_error as _invalidated
-from cdc_outbox.housekeeping import (
+from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.service.housekeeping import (
     cdc_problem,
     decoding_error,
     drop_slot_quietly,
@@ -80,12 +80,11 @@ from cdc_outbox.housekeeping import (
     publication_must_fit,
     statusless_catch_up_must_be_safe,
 )
-from cdc_outbox.polling.relay import PollingRelay
-from cdc_outbox.relay_stats import RelayStats
-from cdc_outbox.startup import check_before_run, check_kafka_config
-from cdc_outbox.store import relay_state
+from cdc_outbox.service.startup import check_before_run, check_kafka_config
+from cdc_outbox.store import db_pool, relay_state
 from cdc_outbox.store.inspection import SlotStatus
 from cdc_outbox.store.relay_state import NotLeader, Phase
+from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +264,7 @@ class Service:
         self._run_polling(lead, probe=True)
 
     def _catch_up_reason(self, state: relay_state.RelayState, mode: str) -> str | None:
-        """Why the slot cannot be streamed as it is (:mod:`cdc_outbox.ha.catch_up_rule`)."""
+        """Why the slot cannot be streamed as it is (:mod:`cdc_outbox.cdc.catch_up_rule`)."""
         settings = self.settings
         facts = relay_state.slot_facts(settings)
         self._check_slot(facts.slot, mode)

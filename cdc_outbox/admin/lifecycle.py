@@ -40,7 +40,7 @@ from cdc_outbox.admin.preflight import (
     preflight,
     table_state,
 )
-from cdc_outbox.config import OutboxSettings, Settings
+from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, PreflightError
 from cdc_outbox.ha.leadership_rules import application_name

@@ -30,7 +30,7 @@ Contract of :func:`write_event` / :func:`write_event_async` / :func:`write_event
   context sent whenever there is one (docs/outboxes.md);
 * when the table names a ``tracing_span_context`` column (unset by default), OpenTelemetry
   (``opentelemetry-api``, the ``otel`` extra) is installed and a span is current, its W3C
-  trace context is stored there (:mod:`cdc_outbox.tracing`); otherwise the column is left
+  trace context is stored there (:mod:`cdc_outbox.telemetry.tracing`); otherwise the column is left
   to its default.
 
 Table and column names come from an :class:`OutboxTable` (default: ``public.outbox`` with the
@@ -54,7 +54,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.names import IDENT_RE
-from cdc_outbox.tracing import current_span_context
+from cdc_outbox.telemetry.tracing import current_span_context
 
 __all__ = [
     "EMIT_SQL",
@@ -70,7 +70,7 @@ __all__ = [
     "write_event_sqlalchemy",
 ]
 
-#: Column names per preset; equal to ``cdc_outbox.config_models.COLUMN_PRESETS`` (a unit test
+#: Column names per preset; equal to ``cdc_outbox.config.models.COLUMN_PRESETS`` (a unit test
 #: checks it) but kept here so that writing events does not import the relay.
 PRESETS: dict[str, dict[str, str | None]] = {
     "default": {

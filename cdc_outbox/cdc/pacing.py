@@ -20,7 +20,7 @@ The caller then serves reports with
 :meth:`~cdc_outbox.kafka.publisher.KafkaPublisher.send_now` for as long as it would wait
 anyway (librdkafka counts ``linger.ms`` as elapsed only during a flush call). The
 exactly-once counterpart, a Kafka transaction that closes once the relay caught up, is
-:meth:`~cdc_outbox.delivery.eos_batch.EosBatch.due`.
+:meth:`~cdc_outbox.cdc.eos_batch.EosBatch.due`.
 """
 
 from __future__ import annotations

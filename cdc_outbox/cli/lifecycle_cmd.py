@@ -1,4 +1,4 @@
-"""``init``, ``status`` and ``drop`` commands (thin wrappers over cdc_outbox.admin.bootstrap)."""
+"""``init``, ``status`` and ``drop`` commands (thin wrappers over cdc_outbox.admin.lifecycle)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.admin.checks import Check
 from cdc_outbox.cli.common import print_json, settings_from, stdout
 from cdc_outbox.errors import ConfigError
@@ -45,8 +45,8 @@ def init(
     """
     settings = settings_from(ctx)
     try:
-        report = bootstrap.init(settings, create_table=create_table, dry_run=dry_run)
-    except bootstrap.PreflightFailed as exc:
+        report = lifecycle.init(settings, create_table=create_table, dry_run=dry_run)
+    except lifecycle.PreflightFailed as exc:
         if json_out:
             print_json({"checks": [_check_dict(c) for c in exc.checks], "ok": False})
         else:
@@ -103,8 +103,8 @@ def status(
     Read-only; works with the least-privilege relay role. Exit 0 whenever the database answered.
     """
     settings = settings_from(ctx)
-    report = bootstrap.status(settings)
-    on_standby = None if standby is None else bootstrap.standby_checks(settings, standby)
+    report = lifecycle.status(settings)
+    on_standby = None if standby is None else lifecycle.standby_checks(settings, standby)
     if json_out:
         doc = report.to_dict()
         if on_standby is not None:
@@ -192,7 +192,7 @@ def drop(
             f"drop: pass --yes to drop slot '{settings.slot_name}' and publication "
             f"'{settings.publication_name}'"
         )
-    report = bootstrap.drop(settings, force=force)
+    report = lifecycle.drop(settings, force=force)
     if json_out:
         print_json(report.to_dict())
         return

@@ -1,4 +1,5 @@
-"""What the user gave, checked before it becomes settings (used by :mod:`cdc_outbox.config`).
+"""What the user gave, checked before it becomes settings (used by
+:mod:`cdc_outbox.config.settings`).
 
 - :func:`check_toml` / :func:`check_env`: unknown keys in the TOML file or ``CDC_OUTBOX_*``
   variables are refused with one ``config: ...`` line naming them (a typo never falls back

@@ -12,12 +12,11 @@ import logging
 import psycopg
 from psycopg import sql
 
-from cdc_outbox import db_pool
-from cdc_outbox.admin import bootstrap
+from cdc_outbox.admin import lifecycle
 from cdc_outbox.admin.preflight import missing_from_publication
-from cdc_outbox.config import Settings
+from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError, PreflightError, SchemaMissing, raise_if_cannot_heal
-from cdc_outbox.store import relay_state, schema
+from cdc_outbox.store import db_pool, relay_state, schema
 from cdc_outbox.store.inspection import inspect_database
 
 __all__ = [
@@ -37,7 +36,7 @@ def cdc_problem(settings: Settings) -> str | None:
     (a fresh one will be created); a missing publication is none if we may create it."""
     try:
         with db_pool.pooled(settings) as conn:
-            checks = bootstrap.preflight(conn, settings)
+            checks = lifecycle.preflight(conn, settings)
     except (CdcOutboxError, psycopg.Error) as exc:
         raise_if_cannot_heal(exc)
         return str(exc)
@@ -74,7 +73,7 @@ def publication_must_fit(settings: Settings) -> None:
     cdc mode cannot fall back, and streaming it would skip events silently."""
     try:
         with db_pool.pooled(settings) as conn:
-            checks = bootstrap.preflight(conn, settings)
+            checks = lifecycle.preflight(conn, settings)
     except (CdcOutboxError, psycopg.Error):
         return  # the database is unreachable: the relay's own retries deal with that
     for check in checks:
@@ -95,7 +94,7 @@ def statusless_catch_up_must_be_safe(settings: Settings, reason: str) -> None:
         return
     with db_pool.pooled(settings) as conn:
         for outbox in unsafe:
-            rows = bootstrap.unpublished_rows(conn, settings, [outbox])
+            rows = lifecycle.unpublished_rows(conn, settings, [outbox])
             if rows:
                 raise PreflightError(
                     f"a catch-up is needed ({reason}) but {outbox.name} has {rows} rows and,"

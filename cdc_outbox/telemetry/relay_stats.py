@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cdc_outbox.progress import Progress
+from cdc_outbox.telemetry.progress import Progress
 
 
 @dataclass

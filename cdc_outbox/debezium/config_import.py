@@ -1,7 +1,7 @@
 """Convert a Debezium outbox connector configuration into cdc-outbox settings (pure, no I/O).
 
 Input: the connector's settings as a flat ``{key: value}`` mapping, as
-:mod:`cdc_outbox.debezium_files` reads them from a ``.properties`` file or Kafka Connect's JSON.
+:mod:`cdc_outbox.debezium.files` reads them from a ``.properties`` file or Kafka Connect's JSON.
 
 Contract of :func:`convert`: it returns the equivalent settings (what docs/debezium.md maps,
 setting by setting) and the notes to print with them, or raises :class:`ConfigError` with one
@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc_outbox.config_models import COLUMN_PRESETS, IDENT_RE
+from cdc_outbox.config.models import COLUMN_PRESETS, IDENT_RE
 from cdc_outbox.errors import ConfigError
-from cdc_outbox.outbox_headers import is_free_header_name
-from cdc_outbox.outbox_mapping import is_legal_topic
+from cdc_outbox.names import is_free_header_name, is_legal_topic
 
 __all__ = [
     "EVENT_ROUTER",

@@ -1,0 +1,1 @@
+"""The settings: one pydantic model per section, validated once (pure data, the bottom)."""

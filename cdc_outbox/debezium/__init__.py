@@ -1,0 +1,1 @@
+"""Reading a Debezium connector configuration into cdc-outbox settings (pure)."""

@@ -1,0 +1,1 @@
+"""An outbox row becomes a Kafka record (pure): the row mapper, CloudEvents, headers."""

@@ -1,0 +1,1 @@
+"""A run of the relay: checks before it, the phase machine and restarts, housekeeping."""

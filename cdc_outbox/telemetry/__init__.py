@@ -1,0 +1,1 @@
+"""The relay's counters, progress and OpenTelemetry spans (no project imports below)."""
