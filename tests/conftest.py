@@ -29,7 +29,7 @@
 Fault tests may stop, kill or reconfigure the session servers: after each test that used them,
 stopped servers are started again and PostgreSQL settings (including ALTER SYSTEM) are restored,
 and ACLs left on the strict broker are deleted, so one test cannot poison the next. Helper
-functions are in tests/helpers.py.
+functions are in tests/support/helpers.py.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.redis import LocalRedis
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
 from cdc_outbox_dev.sandbox.standby import make_standby
-from tests.helpers import delete_all_acls, wait_until
+from tests.support.helpers import delete_all_acls, wait_until
 
 # Property tests check rules, not speed: no per-example deadline and no "too slow" health check,
 # which would make a result depend on the machine's load (CI shares its cores with PostgreSQL
@@ -158,7 +158,7 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
 def kafka_strict_broker(request: pytest.FixtureRequest) -> Iterator[LocalKafka]:
     """A broker where missing topics stay missing and ACLs are enforced (STRICT_BROKER_SETTINGS).
 
-    Create topics with ``tests.helpers.create_topic``; cause authorization failures with
+    Create topics with ``tests.support.helpers.create_topic``; cause authorization failures with
     ``deny_topic_writes`` / ``allow_topic_writes``.
     """
     kafka = _new_kafka(request, STRICT_BROKER_SETTINGS)

@@ -29,8 +29,8 @@ from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from cdc_outbox_dev.sandbox.registry import LocalRegistry, registry_client
-from tests.helpers import run_cli, wait_until
-from tests.relay_support import (
+from tests.support.helpers import run_cli, wait_until
+from tests.support.relay import (
     current_wal_lsn,
     init_for_catch_up,
     init_outbox,

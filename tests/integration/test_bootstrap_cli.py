@@ -17,7 +17,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.pq.abc import PGconn as PGconnType
 
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 

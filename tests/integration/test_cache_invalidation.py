@@ -13,9 +13,9 @@ import redis
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from examples.cache_invalidation.cache import OrderCache
 from examples.cache_invalidation.orders import ORDERS_DDL, create_order, load_order, update_order
-from tests.consumer_support import ConsumerProcess, count_rows, wait_processed
-from tests.helpers import create_topic, wait_until
-from tests.relay_support import RelayProcess, init_outbox, relay_settings
+from tests.support.consumer import ConsumerProcess, count_rows, wait_processed
+from tests.support.helpers import create_topic, wait_until
+from tests.support.relay import RelayProcess, init_outbox, relay_settings
 
 ORDERS = 40
 UPDATES = 1_500

@@ -22,8 +22,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     RelayProcess,
     all_relayed,
     init_outbox,

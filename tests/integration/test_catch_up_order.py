@@ -29,7 +29,7 @@ from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store import relay_state
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.relay_support import (
+from tests.support.relay import (
     init_for_catch_up,
     init_outbox,
     relay_settings,

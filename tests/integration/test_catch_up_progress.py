@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox_dev import workload
-from tests.relay_support import (
+from tests.support.relay import (
     init_for_catch_up,
     relay_settings,
     service_thread,

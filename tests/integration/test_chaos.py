@@ -30,8 +30,8 @@ import pytest
 from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
     drop_slot_under_the_relay,

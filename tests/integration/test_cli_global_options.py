@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 #: Every command of the CLI (sub-group commands by their full path).
 COMMANDS = [

@@ -18,8 +18,8 @@ from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import create_topic, wait_until
-from tests.relay_support import init_outbox, relay_settings, running, service_thread
+from tests.support.helpers import create_topic, wait_until
+from tests.support.relay import init_outbox, relay_settings, running, service_thread
 
 EVENTS = 12
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 DSN_PASSWORD = "pg-Secret-4711"
 KAFKA_PASSWORD = "kafka-Secret-0815"

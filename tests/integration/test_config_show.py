@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 
 def test_config_show_names_sources_and_hides_secrets(tmp_path: Path) -> None:

@@ -28,8 +28,8 @@ from cdc_outbox.consumer.settings import topics_from_template
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from cdc_outbox_dev.sandbox.registry import LocalRegistry, registry_client
-from tests.helpers import create_topic, wait_until
-from tests.relay_support import init_outbox, relay_settings, running, service_thread
+from tests.support.helpers import create_topic, wait_until
+from tests.support.relay import init_outbox, relay_settings, running, service_thread
 
 DEMO_SCHEMA = (
     Path(__file__).resolve().parents[2] / "cdc_outbox_dev" / "schemas" / "OrderPlaced.avsc"

@@ -11,7 +11,7 @@ from collections import defaultdict
 import psycopg
 
 from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
-from tests.consumer_support import (
+from tests.support.consumer import (
     APPLIED_DDL,
     ConsumerProcess,
     OutboxEvent,
@@ -20,7 +20,7 @@ from tests.consumer_support import (
     produce_events,
     wait_processed,
 )
-from tests.helpers import create_topic, wait_until
+from tests.support.helpers import create_topic, wait_until
 
 BATCH = 1_500  # events produced before the consumer starts and at each step of a fault
 AGGREGATES = 60
@@ -50,7 +50,7 @@ class _Feed:
         self.produced = 0
         self.consumer = ConsumerProcess(
             f"consumer-cluster-{prefix}", dsn, cluster.bootstrap_servers,
-            "--handler", "tests.consumer_handlers:count", "--topic", self.topic,
+            "--handler", "tests.support.consumer_handlers:count", "--topic", self.topic,
             "--group", f"{prefix}-g",
         )  # fmt: skip
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.consumer_support import (
+from tests.support.consumer import (
     APPLIED_DDL,
     ConsumerProcess,
     OutboxEvent,
@@ -21,7 +21,7 @@ from tests.consumer_support import (
     produce_events,
     wait_processed,
 )
-from tests.helpers import create_topic, wait_until
+from tests.support.helpers import create_topic, wait_until
 
 EVENTS = 20_000
 DUPLICATES = 3_000
@@ -64,7 +64,7 @@ def test_kill9_and_duplicates_apply_every_event_once_in_key_order(
 
     consumer = ConsumerProcess(
         f"consumer-crash-{kafka_topic_prefix}", pg_dsn, kafka_broker.bootstrap_servers,
-        "--handler", "tests.consumer_handlers:count", "--topic", topic,
+        "--handler", "tests.support.consumer_handlers:count", "--topic", topic,
         "--group", f"{kafka_topic_prefix}-g", *FAST_REJOIN,
     )  # fmt: skip
     kill_points = sorted(rng.sample(range(1_000, EVENTS - 6_000), KILLS))

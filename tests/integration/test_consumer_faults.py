@@ -16,10 +16,10 @@ from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.consumer_handlers import count
-from tests.consumer_support import OutboxEvent, applied_rows, counter_topics, produce_events
-from tests.helpers import consume_all, wait_until
-from tests.relay_support import running
+from tests.support.consumer import OutboxEvent, applied_rows, counter_topics, produce_events
+from tests.support.consumer_handlers import count
+from tests.support.helpers import consume_all, wait_until
+from tests.support.relay import running
 
 #: A constraint checked only at COMMIT: a dangling row makes the COMMIT fail, not the INSERT.
 DEFERRED_DDL = """

@@ -11,7 +11,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.consumer_support import (
+from tests.support.consumer import (
     ConsumerProcess,
     OutboxEvent,
     applied_rows,
@@ -20,7 +20,7 @@ from tests.consumer_support import (
     produce_events,
     wait_processed,
 )
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 def _committed(bootstrap: str, group: str, topic: str) -> int:
@@ -43,11 +43,11 @@ def test_a_handler_raising_system_exit_stops_non_zero_and_commits_nothing_of_its
             "--kafka-config", "group.instance.id=exit-test-1")  # fmt: skip
     consumer = ConsumerProcess(
         f"consumer-exit-{kafka_topic_prefix}", pg_dsn, bootstrap,
-        "--handler", "tests.consumer_handlers:count_but_exit", *args,
+        "--handler", "tests.support.consumer_handlers:count_but_exit", *args,
     )  # fmt: skip
     again = ConsumerProcess(
         f"consumer-exit-again-{kafka_topic_prefix}", pg_dsn, bootstrap,
-        "--handler", "tests.consumer_handlers:count", *args,
+        "--handler", "tests.support.consumer_handlers:count", *args,
     )  # fmt: skip
     try:
         produce_events(bootstrap, topic, events[:5])

@@ -11,14 +11,14 @@ import uuid
 from confluent_kafka import Consumer, TopicPartition
 
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.consumer_support import (
+from tests.support.consumer import (
     ConsumerProcess,
     OutboxEvent,
     count_rows,
     counter_topics,
     produce_events,
 )
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 #: Lines allowed while the broker is down: a few distinct ones, each at most once per 30 s.
 #: Before the throttle: about 40 lines per second, half of them raw ``%3|...`` lines.
@@ -46,7 +46,7 @@ def test_broker_down_logs_few_json_lines_and_an_override_is_named_once(
     produce_events(bootstrap, topic, [OutboxEvent(uuid.uuid4(), "k", 1)])
     consumer = ConsumerProcess(
         f"consumer-kafka-down-{kafka_topic_prefix}", pg_dsn, bootstrap,
-        "--handler", "tests.consumer_handlers:count", "--topic", topic,
+        "--handler", "tests.support.consumer_handlers:count", "--topic", topic,
         "--group", f"{kafka_topic_prefix}-g", "--kafka-config", "enable.auto.commit=true",
         env={"CDC_OUTBOX_LOG_FORMAT": "json"},
     )  # fmt: skip

@@ -12,16 +12,16 @@ from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer import ConsumerSettings, IdempotentConsumer
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.consumer_handlers import count
-from tests.consumer_support import (
+from tests.support.consumer import (
     APPLIED_DDL,
     OutboxEvent,
     applied_rows,
     count_rows,
     produce_events,
 )
-from tests.helpers import create_topic, wait_until
-from tests.relay_support import running
+from tests.support.consumer_handlers import count
+from tests.support.helpers import create_topic, wait_until
+from tests.support.relay import running
 
 EVENTS = 6_000
 KEYS = 120

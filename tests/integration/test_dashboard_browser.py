@@ -13,7 +13,6 @@ from html.parser import HTMLParser
 from typing import Any
 
 from cdc_outbox.lsn import Lsn
-from tests.helpers import wait_until
 from tests.integration.test_monitoring import (
     lag_json,
     load_thread,
@@ -21,7 +20,8 @@ from tests.integration.test_monitoring import (
     scrape,
     service_thread,
 )
-from tests.relay_support import ARTIFACTS, init_outbox
+from tests.support.helpers import wait_until
+from tests.support.relay import ARTIFACTS, init_outbox
 
 MIB = 2**20
 CHROMIUM_FLAGS = (

@@ -22,8 +22,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.service.relay_service import Service
 from cdc_outbox_dev.readback import ConsumedRecord, count_records, read_topics
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     init_for_catch_up,
     init_outbox,
     outbox_statuses,

@@ -16,7 +16,7 @@ import psycopg
 
 from cdc_outbox.config.settings import load_settings
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.helpers import consume_all
+from tests.support.helpers import consume_all
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "debezium-outbox.properties"

@@ -11,8 +11,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     RelayProcess,
     init_outbox,
     relay_settings,

@@ -14,9 +14,9 @@ import psycopg
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.records import OutboxRecord
-from tests.deploy_support import DOCKER
-from tests.helpers import wait_until
-from tests.relay_support import init_outbox
+from tests.support.deploy import DOCKER
+from tests.support.helpers import wait_until
+from tests.support.relay import init_outbox
 
 WRITER = DOCKER / "writer.py"
 

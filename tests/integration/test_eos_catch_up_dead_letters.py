@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from cdc_outbox_dev.readback import read_topics
-from tests.relay_support import (
+from tests.support.relay import (
     RelayProcess,
     init_for_catch_up,
     relay_settings,

@@ -10,7 +10,7 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.records import OutboxRecord
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import RecordingHandle, wait_until
+from tests.support.helpers import RecordingHandle, wait_until
 
 
 def test_a_close_that_is_acknowledged_at_once_commits_in_the_same_step(

@@ -1,5 +1,5 @@
 """Exactly-once delivery (issue 9): real PostgreSQL + Kafka, kill -9, restarts, zombies; the
-kill -9 and restart tests over the mix of outboxes (tests/outbox_mix.py, issue 36)."""
+kill -9 and restart tests over the mix of outboxes (tests/support/outbox_mix.py, issue 36)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 from cdc_outbox.kafka import checkpoints
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import run_cli, vm_hwm_kb, wait_until
-from tests.mix_tally import messages_before_slot, mix_tally
-from tests.outbox_mix import (
+from tests.support.helpers import run_cli, vm_hwm_kb, wait_until
+from tests.support.mix_tally import messages_before_slot, mix_tally
+from tests.support.outbox_mix import (
     WINDOW_COUNTS,
     MixSpec,
     init_mix,
@@ -28,7 +28,7 @@ from tests.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.relay_support import (
+from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
     init_outbox,
@@ -206,7 +206,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
     events to commit (writers of a fixed count could finish first on a slow host, and the
     relay then has no Kafka commit left to crash in).
 
-    Over the mix of outboxes (tests/outbox_mix.py), each stream checked on its own; the
+    Over the mix of outboxes (tests/support/outbox_mix.py), each stream checked on its own; the
     table-less events written before the streamed slot's consistent point (the last
     catch-up's) may be lost (docs/outboxes.md), every other one must arrive once."""
     settings = mix_settings(
@@ -288,7 +288,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
 
 
 def workload_rows(dsn: str) -> int:
-    """Events committed by the mix's writers (tests/outbox_mix.py)."""
+    """Events committed by the mix's writers (tests/support/outbox_mix.py)."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM mix_ledger").fetchone()
     return int(row[0]) if row else 0
@@ -368,7 +368,7 @@ def test_broker_and_postgres_restarts_mid_load(
     may come back behind what Kafka holds, so PostgreSQL re-sends transactions the checkpoint
     skips): 0 missing, every row marked; exactly-once: 0 duplicates for read_committed;
     at-least-once: duplicates only from what was unconfirmed at each fault. Over the mix of
-    outboxes (tests/outbox_mix.py), each stream checked on its own."""
+    outboxes (tests/support/outbox_mix.py), each stream checked on its own."""
     eos = delivery == "exactly_once"
     settings = mix_settings(
         pg_dsn,
@@ -564,7 +564,7 @@ def test_auto_mode_polls_at_least_once_and_says_so(
 
     from psycopg import sql
 
-    from tests.relay_support import outbox_statuses, service_thread
+    from tests.support.relay import outbox_statuses, service_thread
 
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="auto")
     init_outbox(settings)

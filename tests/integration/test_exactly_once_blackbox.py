@@ -26,11 +26,11 @@ import pytest
 
 from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
-from tests.helpers import wait_until
 from tests.integration.test_exactly_once import COMMITTED, _tally, _wait_relayed
 from tests.integration.test_monitoring import free_port, scrape
 from tests.integration.test_walsender_drops import _terminate_walsender, relay_events_marked
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     RelayProcess,
     init_outbox,
     outbox_statuses,

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 #: No metrics endpoint (the default port may be taken on a shared machine).
 NO_METRICS = {"CDC_OUTBOX_METRICS_PORT": "0"}

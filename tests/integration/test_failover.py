@@ -4,7 +4,7 @@ A primary and its physical standby (plain processes, cdc_outbox_dev/sandbox/stan
 writers commit events with per-aggregate versions through a multi-host DSN, the relay
 (``cdc-outbox run``, mode cdc) follows the same DSN. The standby's walreceiver is paused so it
 falls behind, the primary is killed (``-m immediate``) and the standby promoted; writers and
-relay carry on against the new primary, over the mix of outboxes (tests/outbox_mix.py; its
+relay carry on against the new primary, over the mix of outboxes (tests/support/outbox_mix.py; its
 ledger is what the new primary has committed). An outside reader then counts, against the
 events the new primary has: lost (committed there, never in Kafka; table-less events written
 before the consistent point of the new primary's slot excused: they have no catch-up), rows
@@ -34,19 +34,19 @@ import pytest
 
 from cdc_outbox_dev.sandbox import standby as sb
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import wait_until
-from tests.mix_tally import messages_before_slot, mix_tally
-from tests.outbox_mix import (
+from tests.support.helpers import wait_until
+from tests.support.mix_tally import messages_before_slot, mix_tally
+from tests.support.outbox_mix import (
     MixSpec,
     committed_events,
     init_mix,
     mix_settings,
     mix_writers_thread,
 )
-from tests.outbox_mix import (
+from tests.support.outbox_mix import (
     unmarked as rows_unmarked,
 )
-from tests.relay_support import service_thread, wait_streamed_past_now
+from tests.support.relay import service_thread, wait_streamed_past_now
 
 
 def _rows(dsn: str) -> int:

@@ -25,8 +25,8 @@ from cdc_outbox.admin import lifecycle
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox import standby as sb
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import run_cli, wait_until
-from tests.relay_support import (
+from tests.support.helpers import run_cli, wait_until
+from tests.support.relay import (
     init_outbox,
     outbox_statuses,
     relay_settings,

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 
 from cdc_outbox.polling.relay import PollingRelay
-from tests.helpers import consume_all, wait_until
-from tests.relay_support import (
+from tests.support.helpers import consume_all, wait_until
+from tests.support.relay import (
     init_for_catch_up,
     outbox_statuses,
     relay_settings,

@@ -12,9 +12,9 @@ from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import wait_until
 from tests.integration.test_monitoring import free_port, get, service_thread
-from tests.relay_support import init_outbox, relay_settings
+from tests.support.helpers import wait_until
+from tests.support.relay import init_outbox, relay_settings
 
 
 def probe(base: str, path: str) -> tuple[int, dict[str, Any]]:

@@ -13,8 +13,8 @@ from psycopg import sql
 from cdc_outbox.admin import lifecycle
 from cdc_outbox.store.inspection import id_column_type
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
-from tests.relay_support import outbox_statuses, relay_settings, relay_thread
+from tests.support.helpers import wait_until
+from tests.support.relay import outbox_statuses, relay_settings, relay_thread
 
 TEXT_IDS = [
     "order,1",

@@ -1,6 +1,6 @@
 """The relay against a three-node Kafka cluster (replication factor 3, min.insync.replicas=2,
 acks=all) through the faults of a replicated cluster, at-least-once and exactly-once, over the
-mix of outboxes (tests/outbox_mix.py: a default-layout table, a Debezium-layout table marked
+mix of outboxes (tests/support/outbox_mix.py: a default-layout table, a Debezium-layout table marked
 by deleting, table-less events).
 
 One ``cdc-outbox run`` process relays while writers commit events at a fixed rate; each fault
@@ -28,9 +28,9 @@ import pytest
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
-from tests.helpers import create_topic, wait_until
-from tests.mix_tally import mix_tally
-from tests.outbox_mix import (
+from tests.support.helpers import create_topic, wait_until
+from tests.support.mix_tally import mix_tally
+from tests.support.outbox_mix import (
     MixSpec,
     committed_events,
     init_mix,
@@ -40,7 +40,7 @@ from tests.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.relay_support import (
+from tests.support.relay import (
     RelayProcess,
     current_wal_lsn,
     slot_position,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 
 from cdc_outbox_dev.sandbox.kafka_cluster import LocalKafkaCluster
-from tests.helpers import consume_all, create_topic, wait_until
+from tests.support.helpers import consume_all, create_topic, wait_until
 
 
 def test_three_brokers_replicate_and_a_killed_leader_is_replaced(

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 
 from cdc_outbox.kafka.producer_config import DEFAULT_CONFIG, REQUIRED_CONFIG
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.helpers import (
+from tests.support.helpers import (
     allow_topic_writes,
     consume_all,
     create_topic,

@@ -17,8 +17,8 @@ import pytest
 from cdc_outbox.admin import lifecycle
 from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev import workload
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     RelayProcess,
     all_relayed,
     current_wal_lsn,

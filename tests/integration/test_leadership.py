@@ -29,8 +29,8 @@ from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.store import relay_state
 from cdc_outbox.store.relay_state import NotLeader, Phase
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import wait_until
-from tests.relay_support import relay_settings
+from tests.support.helpers import wait_until
+from tests.support.relay import relay_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = """

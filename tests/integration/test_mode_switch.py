@@ -18,8 +18,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     current_wal_lsn,
     drop_slot_under_the_relay,
     init_outbox,

@@ -36,8 +36,8 @@ from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store import schema
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev import workload
-from tests.helpers import wait_until
-from tests.relay_support import init_outbox, relay_settings, running
+from tests.support.helpers import wait_until
+from tests.support.relay import init_outbox, relay_settings, running
 
 # -- helpers (also used by test_dashboard_browser.py) ----------------------------------------
 

@@ -22,8 +22,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox.writer import OutboxTable, write_event
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import arrivals_and_order, wait_until
-from tests.relay_support import init_outbox, relay_settings, relay_thread, wait_streamed_past_now
+from tests.support.helpers import arrivals_and_order, wait_until
+from tests.support.relay import init_outbox, relay_settings, relay_thread, wait_streamed_past_now
 
 B = OutboxTable(schema="shipping", table="events")
 AGGREGATES = ("a-1", "a-2", "a-3")

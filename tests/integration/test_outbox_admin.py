@@ -14,7 +14,7 @@ from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.store.schema import outbox_table_ddl
-from tests.helpers import run_cli
+from tests.support.helpers import run_cli
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -23,8 +23,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox.writer import OutboxTable, write_event
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import arrivals_and_order, wait_until
-from tests.relay_support import init_outbox, relay_settings, running, wait_streamed_past_now
+from tests.support.helpers import arrivals_and_order, wait_until
+from tests.support.relay import init_outbox, relay_settings, running, wait_streamed_past_now
 
 PREFIX = "app.outbox"
 SHIPPING = OutboxTable(schema="shipping", table="events", preset="debezium")

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.helpers import run_cli
 from tests.integration.test_bootstrap_cli import flags, publication_row, query
+from tests.support.helpers import run_cli
 
 BILLING = {"schema": "billing", "table": "events"}
 PUBLIC = {"schema": "public", "table": "outbox"}
@@ -216,8 +216,8 @@ def test_metrics_and_lag_show_each_outbox_table(pg_dsn: str) -> None:
     from cdc_outbox.config.settings import Settings
     from cdc_outbox.monitoring import start_monitoring
     from cdc_outbox.telemetry.relay_stats import RelayStats
-    from tests.helpers import wait_until
     from tests.integration.test_monitoring import free_port, scrape
+    from tests.support.helpers import wait_until
 
     entries = [PUBLIC, BILLING]
     settings = Settings.model_validate(

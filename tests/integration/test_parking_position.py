@@ -17,8 +17,8 @@ import pytest
 
 from cdc_outbox.store.failed_rows import FailedRows
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
-from tests.relay_support import init_for_catch_up, init_outbox, relay_settings, service_thread
+from tests.support.helpers import wait_until
+from tests.support.relay import init_for_catch_up, init_outbox, relay_settings, service_thread
 
 COMMITTED = {"isolation.level": "read_committed"}
 

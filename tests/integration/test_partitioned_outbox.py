@@ -20,8 +20,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
-from tests.relay_support import outbox_statuses, relay_settings, service_thread
+from tests.support.helpers import wait_until
+from tests.support.relay import outbox_statuses, relay_settings, service_thread
 
 # (phase, aggregate type, events): each write_orders call numbers its aggregates' events
 # from 1, so each phase uses its own aggregate type (own aggregates, own topic).

@@ -11,8 +11,8 @@ import psycopg
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
-from tests.relay_support import relay_settings, running
+from tests.support.helpers import wait_until
+from tests.support.relay import relay_settings, running
 
 HOT_QUEUE = 3_000
 OTHERS, PER_OTHER = 50, 4

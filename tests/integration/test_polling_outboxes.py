@@ -12,8 +12,8 @@ from psycopg import sql
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.store import schema
-from tests.helpers import consume_all, wait_until
-from tests.relay_support import running
+from tests.support.helpers import consume_all, wait_until
+from tests.support.relay import running
 
 BATCH = 40
 BACKLOG = 800  # table A: 80 aggregates x 10 events

@@ -13,8 +13,8 @@ import pytest
 
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records, read_topics
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     current_wal_lsn,
     init_outbox,
     outbox_statuses,

@@ -39,8 +39,8 @@ from cdc_outbox.store import db_pool
 from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     RelayProcess,
     all_relayed,
     init_outbox,

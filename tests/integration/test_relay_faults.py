@@ -1,5 +1,5 @@
 """Faults really caused: broker stopped, relay kill -9, SIGTERM, a huge transaction. The two
-kill -9 tests run over the mix of outboxes (tests/outbox_mix.py)."""
+kill -9 tests run over the mix of outboxes (tests/support/outbox_mix.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import psycopg
 
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import vm_hwm_kb, wait_until
-from tests.mix_tally import mix_tally
-from tests.outbox_mix import (
+from tests.support.helpers import vm_hwm_kb, wait_until
+from tests.support.mix_tally import mix_tally
+from tests.support.outbox_mix import (
     WINDOW_COUNTS,
     MixSpec,
     init_mix,
@@ -22,7 +22,7 @@ from tests.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.relay_support import (
+from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
     current_wal_lsn,
@@ -105,7 +105,7 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
 ) -> None:
     """If the slot had been confirmed past an unacknowledged event, killing the relay while
     the broker is down would lose that event for good; the final tally shows none missing, in
-    any stream of the mix of outboxes (tests/outbox_mix.py)."""
+    any stream of the mix of outboxes (tests/support/outbox_mix.py)."""
     settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     init_mix(settings)
     spec = MixSpec(events=4_000, writers=2, aggregates=40, txn_sizes=(1, 25), rate=800)
@@ -141,7 +141,7 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
 def test_relay_killed_at_random_points_loses_nothing(
     pg_dsn: str, kafka_broker, kafka_topic_prefix: str
 ) -> None:
-    """kill -9 five times under load over the mix of outboxes (tests/outbox_mix.py): per
+    """kill -9 five times under load over the mix of outboxes (tests/support/outbox_mix.py): per
     stream 0 lost and per-aggregate order kept, every delivered row marked, and duplicates
     only from the unconfirmed window."""
     settings = mix_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)

@@ -10,8 +10,8 @@ from confluent_kafka import Producer
 
 from cdc_outbox.kafka.checkpoints import Checkpoint
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import wait_until
-from tests.relay_support import init_outbox, outbox_statuses, relay_settings, relay_thread
+from tests.support.helpers import wait_until
+from tests.support.relay import init_outbox, outbox_statuses, relay_settings, relay_thread
 
 COMMITTED = {"isolation.level": "read_committed"}
 

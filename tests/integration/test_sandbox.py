@@ -18,7 +18,7 @@ from cdc_outbox_dev.cli import sandbox_app
 from cdc_outbox_dev.sandbox.kafka import LocalKafka, api_versions_ok
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from cdc_outbox_dev.sandbox.registry import LocalRegistry
-from tests.helpers import consume_all, wait_until
+from tests.support.helpers import consume_all, wait_until
 
 
 def produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:

@@ -3,7 +3,7 @@
 The standby publishes nothing while the leader runs (0 duplicates without faults); when the
 leader is killed the standby takes over within 10 s, nothing is lost, order is kept, and no
 instance ever drops the slot the other streams from. Over the mix of outboxes
-(tests/outbox_mix.py): every stream checked on its own, every delivered row marked.
+(tests/support/outbox_mix.py): every stream checked on its own, every delivered row marked.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 import psycopg
 
 from cdc_outbox.admin import lifecycle
-from tests.helpers import wait_until
-from tests.mix_tally import mix_tally
-from tests.outbox_mix import (
+from tests.support.helpers import wait_until
+from tests.support.mix_tally import mix_tally
+from tests.support.outbox_mix import (
     WINDOW_COUNTS,
     MixReport,
     MixSpec,
@@ -27,7 +27,7 @@ from tests.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.relay_support import (
+from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
     relay_phase,

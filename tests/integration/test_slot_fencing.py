@@ -11,8 +11,8 @@ import pytest
 from cdc_outbox.service.housekeeping import drop_slot_quietly
 from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store.relay_state import NotLeader, Phase
-from tests.helpers import wait_until
-from tests.relay_support import init_for_catch_up, init_outbox, relay_settings
+from tests.support.helpers import wait_until
+from tests.support.relay import init_for_catch_up, init_outbox, relay_settings
 
 
 def _slot_exists(dsn: str, slot: str) -> bool:

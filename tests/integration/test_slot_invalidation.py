@@ -29,8 +29,8 @@ from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox import standby as sb
 from cdc_outbox_dev.sandbox._pg_os import find_bindir
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.helpers import run_cli, wait_until
-from tests.relay_support import (
+from tests.support.helpers import run_cli, wait_until
+from tests.support.relay import (
     RelayProcess,
     all_relayed,
     init_outbox,

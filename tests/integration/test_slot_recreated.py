@@ -19,8 +19,8 @@ import pytest
 
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox_dev import workload
-from tests.helpers import wait_until
-from tests.relay_support import (
+from tests.support.helpers import wait_until
+from tests.support.relay import (
     all_relayed,
     init_outbox,
     outbox_statuses,

@@ -17,8 +17,8 @@ from cdc_outbox.admin import lifecycle
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL
 from cdc_outbox.writer import write_event, write_event_async, write_event_sqlalchemy
 from cdc_outbox_dev.readback import read_topics
-from tests.helpers import ConsumedMessage, consume_all, wait_until
-from tests.relay_support import (
+from tests.support.helpers import ConsumedMessage, consume_all, wait_until
+from tests.support.relay import (
     RelayProcess,
     init_outbox,
     outbox_statuses,

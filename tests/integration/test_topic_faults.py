@@ -20,8 +20,8 @@ from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.readback import count_records, read_topics
-from tests.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
-from tests.relay_support import (
+from tests.support.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
+from tests.support.relay import (
     RelayProcess,
     current_wal_lsn,
     init_outbox,

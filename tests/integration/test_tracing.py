@@ -25,8 +25,8 @@ from psycopg_pool import ConnectionPool
 
 from cdc_outbox.consumer import ConsumerSettings, Event, IdempotentConsumer
 from cdc_outbox.writer import OutboxTable, write_event
-from tests.helpers import wait_until
-from tests.relay_support import init_outbox, relay_settings, running, service_thread
+from tests.support.helpers import wait_until
+from tests.support.relay import init_outbox, relay_settings, running, service_thread
 
 COLUMN = "tracingspancontext"
 

@@ -5,7 +5,7 @@ a DBA) several times under load while the relay holds an open Kafka transaction 
 are acknowledged but not committed. The relay aborts that transaction and must re-stream from
 the last Kafka commit, not from what was acknowledged: a re-stream from the acknowledged
 position skipped the aborted transactions' PostgreSQL transactions (33 events lost, 115 rows
-left PENDING in the audit that found it). Over the mix of outboxes (tests/outbox_mix.py):
+left PENDING in the audit that found it). Over the mix of outboxes (tests/support/outbox_mix.py):
 every stream checked on its own, every delivered row marked.
 """
 
@@ -18,11 +18,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import wait_until
 from tests.integration.test_exactly_once import _wait_relayed
-from tests.mix_tally import mix_tally
-from tests.outbox_mix import MixSpec, init_mix, marked, mix_settings, mix_writers_thread, unmarked
-from tests.relay_support import RelayProcess, outbox_statuses, slot_holder
+from tests.support.helpers import wait_until
+from tests.support.mix_tally import mix_tally
+from tests.support.outbox_mix import (
+    MixSpec,
+    init_mix,
+    marked,
+    mix_settings,
+    mix_writers_thread,
+    unmarked,
+)
+from tests.support.relay import RelayProcess, outbox_statuses, slot_holder
 
 _DROPS = 4
 

@@ -23,7 +23,7 @@ import pytest
 from cdc_outbox import __version__
 from cdc_outbox_dev.readback import count_records
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 #: Working-tree entries that are not source: never copied into the build tree.

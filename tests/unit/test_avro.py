@@ -31,7 +31,7 @@ from cdc_outbox.avro.wire import (
 from cdc_outbox.config.settings import load_settings
 from cdc_outbox.delivery.policy import FailureAction, on_encode_failure
 from cdc_outbox.errors import ConfigError
-from tests.helpers import RecordingHandle
+from tests.support.helpers import RecordingHandle
 
 SCHEMA = parse(
     json.dumps(

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from cdc_outbox.cdc import catch_up
 from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config.settings import Settings
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 class _Rows:

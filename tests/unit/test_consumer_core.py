@@ -24,6 +24,7 @@ from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.consumer import RawRecord
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cdc_outbox"
+NOOP = "tests.support.consumer_handlers:noop"
 
 
 def _record(**kw: object) -> RawRecord:
@@ -111,13 +112,13 @@ def test_backoff_doubles_and_is_capped() -> None:
 
 
 def test_handler_loading_errors_are_one_line() -> None:
-    assert load_handler("tests.consumer_handlers:noop").__name__ == "noop"
+    assert load_handler("tests.support.consumer_handlers:noop").__name__ == "noop"
     for spec, fragment in [
         ("no_colon", "must look like"),
         ("tests.nope_missing:f", "cannot import"),
-        ("tests.consumer_handlers:missing", "has no attribute"),
-        ("tests.consumer_support:EVENTS_NOT_THERE", "has no attribute"),
-        ("tests.consumer_support:APPLIED_DDL", "not callable"),
+        ("tests.support.consumer_handlers:missing", "has no attribute"),
+        ("tests.support.consumer:EVENTS_NOT_THERE", "has no attribute"),
+        ("tests.support.consumer:APPLIED_DDL", "not callable"),
     ]:
         with pytest.raises(ConfigError, match=fragment):
             load_handler(spec)
@@ -158,15 +159,15 @@ def test_make_event_is_the_frozen_event() -> None:
 
 
 def test_consume_command_bad_input_is_one_line_and_exit_2() -> None:
-    from tests.helpers import run_cli
+    from tests.support.helpers import run_cli
 
     for args, fragment in [
-        (("--handler", "tests.consumer_handlers:missing"), "has no attribute 'missing'"),
-        (("--handler", "tests.consumer_handlers:noop", "--kafka-config", "novalue"),
+        (("--handler", "tests.support.consumer_handlers:missing"), "has no attribute 'missing'"),
+        (("--handler", "tests.support.consumer_handlers:noop", "--kafka-config", "novalue"),
          "must look like KEY=VALUE"),
-        (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--max-attempts", "0"),
+        (("--handler", NOOP, "--group", "g", "--max-attempts", "0"),
          "consumer: max_attempts"),
-        (("--handler", "tests.consumer_handlers:noop", "--group", "g", "--value-format", "avro"),
+        (("--handler", NOOP, "--group", "g", "--value-format", "avro"),
          "consumer: value_format 'avro' needs schema_registry.url"),
     ]:  # fmt: skip
         out = run_cli("consume", *args, dsn="host=127.0.0.1 port=1 password=s3cret")

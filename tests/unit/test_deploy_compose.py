@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from cdc_outbox.errors import ConfigError
-from tests.deploy_support import DOCKER, image_env, relay_env, settings_of
+from tests.support.deploy import DOCKER, image_env, relay_env, settings_of
 
 COMPOSE = DOCKER / "compose.yaml"
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from cdc_outbox.errors import ConfigError
-from tests.deploy_support import DOCKER, DUMMY_DSN, ROOT, image_env, settings_of
+from tests.support.deploy import DOCKER, DUMMY_DSN, ROOT, image_env, settings_of
 
 K8S = DOCKER / "k8s"
 VALIDATOR = K8S / "validate"

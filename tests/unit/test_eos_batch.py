@@ -271,7 +271,7 @@ def test_model_every_transaction_lands_whole_in_one_commit_in_order(
 
 def test_the_slot_is_never_confirmed_past_the_kafka_commit() -> None:
     from cdc_outbox.cdc.ledger import Ledger
-    from tests.helpers import recording_checkpointer
+    from tests.support.helpers import recording_checkpointer
 
     batch = EosBatch(0.1, 10, committed_lsn=100)
     ledger = Ledger(batch)

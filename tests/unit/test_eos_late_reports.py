@@ -18,7 +18,7 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.records import OutboxRecord
 from cdc_outbox.telemetry.relay_stats import RelayStats
-from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient
+from tests.support.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient
 
 TOPIC = "t.event.orders"
 _TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

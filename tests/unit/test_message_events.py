@@ -21,7 +21,7 @@ from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.mapping.rows import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS, OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.writer import EMIT_SQL, OutboxTable, OutboxWriteError, prepare_message
-from tests.helpers import lead_through_failing_streams
+from tests.support.helpers import lead_through_failing_streams
 
 
 def test_message_prefix_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,11 +1,11 @@
-"""The mix's checker (tests/mix_tally.py) catches each fault per stream: a fault test over the
-mix is only as strict as this."""
+"""The mix's checker (tests/support/mix_tally.py) catches each fault per stream: a fault test
+over the mix is only as strict as this."""
 
 from __future__ import annotations
 
 from cdc_outbox_dev.readback import ConsumedRecord
-from tests.mix_tally import LedgerEvent, tally_mix
-from tests.outbox_mix import DEBEZIUM_ROWS, DEFAULT_ROWS, MESSAGES
+from tests.support.mix_tally import LedgerEvent, tally_mix
+from tests.support.outbox_mix import DEBEZIUM_ROWS, DEFAULT_ROWS, MESSAGES
 
 P = "t"
 

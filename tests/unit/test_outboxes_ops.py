@@ -10,7 +10,7 @@ import pytest
 from cdc_outbox.admin.preflight import polling_fallback_blocked
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.polling.rows import batch_shares
-from tests.helpers import lead_through_failing_streams
+from tests.support.helpers import lead_through_failing_streams
 
 DEFAULT = {"schema": "public", "table": "outbox"}
 DEBEZIUM = {"schema": "cdc", "table": "raw", "columns": {"preset": "debezium"},

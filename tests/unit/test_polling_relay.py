@@ -20,7 +20,7 @@ from cdc_outbox.errors import ConfigError
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, backoff_delay
 from cdc_outbox.polling.relay import PollingRelay, _Row
 from cdc_outbox.store.polling_sql import advisory_namespace, build, gap_free
-from tests.fakes.kafka import FakeCluster
+from tests.support.fakes.kafka import FakeCluster
 
 
 @given(
@@ -102,7 +102,7 @@ def test_sql_quotes_configured_names() -> None:
     assert '"App"."OutBox"' in text and '"aggId"' in text
 
 
-# -- one batch against an in-memory Kafka (tests/fakes/kafka.py) ------------------------------
+# -- one batch against an in-memory Kafka (tests/support/fakes/kafka.py) ----------------------
 
 
 def _relay_on(cluster: FakeCluster, **values: object) -> PollingRelay:

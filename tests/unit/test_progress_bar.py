@@ -17,7 +17,7 @@ from cdc_outbox.cli import common
 from cdc_outbox.cli.progress_bar import catch_up_bar, render
 from cdc_outbox.telemetry.progress import Progress
 from cdc_outbox.telemetry.relay_stats import RelayStats
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -16,7 +16,7 @@ from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.inspection import ColumnType
 from cdc_outbox.store.published_marks import marks_statement as _statement
-from tests.helpers import recording_checkpointer
+from tests.support.helpers import recording_checkpointer
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")
 TEXT = ColumnType("text", "pg_catalog", "text")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.fakes.kafka import Record
+from tests.support.fakes.kafka import Record
 from tests.unit.test_relay_restarts import (
     POISON,
     Harness,

@@ -18,9 +18,9 @@ from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.relay_state import KeepOutcome
-from tests.fakes.kafka import FakeCheckpoints, Record
-from tests.fakes.replication import FakeMarks
-from tests.helpers import wait_until
+from tests.support.fakes.kafka import FakeCheckpoints, Record
+from tests.support.fakes.replication import FakeMarks
+from tests.support.helpers import wait_until
 from tests.unit.test_relay_restarts import CHECKPOINTS, Harness
 
 ORDERS = "t.event.orders."  # public.outbox, the default layout

@@ -33,10 +33,10 @@ from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.relay_state import KeepOutcome, NotLeader
-from tests.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient, Record
-from tests.fakes.outbox import FakeOutbox
-from tests.fakes.replication import FakeMarks, FakePostgres, FakeStream
-from tests.helpers import wait_until
+from tests.support.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient, Record
+from tests.support.fakes.outbox import FakeOutbox
+from tests.support.fakes.replication import FakeMarks, FakePostgres, FakeStream
+from tests.support.helpers import wait_until
 
 PREFIX = "t.event"
 CHECKPOINTS = "t.checkpoints"

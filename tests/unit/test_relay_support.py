@@ -7,7 +7,7 @@ import os
 import pytest
 
 from cdc_outbox.config.settings import Settings, load_settings
-from tests.relay_support import relay_settings, settings_env
+from tests.support.relay import relay_settings, settings_env
 
 DSN = "host=db.example user=app password=pw dbname=shop"
 

@@ -1,4 +1,4 @@
-"""Handlers run by ``cdc-outbox consume --handler tests.consumer_handlers:<name>`` in tests."""
+"""Handlers run by ``cdc-outbox consume --handler tests.support.consumer_handlers:<name>``."""
 
 from __future__ import annotations
 

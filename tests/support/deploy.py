@@ -14,7 +14,7 @@ from dockerfile_parse import DockerfileParser
 
 from cdc_outbox.config.settings import ENV_PREFIX, Settings, load_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 #: A DSN for variables whose real value comes from a secret the test cannot see.
 DUMMY_DSN = "host=db.invalid dbname=dummy user=dummy"

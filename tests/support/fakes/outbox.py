@@ -1,7 +1,7 @@
 """The outbox table's FAILED rows, in memory: what the relay's delivery marks and reads
 (:class:`~cdc_outbox.store.failed_rows.FailedRowsStore`, and the ``parked`` port).
 
-Model: the events of a :class:`~tests.fakes.replication.FakePostgres` (its current history,
+Model: the events of a :class:`~tests.support.fakes.replication.FakePostgres` (its current history,
 asked each time: a failover swaps it) are the rows, PENDING unless marked; an aggregate's
 order is its events' ``seq`` (as ``created_at`` orders them in the table). A row
 dead-lettered again keeps its first reason, as the real UPDATE does.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tests.fakes.replication import Event, FakePostgres
+from tests.support.fakes.replication import Event, FakePostgres
 
 
 @dataclass

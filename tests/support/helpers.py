@@ -1,7 +1,8 @@
 """Test helpers shared by all tests: condition waits, reading Kafka topics back, and the topic /
 ACL changes that cause Kafka faults on the ``kafka_strict_broker`` (docs/kafka-faults.md).
 
-Fixtures live in tests/conftest.py; plain functions live here (``from tests.helpers import ...``).
+Fixtures live in tests/conftest.py; plain functions live here
+(``from tests.support.helpers import ...``).
 """
 
 from __future__ import annotations

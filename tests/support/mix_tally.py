@@ -1,4 +1,4 @@
-"""Checking the mix of outboxes (tests/outbox_mix.py) against Kafka: the ledger of committed
+"""Checking the mix of outboxes (tests/support/outbox_mix.py) against Kafka: the ledger of committed
 events, per stream, against every topic of the mix, and the table-less events a lost slot may
 lose (docs/outboxes.md: no catch-up for them).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
-from tests.outbox_mix import DEBEZIUM_ROWS, DEFAULT_ROWS, MESSAGES, STREAMS
+from tests.support.outbox_mix import DEBEZIUM_ROWS, DEFAULT_ROWS, MESSAGES, STREAMS
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ aggregate ids in each) and, in the same transaction, one row per event in the le
 WAL insert position when it was written, before its commit): the
 ledger is what was committed, whatever the relay deleted (Debezium rows) or never stored (a
 message), and a failover loses a ledger row exactly when it loses the event.
-:func:`tests.mix_tally.mix_tally` checks every topic against the ledger per stream;
+:func:`tests.support.mix_tally.mix_tally` checks every topic against the ledger per stream;
 :func:`unmarked` lists delivered rows whose mark is missing (``public.outbox`` not
 PUBLISHED, ``shipping.events`` still there).
 """
@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.writer import OutboxTable, write_event
 from cdc_outbox_dev.workload import reconnect
-from tests.relay_support import init_outbox, leave_for_catch_up, relay_settings
+from tests.support.relay import init_outbox, leave_for_catch_up, relay_settings
 
 LEDGER = "mix_ledger"
 MESSAGE_PREFIX = "mix.outbox"
@@ -68,7 +68,7 @@ def mix_outboxes(prefix: str) -> list[dict[str, Any]]:
 
 
 def mix_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: Any) -> Settings:
-    """:func:`~tests.relay_support.relay_settings` over the mix: both outboxes and
+    """:func:`~tests.support.relay.relay_settings` over the mix: both outboxes and
     ``message_prefix``."""
     return relay_settings(
         dsn,
@@ -303,7 +303,7 @@ def committed_events(dsn: str, *, rows_only: bool = False) -> int:
     return int(row[0])
 
 
-#: The query :class:`~tests.relay_support.UnconfirmedWindow` samples over the mix: every
+#: The query :class:`~tests.support.relay.UnconfirmedWindow` samples over the mix: every
 #: committed event, and the rows not yet marked (what a catch-up may send again).
 WINDOW_COUNTS = sql.SQL(
     "(SELECT count(*) FROM mix_ledger),"

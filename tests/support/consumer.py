@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import psycopg
 from confluent_kafka import Producer
 
-from tests.helpers import create_topic, wait_until
-from tests.relay_support import ChildProcess
+from tests.support.helpers import create_topic, wait_until
+from tests.support.relay import ChildProcess
 
-#: What the handlers in tests/consumer_handlers.py write: one row per application.
+#: What the handlers in tests/support/consumer_handlers.py write: one row per application.
 APPLIED_DDL = """
 CREATE TABLE IF NOT EXISTS applied (
     seq bigserial PRIMARY KEY,

@@ -26,7 +26,7 @@ from cdc_outbox.lsn import Lsn
 from cdc_outbox.service.relay_service import Service
 from cdc_outbox_dev import workload
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def relay_settings(dsn: str, bootstrap_servers: str, prefix: str, **overrides: Any) -> Settings:
@@ -303,7 +303,7 @@ def wait_streamed_past_now(
     """Wait until the phase is STREAMING (unless ``phase`` is false: a bare Relay) and the
     slot is confirmed past the WAL end as of now (every transaction committed before this
     call was relayed)."""
-    from tests.helpers import wait_until
+    from tests.support.helpers import wait_until
 
     target = current_wal_lsn(dsn)
 
@@ -381,8 +381,8 @@ class UnconfirmedWindow:
     back in that window until Kafka acknowledges it), or, while catching up or polling (or
     with no slot), rows not yet PUBLISHED, at most what a redone catch-up may re-send
     (``2 * UNMARKED_WINDOW + 1000``). ``counts``: SQL of (committed events, rows not marked);
-    default: the ``outbox`` table's rows and those not PUBLISHED (tests/outbox_mix.py has the
-    mix's)."""
+    default: the ``outbox`` table's rows and those not PUBLISHED (tests/support/outbox_mix.py
+    has the mix's)."""
 
     def __init__(self, dsn: str, slot: str, counts: sql.Composable | None = None) -> None:
         self.dsn, self.slot = dsn, slot

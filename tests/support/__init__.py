@@ -1,0 +1,1 @@
+"""Shared test helpers: the only test code other test modules import."""
