@@ -8,7 +8,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,6 +16,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.pq.abc import PGconn as PGconnType
 
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
+from tests.support.catalog import flags, publication_row, query, slot_row
 from tests.support.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,13 +28,6 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
-
-
-def query(dsn: str, text: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Run ``text`` (several statements allowed without params); rows of the last one."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(text, params or None)
-        return cur.fetchall() if cur.description is not None else []
 
 
 @pytest.fixture
@@ -62,30 +55,6 @@ def names(pg_dsn: str) -> Iterator[dict[str, str]]:
             " WHERE slot_name = %s",
             (got["slot"],),
         )
-
-
-def flags(names: dict[str, str]) -> list[str]:
-    return ["--slot", names["slot"], "--publication", names["publication"]]
-
-
-def slot_row(dsn: str, slot: str) -> list[tuple[Any, ...]]:
-    return query(
-        dsn,
-        "SELECT slot_name, plugin, database, restart_lsn::text, confirmed_flush_lsn::text,"
-        " catalog_xmin::text FROM pg_replication_slots WHERE slot_name = %s",
-        (slot,),
-    )
-
-
-def publication_row(dsn: str, pub: str) -> list[tuple[Any, ...]]:
-    return query(
-        dsn,
-        "SELECT p.oid, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,"
-        " array_agg(t.schemaname || '.' || t.tablename)"
-        " FROM pg_publication p LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname"
-        " WHERE p.pubname = %s GROUP BY 1, 2, 3, 4, 5",
-        (pub,),
-    )
 
 
 def table_exists(dsn: str) -> bool:

@@ -13,15 +13,9 @@ from html.parser import HTMLParser
 from typing import Any
 
 from cdc_outbox.lsn import Lsn
-from tests.integration.test_monitoring import (
-    lag_json,
-    load_thread,
-    monitored_settings,
-    scrape,
-    service_thread,
-)
 from tests.support.helpers import wait_until
-from tests.support.relay import ARTIFACTS, init_outbox
+from tests.support.monitoring import lag_json, load_thread, monitored_settings, scrape
+from tests.support.relay import ARTIFACTS, init_outbox, service_thread
 
 MIB = 2**20
 CHROMIUM_FLAGS = (

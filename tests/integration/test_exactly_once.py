@@ -18,6 +18,7 @@ import pytest
 from cdc_outbox.kafka import checkpoints
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
+from tests.support.eos import COMMITTED, UNCOMMITTED, tally
 from tests.support.helpers import run_cli, vm_hwm_kb, wait_until
 from tests.support.mix_tally import messages_before_slot, mix_tally
 from tests.support.outbox_mix import (
@@ -28,6 +29,7 @@ from tests.support.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
+from tests.support.progress import wait_relayed
 from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
@@ -40,11 +42,7 @@ from tests.support.relay import (
     service_thread,
     slot_holder,
     slot_position,
-    wait_streamed_past_now,
 )
-
-COMMITTED = {"isolation.level": "read_committed"}
-UNCOMMITTED = {"isolation.level": "read_uncommitted"}
 
 
 def eos_settings(pg_dsn: str, kafka_broker: Any, prefix: str, **overrides: Any) -> Any:
@@ -69,14 +67,6 @@ def _writer(dsn: str, settings: Any, spec: workload.WorkloadSpec) -> threading.T
     return thread
 
 
-def _tally(dsn: str, settings: Any, bootstrap: str, prefix: str, config: dict[str, str]) -> Any:
-    expected = workload.stored_events(dsn, columns=settings.column_names())
-    records = read_topics(bootstrap, f"{prefix}.event.", timeout=120, extra_config=config)
-    verdict = workload.tally(expected, records)
-    print(f"{config['isolation.level']}: {verdict.summary()}")
-    return verdict
-
-
 def _wait_streaming(dsn: str, settings: Any, relay: RelayProcess, timeout: float = 60) -> None:
     wait_until(
         lambda: relay_phase(dsn, settings.slot_name)[0] == "STREAMING",
@@ -98,23 +88,11 @@ def _committed_exactly_once(
     dsn: str, settings: Any, bootstrap: str, prefix: str, total: int
 ) -> Any:
     """The read_committed tally, checked: ``total`` events expected, each received once."""
-    committed = _tally(dsn, settings, bootstrap, prefix, COMMITTED)
+    committed = tally(dsn, settings, bootstrap, prefix, COMMITTED)
     assert committed.ok, committed.summary()
     assert committed.expected == total
     assert committed.duplicates == 0 and committed.received == total
     return committed
-
-
-def _wait_relayed(dsn: str, settings: Any, relay: RelayProcess | None, timeout: float) -> None:
-    """Every transaction committed so far is relayed: the phase is STREAMING (for a process)
-    and the slot is confirmed past the WAL end as of now."""
-    wait_streamed_past_now(
-        dsn,
-        settings.slot_name,
-        timeout,
-        message=lambda: relay.log_tail() if relay else "",
-        phase=relay is not None,
-    )
 
 
 def test_streaming_in_kafka_transactions_with_checkpoints(
@@ -126,7 +104,7 @@ def test_streaming_in_kafka_transactions_with_checkpoints(
     spec = workload.WorkloadSpec(events=2_000, writers=2, aggregates=40, txn_sizes=(1, 10, 100))
     with relay_thread(settings) as relay:
         _writer(pg_dsn, settings, spec).join()
-        _wait_relayed(pg_dsn, settings, None, 60)
+        wait_relayed(pg_dsn, settings, None, 60)
         assert relay.stats.eos_commits > 0
         assert relay.stats.delivery_guarantee == "exactly_once"
         assert relay.eos is not None
@@ -139,7 +117,7 @@ def test_streaming_in_kafka_transactions_with_checkpoints(
     confirmed, _ = slot_position(pg_dsn, settings.slot_name)
     assert int(confirmed) >= last.end_lsn  # the slot is confirmed up to the Kafka commit
     bootstrap = kafka_broker.bootstrap_servers
-    verdict = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
+    verdict = tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
     assert verdict.ok and verdict.duplicates == 0 and verdict.expected == 2_000
     # `status` shows the configured and the effective guarantee; polling is at-least-once.
     env = {"CDC_OUTBOX_DELIVERY": "exactly_once"}
@@ -180,15 +158,13 @@ def test_a_kafka_transaction_never_holds_more_than_max_events_of_whole_transacti
     spec = workload.WorkloadSpec(events=3_000, writers=1, aggregates=30, txn_sizes=(1,))
     workload.write_orders(pg_dsn, spec, columns=settings.column_names())  # waits in the slot
     with service_thread(settings) as service:
-        _wait_relayed(pg_dsn, settings, None, 90)
+        wait_relayed(pg_dsn, settings, None, 90)
         commits = service.stats.eos_commits
     # 1-row transactions: every Kafka transaction holds exactly max_events (100) events
     # but the last; a turn-bound commit would hold about 667 (2,000 frames of B, I, C): about
     # 5 commits, plus one per 5 s interval (the last, partial one commits on the interval).
     assert commits >= 3_000 // 100, commits
-    verdict = _tally(
-        pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix, COMMITTED
-    )
+    verdict = tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix, COMMITTED)
     assert verdict.ok and verdict.duplicates == 0 and verdict.expected == 3_000, verdict.summary()
 
 
@@ -255,7 +231,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
         writers.join()
         relay = RelayProcess(settings, "eos-kill-final")
         relay.start()
-        _wait_relayed(pg_dsn, settings, relay, 180)
+        wait_relayed(pg_dsn, settings, relay, 180)
         with contextlib.suppress(AssertionError):  # asserted below, after the tally
             wait_until(lambda: not unmarked(pg_dsn), timeout=30)
     finally:
@@ -342,7 +318,7 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
             message=zombie.log_tail,
         )
         writers.join(300)
-        _wait_relayed(pg_dsn, settings, heir, 180)
+        wait_relayed(pg_dsn, settings, heir, 180)
         # The woken zombie stands by (it never re-registers the transactional.id as a
         # non-leader, which would fence the heir).
         assert zombie.alive and "Traceback" not in zombie.log_tail(200_000), zombie.log_tail()
@@ -356,7 +332,7 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
             writers.join(300)
     bootstrap = kafka_broker.bootstrap_servers
     committed = _committed_exactly_once(pg_dsn, settings, bootstrap, kafka_topic_prefix, 6_000)
-    uncommitted = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
+    uncommitted = tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, UNCOMMITTED)
     assert uncommitted.received > committed.received  # the zombie's aborted records
 
 
@@ -399,7 +375,7 @@ def test_broker_and_postgres_restarts_mid_load(
         pg_server.start()
         print("PostgreSQL crashed and restarted")
         writers.join(300)
-        _wait_relayed(pg_dsn, settings, relay, 240)
+        wait_relayed(pg_dsn, settings, relay, 240)
         assert relay.alive, relay.log_tail()
         with contextlib.suppress(AssertionError):  # asserted below, after the tally
             wait_until(lambda: not unmarked(pg_dsn), timeout=30)
@@ -439,7 +415,7 @@ def test_a_200k_row_transaction_exactly_once_with_bounded_memory(
         assert relay.proc is not None
         baseline_kb = vm_hwm_kb(relay.proc.pid)
         insert_bulk_transaction(pg_dsn, 200_000)
-        _wait_relayed(pg_dsn, settings, relay, 300)
+        wait_relayed(pg_dsn, settings, relay, 300)
         peak_kb = vm_hwm_kb(relay.proc.pid)
     finally:
         relay.stop_quietly()
@@ -490,7 +466,7 @@ def test_dead_letters_are_exactly_once_and_a_broker_rejection_aborts_first(
         conn.commit()
         later = insert(conn, "agg-1", '{"n": 3}')
         conn.commit()
-        _wait_relayed(pg_dsn, settings, None, 90)
+        wait_relayed(pg_dsn, settings, None, 90)
         stats = relay.stats
         assert stats.eos_aborts >= 1 and stats.order_broken == 0
     with psycopg.connect(pg_dsn) as conn:
@@ -540,7 +516,7 @@ def test_sigterm_commits_the_open_kafka_transaction_and_confirms_it(
     finally:
         relay.stop_quietly()
     bootstrap = kafka_broker.bootstrap_servers
-    committed = _tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
+    committed = tally(pg_dsn, settings, bootstrap, kafka_topic_prefix, COMMITTED)
     assert committed.ok and committed.duplicates == 0 and committed.received == 1_000
     # The final commit's checkpoint covers the last transaction; the slot was confirmed to it.
     from cdc_outbox.cdc.replication_stream import ReplicationStream
@@ -632,7 +608,7 @@ def test_a_dead_letter_whose_transaction_aborted_is_dead_lettered_again_once(
     relay = RelayProcess(settings, "eos-dlq-again")
     relay.start()
     try:
-        _wait_relayed(pg_dsn, settings, relay, 90)
+        wait_relayed(pg_dsn, settings, relay, 90)
     finally:
         relay.stop_quietly()
     bootstrap = kafka_broker.bootstrap_servers

@@ -26,10 +26,11 @@ import pytest
 
 from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
-from tests.integration.test_exactly_once import COMMITTED, _tally, _wait_relayed
-from tests.integration.test_monitoring import free_port, scrape
-from tests.integration.test_walsender_drops import _terminate_walsender, relay_events_marked
+from cdc_outbox_dev.sandbox._proc import free_port
+from tests.support.eos import COMMITTED, tally
 from tests.support.helpers import wait_until
+from tests.support.monitoring import scrape
+from tests.support.progress import relay_events_marked, terminate_walsender, wait_relayed
 from tests.support.relay import (
     RelayProcess,
     init_outbox,
@@ -81,7 +82,7 @@ class _Run:
         slot = self.settings.slot_name
         wait_until(lambda: slot_holder(self.dsn, slot) is not None, 60, message=self.relay.log_tail)
         before = self._aborted()
-        pid = _terminate_walsender(self.dsn, slot, self.relay)
+        pid = terminate_walsender(self.dsn, slot, self.relay)
         wait_until(
             lambda: slot_holder(self.dsn, slot) not in (None, pid),
             timeout=60,
@@ -151,7 +152,7 @@ def test_walsender_drops_relay_kills_and_a_broker_kill_in_one_run(
         stop.set()
         writers.join(120)
         assert reports, "writers failed"
-        _wait_relayed(pg_dsn, settings, run.relay, 180)
+        wait_relayed(pg_dsn, settings, run.relay, 180)
         with contextlib.suppress(AssertionError):  # counted and asserted below either way
             wait_until(lambda: "PENDING" not in outbox_statuses(pg_dsn), timeout=30)
         assert run.relay.alive, run.relay.log_tail()
@@ -160,9 +161,7 @@ def test_walsender_drops_relay_kills_and_a_broker_kill_in_one_run(
         run.relay.stop_quietly()
         if writers.ident is not None:
             writers.join(120)
-    verdict = _tally(
-        pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix, COMMITTED
-    )
+    verdict = tally(pg_dsn, settings, kafka_broker.bootstrap_servers, kafka_topic_prefix, COMMITTED)
     pending = outbox_statuses(pg_dsn).get("PENDING", 0)
     catch_ups = sum(r.log_tail(10_000_000).count("catch-up needed") for r in run.logs)
     in_txn = f" {run.drops_in_open_txn} of 4 drops during an open Kafka transaction;" if eos else ""

@@ -10,11 +10,12 @@ from typing import Any
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.telemetry.relay_stats import RelayStats
+from cdc_outbox_dev.sandbox._proc import free_port
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
-from tests.integration.test_monitoring import free_port, get, service_thread
 from tests.support.helpers import wait_until
-from tests.support.relay import init_outbox, relay_settings
+from tests.support.http import get
+from tests.support.relay import init_outbox, relay_settings, service_thread
 
 
 def probe(base: str, path: str) -> tuple[int, dict[str, Any]]:

@@ -1,29 +1,18 @@
 """Monitoring of a running relay against the real PostgreSQL and Kafka: the metrics endpoint
-under load, polling figures, `cdc-outbox lag`, the heartbeat with least privilege, failures.
-
-Helpers here (service_thread, load_thread, scrape, run_cli) are shared with the browser test.
-"""
+under load, polling figures, `cdc-outbox lag`, the heartbeat with least privilege, failures
+(helpers in tests/support/monitoring.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
-import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -32,127 +21,20 @@ from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
-from cdc_outbox.service.relay_service import Service
 from cdc_outbox.store import schema
 from cdc_outbox.telemetry.relay_stats import RelayStats
-from cdc_outbox_dev import workload
+from cdc_outbox_dev.sandbox._proc import free_port
 from tests.support.helpers import wait_until
-from tests.support.relay import init_outbox, relay_settings, running
-
-# -- helpers (also used by test_dashboard_browser.py) ----------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def monitored_settings(dsn: str, bootstrap: str, prefix: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "mode": "cdc",
-        "metrics_port": free_port(),
-        "monitor_interval_s": 1.0,
-    }
-    values.update(overrides)
-    return relay_settings(dsn, bootstrap, prefix, **values)
-
-
-@contextmanager
-def service_thread(settings: Settings) -> Iterator[Service]:
-    """``cdc-outbox run`` wiring (relay + monitoring) in a thread, once its endpoint answers."""
-    with running(Service(settings)) as service:
-        wait_until(lambda: _answers(settings), timeout=30, message="endpoint not up")
-        yield service
-
-
-def _answers(settings: Settings) -> bool:
-    try:
-        return get(f"http://127.0.0.1:{settings.metrics_port}/healthz")[0] == 200
-    except OSError:
-        return False
-
-
-@contextmanager
-def load_thread(dsn: str, settings: Settings, rate: float) -> Iterator[workload.WriteReport]:
-    """Orders written at ``rate`` events/s (2 writers) until the block exits."""
-    stop = threading.Event()
-    spec = workload.WorkloadSpec(
-        events=10_000_000, writers=2, aggregates=50, txn_sizes=(1, 5, 20), rate=rate
-    )
-    reports: list[workload.WriteReport] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            reports.append(
-                workload.write_orders(dsn, spec, columns=settings.column_names(), stop=stop)
-            )
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="load", daemon=True)
-    thread.start()
-    report = workload.WriteReport()
-    try:
-        yield report
-    finally:
-        stop.set()
-        thread.join(60)
-    if errors:
-        raise errors[0]
-    if reports:
-        report.committed = reports[0].committed
-
-
-def get(url: str) -> tuple[int, str, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.headers["Content-Type"], response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers["Content-Type"], exc.read()
-
-
-def scrape(settings: Settings) -> dict[str, float]:
-    """``{name{label=value,...}: value}`` from the relay's /metrics."""
-    status, _, body = get(f"http://127.0.0.1:{settings.metrics_port}/metrics")
-    assert status == 200
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return values
-
-
-def api_lag(settings: Settings) -> dict[str, Any]:
-    status, _, body = get(f"http://127.0.0.1:{settings.metrics_port}/api/lag")
-    assert status == 200
-    doc: dict[str, Any] = json.loads(body)
-    return doc
-
-
-def run_cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m cdc_outbox <args>`` configured like ``settings`` (via CDC_OUTBOX_*)."""
-    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_OUTBOX_")}
-    environ.update(
-        CDC_OUTBOX_DSN=settings.postgres_dsn(),
-        CDC_OUTBOX_SLOT_NAME=settings.slot_name,
-        CDC_OUTBOX_MODE=settings.mode,
-        CDC_OUTBOX_METRICS_PORT=str(settings.metrics_port),
-    )
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_outbox", *args],
-        env=environ, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-
-def lag_json(settings: Settings) -> dict[str, Any]:
-    result = run_cli(settings, "lag", "--json")
-    assert result.returncode == 0, result.stderr
-    doc: dict[str, Any] = json.loads(result.stdout)
-    return doc
+from tests.support.http import get
+from tests.support.monitoring import (
+    api_lag,
+    lag_json,
+    load_thread,
+    monitored_settings,
+    run_cli_with,
+    scrape,
+)
+from tests.support.relay import init_outbox, service_thread
 
 
 def insert_event(dsn: str, payload: str | None = '{"n": 1}') -> None:
@@ -299,19 +181,21 @@ def test_polling_figures_and_lag_cli_read_the_outbox(pg_dsn: str) -> None:
     assert doc["slot_lag_bytes"] >= 0 and doc["slot_wal_status"] == "reserved"
     assert doc["relay_error"] is None
     # without the relay: the database figures alone, and a one-line reason
-    alone = run_cli(settings, "lag", "--json", CDC_OUTBOX_METRICS_PORT=str(free_port()))
+    alone = run_cli_with(settings, "lag", "--json", CDC_OUTBOX_METRICS_PORT=str(free_port()))
     assert alone.returncode == 0, alone.stderr
     alone_doc = json.loads(alone.stdout)
     assert alone_doc["relay"] is None and "not reachable" in alone_doc["relay_error"]
     assert alone_doc["polling_pending"] == 3
-    table = run_cli(settings, "lag")
+    table = run_cli_with(settings, "lag")
     assert table.returncode == 0, table.stderr
     assert "slot lag" in table.stdout and "oldest unpublished" in table.stdout
-    watch = run_cli(settings, "lag", "--watch", "--json", "--interval", "0.2", "--iterations", "3")
+    watch = run_cli_with(
+        settings, "lag", "--watch", "--json", "--interval", "0.2", "--iterations", "3"
+    )
     assert watch.returncode == 0, watch.stderr
     lines = [json.loads(line) for line in watch.stdout.splitlines()]
     assert len(lines) == 3 and all(line["polling_pending"] == 3 for line in lines)
-    live = run_cli(settings, "lag", "--watch", "--interval", "0.2", "--iterations", "2")
+    live = run_cli_with(settings, "lag", "--watch", "--interval", "0.2", "--iterations", "2")
     assert live.returncode == 0, live.stderr
     assert "cdc-outbox lag" in live.stdout and "retained WAL" in live.stdout
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.integration.test_bootstrap_cli import flags, publication_row, query
+from tests.support.catalog import flags, publication_row, query
 from tests.support.helpers import run_cli
 
 BILLING = {"schema": "billing", "table": "events"}
@@ -216,8 +216,9 @@ def test_metrics_and_lag_show_each_outbox_table(pg_dsn: str) -> None:
     from cdc_outbox.config.settings import Settings
     from cdc_outbox.monitoring import start_monitoring
     from cdc_outbox.telemetry.relay_stats import RelayStats
-    from tests.integration.test_monitoring import free_port, scrape
+    from cdc_outbox_dev.sandbox._proc import free_port
     from tests.support.helpers import wait_until
+    from tests.support.monitoring import scrape
 
     entries = [PUBLIC, BILLING]
     settings = Settings.model_validate(

@@ -15,10 +15,8 @@ import contextlib
 import threading
 from typing import Any
 
-import psycopg
 import pytest
 
-from tests.integration.test_exactly_once import _wait_relayed
 from tests.support.helpers import wait_until
 from tests.support.mix_tally import mix_tally
 from tests.support.outbox_mix import (
@@ -29,22 +27,10 @@ from tests.support.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.support.relay import RelayProcess, outbox_statuses, slot_holder
+from tests.support.progress import terminate_walsender, wait_relayed
+from tests.support.relay import RelayProcess, slot_holder
 
 _DROPS = 4
-
-
-def _terminate_walsender(dsn: str, slot: str, relay: RelayProcess) -> int:
-    """Terminate the slot's walsender once it streams again; returns its pid."""
-    wait_until(lambda: slot_holder(dsn, slot) is not None, timeout=60, message=relay.log_tail)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT active_pid, pg_terminate_backend(active_pid) FROM pg_replication_slots"
-            " WHERE slot_name = %s AND active",
-            (slot,),
-        ).fetchone()
-    assert row is not None and row[1], "the walsender was not terminated"
-    return int(row[0])
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -85,11 +71,11 @@ def test_walsender_terminated_during_an_open_kafka_transaction_loses_nothing(
                 timeout=60,
                 message=relay.log_tail,
             )
-            pids.append(_terminate_walsender(pg_dsn, slot, relay))
+            pids.append(terminate_walsender(pg_dsn, slot, relay))
         assert len(set(pids)) == _DROPS  # four different walsenders, one per session
         stop.set()
         writers.join(300)
-        _wait_relayed(pg_dsn, settings, relay, 240)
+        wait_relayed(pg_dsn, settings, relay, 240)
         assert relay.alive, relay.log_tail()
         log = relay.log_tail(200_000)
         assert log.count("replication stream ended") + log.count("terminating") >= 1, log[-3000:]
@@ -107,8 +93,3 @@ def test_walsender_terminated_during_an_open_kafka_transaction_loses_nothing(
         assert committed.duplicates == 0, committed.summary()
     left = unmarked(pg_dsn)
     assert left == [], f"{len(left)} delivered rows not marked: {left[:5]}"
-
-
-def relay_events_marked(dsn: str) -> int:
-    """Outbox rows marked PUBLISHED so far (the relay's progress, seen from outside)."""
-    return outbox_statuses(dsn).get("PUBLISHED", 0)

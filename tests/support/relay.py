@@ -25,6 +25,8 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service.relay_service import Service
 from cdc_outbox_dev import workload
+from tests.support.helpers import wait_until
+from tests.support.http import endpoint_answers
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -229,9 +231,14 @@ def relay_thread(settings: Settings) -> AbstractContextManager[Relay]:
     return running(Relay(settings))
 
 
-def service_thread(settings: Settings) -> AbstractContextManager[Service]:
-    """``cdc-outbox run`` (the Service, any mode) in a background thread."""
-    return running(Service(settings))
+@contextmanager
+def service_thread(settings: Settings) -> Iterator[Service]:
+    """``cdc-outbox run`` (the Service, any mode) in a background thread; with a metrics
+    endpoint (``metrics_port`` not 0), entered once its ``/healthz`` answers 200."""
+    with running(Service(settings)) as service:
+        if settings.metrics_port:
+            wait_until(lambda: endpoint_answers(settings), timeout=30, message="endpoint not up")
+        yield service
 
 
 def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:
@@ -303,8 +310,6 @@ def wait_streamed_past_now(
     """Wait until the phase is STREAMING (unless ``phase`` is false: a bare Relay) and the
     slot is confirmed past the WAL end as of now (every transaction committed before this
     call was relayed)."""
-    from tests.support.helpers import wait_until
-
     target = current_wal_lsn(dsn)
 
     def done() -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.unit.test_metrics import every_exported_name
+from tests.support.metrics import every_exported_name
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 RULES = DOCKER / "prometheus-alerts.yml"

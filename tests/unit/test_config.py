@@ -12,6 +12,7 @@ from cdc_outbox.config.settings import ColumnSettings, Settings, load_settings, 
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.mapping.rows import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
+from tests.support.settings import config_error
 
 DSN = "host=db.example port=5432 user=app dbname=shop"
 
@@ -28,15 +29,6 @@ def write_toml(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "cdc-outbox.toml"
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def config_error(**kwargs: object) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_settings(**kwargs)  # type: ignore[arg-type]
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("config: ")
-    return message
 
 
 # -- precedence ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
-from tests.unit.test_config import config_error
+from tests.support.settings import config_error
 
 DEBEZIUM = {"schema": "shipping", "table": "events", "columns": {"preset": "debezium"}}
 

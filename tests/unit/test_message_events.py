@@ -140,7 +140,7 @@ def test_the_writer_emits_a_transactional_message_with_the_text_fields() -> None
 
 
 def test_init_and_status_warn_what_a_table_less_outbox_can_lose() -> None:
-    from tests.unit.test_preflight_checks import SETTINGS, ready
+    from tests.support.preflight import SETTINGS, ready
 
     on = SETTINGS.model_copy(update={"message_prefix": "app"})
 
