@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -17,17 +16,9 @@ from psycopg.pq.abc import PGconn as PGconnType
 
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.support.catalog import flags, publication_row, query, slot_row
-from tests.support.helpers import run_cli
+from tests.support.helpers import run_cli, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -42,13 +33,14 @@ def names(pg_dsn: str) -> Iterator[dict[str, str]]:
             " WHERE slot_name = %s AND active",
             (got["slot"],),
         )
-        wait_for(
+        wait_until(
             lambda: (
                 not conn.execute(
                     "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
                     (got["slot"],),
                 ).fetchall()
-            )
+            ),
+            timeout=30,
         )
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
@@ -187,14 +179,15 @@ def test_drop_refuses_active_slot_unless_forced(pg_dsn: str, names: dict[str, st
     assert run_cli(*flags(names), "init", "--create-table", dsn=pg_dsn).returncode == 0
     pgconn = hold_slot(pg_dsn, names["slot"], names["publication"])
     try:
-        wait_for(
+        wait_until(
             lambda: bool(
                 query(
                     pg_dsn,
                     "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
                     (names["slot"],),
                 )
-            )
+            ),
+            timeout=30,
         )
         [(pid,)] = query(
             pg_dsn,

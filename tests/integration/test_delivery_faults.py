@@ -11,7 +11,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
+from cdc_outbox_dev.sandbox._proc import free_port
 from tests.support.helpers import wait_until
+from tests.support.monitoring import metric
 from tests.support.relay import (
     RelayProcess,
     init_outbox,
@@ -36,6 +38,7 @@ def test_sigterm_with_a_full_queue_while_the_broker_is_down_exits_within_grace(
             "bootstrap_servers": kafka_broker.bootstrap_servers,
             "config": {"queue.buffering.max.messages": "500"},
         },
+        metrics_port=free_port(),
     )
     init_outbox(settings)
     relay = RelayProcess(settings, "sigterm-full-queue")
@@ -45,8 +48,12 @@ def test_sigterm_with_a_full_queue_while_the_broker_is_down_exits_within_grace(
         kafka_broker.stop()
         spec = workload.WorkloadSpec(events=3_000, writers=2, aggregates=20, txn_sizes=(50,))
         workload.write_orders(pg_dsn, spec, columns=settings.column_names())
-        # 3,000 events for a 500-record queue: the relay's produce loop is now waiting.
-        time.sleep(2.0)
+        # 3,000 events for a 500-record queue: wait until the relay's produce loop waits.
+        wait_until(
+            lambda: metric(settings, "cdc_outbox_events_in_flight") >= 500,
+            timeout=30,
+            message=relay.log_tail,
+        )
         assert relay.alive
         started = time.monotonic()
         relay.terminate()

@@ -25,16 +25,18 @@ from tests.support.outbox_mix import (
     WINDOW_COUNTS,
     MixSpec,
     init_mix,
+    marked,
     mix_settings,
     mix_writers_thread,
     unmarked,
 )
-from tests.support.progress import wait_relayed
+from tests.support.progress import relay_events_marked, wait_relayed
 from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
     init_outbox,
     insert_bulk_transaction,
+    outbox_statuses,
     oversized_record_overrides,
     relay_phase,
     relay_settings,
@@ -219,7 +221,7 @@ def test_kill_9_at_random_points_and_in_commit_exactly_once(
         relay.start()
         _wait_streaming(pg_dsn, settings, relay, timeout=90)
         for i in range(1, 11):
-            time.sleep(rng.uniform(0.3, 2.0))  # a random point: starting or streaming
+            time.sleep(rng.uniform(0.3, 2.0))  # the fault: kill -9 at a random point
             relay.kill()
             relay = RelayProcess(settings, f"eos-kill-{i}")
             relay.start()
@@ -295,7 +297,12 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
         _wait_slot_held(pg_dsn, settings, zombie)
         heir.start()
         writers = _writer(pg_dsn, settings, spec)
-        time.sleep(2.0)  # under load: the zombie's open transaction holds records
+        # Under load (2 s of it): the zombie's open transaction holds records.
+        wait_until(
+            lambda: sum(outbox_statuses(pg_dsn).values()) >= 1_200,
+            timeout=60,
+            message=zombie.log_tail,
+        )
         assert zombie.proc is not None and heir.proc is not None
         zombie.proc.send_signal(signal.SIGSTOP)
         wait_until(
@@ -307,7 +314,10 @@ def test_a_zombie_leader_woken_after_takeover_commits_nothing(
             interval=0.1,
             message=heir.log_tail,
         )
-        time.sleep(1.0)  # the heir commits while the zombie sleeps
+        taken_over = relay_events_marked(pg_dsn)  # the heir commits while the zombie sleeps
+        wait_until(
+            lambda: relay_events_marked(pg_dsn) > taken_over, timeout=60, message=heir.log_tail
+        )
         zombie.proc.send_signal(signal.SIGCONT)
         wait_until(
             lambda: any(
@@ -365,11 +375,12 @@ def test_broker_and_postgres_restarts_mid_load(
         _wait_slot_held(pg_dsn, settings, relay)
         writers, _ = mix_writers_thread(pg_dsn, spec, threading.Event())
         writers.start()
-        time.sleep(2.0)
+        wait_until(lambda: marked(pg_dsn) >= 500, timeout=60, message=relay.log_tail)  # load
         faults.append(time.time())
         kafka_broker.restart()
         print("broker restarted")
-        time.sleep(3.0)
+        done = marked(pg_dsn)  # relaying again under load
+        wait_until(lambda: marked(pg_dsn) >= done + 500, timeout=60, message=relay.log_tail)
         faults.append(time.time())
         pg_server.crash()
         pg_server.start()
@@ -539,8 +550,6 @@ def test_auto_mode_polls_at_least_once_and_says_so(
     import logging
 
     from psycopg import sql
-
-    from tests.support.relay import outbox_statuses, service_thread
 
     settings = eos_settings(pg_dsn, kafka_broker, kafka_topic_prefix, mode="auto")
     init_outbox(settings)

@@ -51,7 +51,7 @@ while True:  # sample every 2 ms; report changes at once, the state every 50 ms
     if value != last or now - printed >= 0.05:
         print(f"{now:.4f} {value}", flush=True)
         last, printed = value, now
-    time.sleep(0.002)
+    time.sleep(0.002)  # the sampling period of the reported state
 """
 
 
@@ -117,6 +117,11 @@ def standby(settings: Settings, instance_id: str = "standby") -> Iterator[tuple[
     assert not errors, errors
 
 
+def standing_by(lead: Leadership) -> None:
+    """Wait until ``lead`` has tried the lock and seen another instance lead."""
+    wait_until(lambda: lead.describe()["leader_id"] not in (None, lead.instance_id), 10)
+
+
 def _row(dsn: str, settings: Settings) -> relay_state.RelayState:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return relay_state.read_state(conn, settings)
@@ -136,7 +141,7 @@ def test_exactly_one_leader_and_release_hands_over(pg_dsn: str) -> None:
     assert a.acquire(threading.Event()) is True
     assert a.is_leader() and a.role == "leader"
     with standby(settings, "b") as (b, won):
-        time.sleep(1.5)
+        standing_by(b)
         assert not won and not b.is_leader()
         assert b.describe() == {"role": "standby", "instance_id": "b", "leader_id": "a"}
         state = _row(pg_dsn, settings)
@@ -168,7 +173,7 @@ def test_kill_9_of_the_leader_process_standby_takes_over_within_2_s(pg_dsn: str)
     child = Child(settings)
     try:
         with standby(settings) as (lead, won):
-            time.sleep(1.0)
+            standing_by(lead)
             assert not won
             t0 = time.monotonic()
             child.signal(signal.SIGKILL)
@@ -186,7 +191,7 @@ def test_sigstopped_leader_is_replaced_and_fences_itself(pg_dsn: str) -> None:
         old_walsender = _slot_pid(pg_dsn)
         assert old_walsender is not None
         with standby(settings) as (lead, won):
-            time.sleep(1.0)
+            standing_by(lead)
             assert not won
             t0 = time.monotonic()
             child.signal(signal.SIGSTOP)
@@ -218,9 +223,9 @@ def test_short_stop_fences_by_the_clock_and_ends_the_term(pg_dsn: str) -> None:
     child = Child(settings)
     try:
         with standby(settings) as (lead, won):
-            time.sleep(1.0)
+            standing_by(lead)
             child.signal(signal.SIGSTOP)
-            time.sleep(settings.leader_lease_s / 2 + 1)
+            time.sleep(settings.leader_lease_s / 2 + 1)  # the fault: stopped past the margin
             assert not won
             t_cont = time.monotonic()
             child.signal(signal.SIGCONT)
@@ -248,7 +253,7 @@ def test_a_renew_late_past_the_margin_ends_the_term_for_good(pg_dsn: str) -> Non
         t = time.monotonic()
         while time.monotonic() - t < 2 * settings.leader_lease_s:  # several renew periods
             assert not a.is_leader(), "a lapsed term came back"
-            time.sleep(0.01)
+            time.sleep(0.01)  # sampling the whole window: it must never come back
         assert a._conn is None, "the lapsed term's lock connection is still open"
         b = Leadership(settings, "b")
         try:
@@ -267,7 +272,7 @@ def test_leader_whose_backend_is_terminated_steps_down(pg_dsn: str) -> None:
     assert a.acquire(threading.Event())
     try:
         with standby(settings, "b") as (b, won):
-            time.sleep(1.0)
+            standing_by(b)
             pid = _row(pg_dsn, settings).leader_pid
             t0 = time.monotonic()
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -296,7 +301,7 @@ def test_walsender_left_by_a_replaced_leader_is_ended_when_its_lease_expires(
     try:
         walsender = _slot_pid(pg_dsn)
         with standby(settings) as (lead, won):
-            time.sleep(1.0)
+            standing_by(lead)
             state = _row(pg_dsn, settings)
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_terminate_backend(%s)", (state.leader_pid,))
@@ -317,7 +322,8 @@ def test_write_phase_is_fenced_by_the_lease(pg_dsn: str) -> None:
     try:
         assert a.acquire(threading.Event())
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            time.sleep(1.5)  # longer than the lease: only renewal keeps write_phase working
+            # The fault: longer than the lease; only renewal keeps write_phase working.
+            time.sleep(1.5)
             relay_state.write_phase(conn, settings, Phase.STREAMING, leader_id="a")
             a.release()
             assert b.acquire(threading.Event())
@@ -336,12 +342,12 @@ def test_database_restart_one_leader_again(pg_dsn: str, pg_server: LocalPostgres
     assert a.acquire(threading.Event())
     try:
         with standby(settings, "b") as (b, won):
-            time.sleep(0.5)
+            standing_by(b)
             t0 = time.monotonic()
             pg_server.stop()
             wait_until(lambda: not a.is_leader(), 2.0)
             print(f"\nPostgreSQL stopped: leader noticed in {time.monotonic() - t0:.3f} s")
-            time.sleep(1.0)
+            time.sleep(1.0)  # the fault: PostgreSQL stays down a while
             pg_server.start()
             t1 = time.monotonic()
             wait_until(lambda: won, 5.0, message="no leader after the restart")

@@ -18,10 +18,12 @@ from tests.support.outbox_mix import (
     WINDOW_COUNTS,
     MixSpec,
     init_mix,
+    marked,
     mix_settings,
     mix_writers_thread,
     unmarked,
 )
+from tests.support.progress import relay_events_marked, status_updates_after
 from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
@@ -70,14 +72,14 @@ def test_broker_stopped_mid_load_holds_the_slot_then_recovers_by_itself(
             published_at_stop = relay.stats.events_published
             wait_until(lambda: relay.stats.in_flight > 0, timeout=30)
             # Acks that arrived just before the stop may still be confirmed by the next
-            # status update (within status_interval_s = 1 s); after that the slot must freeze.
-            time.sleep(2.5)
+            # status update (status_interval_s = 1 s); after two more the slot must freeze.
+            status_updates_after(pg_dsn, settings.slot_name, time.time(), 2)
             frozen, _ = slot_position(pg_dsn, settings.slot_name)
             samples = []
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline:
                 samples.append(slot_position(pg_dsn, settings.slot_name)[0])
-                time.sleep(0.5)
+                time.sleep(0.5)  # sampling the whole window: the slot must not move
             head = current_wal_lsn(pg_dsn)
             # Nothing acknowledged while the broker is down, so nothing may be confirmed.
             assert relay.stats.events_published - published_at_stop < 2_000
@@ -115,9 +117,11 @@ def test_slot_never_passes_an_unacknowledged_event_kill_while_broker_down(
         writers, _ = mix_writers_thread(pg_dsn, spec, threading.Event())
         writers.start()
         wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=60)
-        time.sleep(1.0)  # let some load flow before the outage
+        wait_until(lambda: marked(pg_dsn) >= 500, 60, message=relay.log_tail)  # load flows
         kafka_broker.stop()
-        time.sleep(3.0)  # the relay keeps streaming, acks stop, confirmation must not move on
+        # The fault: the outage lasts while the relay keeps streaming, acks stop and
+        # confirmation must not move on.
+        time.sleep(3.0)
         relay.kill()
         kafka_broker.start()
         writers.join()
@@ -157,7 +161,7 @@ def test_relay_killed_at_random_points_loses_nothing(
     try:
         relay.start()
         for kills in range(1, 6):
-            time.sleep(rng.uniform(0.5, 2.5))
+            time.sleep(rng.uniform(0.5, 2.5))  # the fault: kill -9 at a random point
             killed_at.append(time.time())
             relay.kill()
             relay = RelayProcess(settings, f"kill9-{kills}")
@@ -205,8 +209,8 @@ def test_sigterm_exits_zero_in_grace_and_restart_publishes_no_duplicates(
     relay.start()
     try:
         wait_until(lambda: slot_position(pg_dsn, settings.slot_name)[1], timeout=60)
-        time.sleep(1.5)  # under load
-        t0 = time.monotonic()
+        wait_until(lambda: relay_events_marked(pg_dsn) >= 1_000, 60, message=relay.log_tail)
+        t0 = time.monotonic()  # under load: the writers go on (8,000 events at 2,000/s)
         relay.terminate()
         code = relay.wait(grace + 5)
         took = time.monotonic() - t0
@@ -281,10 +285,12 @@ def test_the_in_flight_window_bounds_a_huge_transaction(
                 " jsonb_build_object('seq', g) FROM generate_series(1, 60000) g"
             )
             conn.commit()
-        deadline = time.monotonic() + 180
-        while relay.stats.events_published < 60_000 and time.monotonic() < deadline:
+
+        def relayed() -> bool:  # sampling the window every 2 ms on the way
+            nonlocal peak
             peak = max(peak, relay.stats.in_flight)
-            time.sleep(0.002)
-        assert relay.stats.events_published >= 60_000
+            return relay.stats.events_published >= 60_000
+
+        wait_until(relayed, timeout=180, interval=0.002)
     print(f"peak in flight: {peak} (max_in_flight 2000)")
     assert 1_000 <= peak <= 2_000

@@ -23,6 +23,7 @@ from tests.support.outbox_mix import (
     MixReport,
     MixSpec,
     init_mix,
+    marked,
     mix_settings,
     mix_writers_thread,
     unmarked,
@@ -145,7 +146,12 @@ def test_kill_9_the_leader_five_times_standby_takes_over_within_10_s(
         )
         writers, _ = _writers(pg_dsn, spec)
         for kill in range(1, 6):
-            time.sleep(1.5)  # under load
+            done = marked(pg_dsn)  # under load: the leader relays 300 events more
+            wait_until(
+                lambda d=done: marked(pg_dsn) >= d + 300,
+                timeout=60,
+                message=lambda: relays[0].log_tail() + relays[1].log_tail(),
+            )
             holder = slot_holder(pg_dsn, settings.slot_name)
             leader_id = relay_phase(pg_dsn, settings.slot_name)[1]
             assert holder is not None and leader_id is not None
@@ -208,7 +214,11 @@ def test_a_stopped_leader_is_replaced_within_10_s_and_stops_itself_when_it_wakes
             message=lambda: relays[0].log_tail() + relays[1].log_tail(),
         )
         writers, _ = _writers(pg_dsn, spec)
-        time.sleep(1.5)  # under load
+        wait_until(  # under load: the leader has relayed 300 events
+            lambda: marked(pg_dsn) >= 300,
+            timeout=60,
+            message=lambda: relays[0].log_tail() + relays[1].log_tail(),
+        )
         leader_id = relay_phase(pg_dsn, settings.slot_name)[1]
         assert leader_id is not None
         victim = next(i for i, r in enumerate(relays) if f":{r.proc.pid}:" in leader_id)

@@ -11,7 +11,6 @@ publishes them; streaming the new slot would skip them for good.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import psycopg
@@ -40,14 +39,15 @@ def _recreate_slot(dsn: str, slot: str) -> None:
             " WHERE slot_name = %s AND active",
             (slot,),
         )
-        deadline = time.monotonic() + 10.0
-        while True:
+
+        def dropped() -> bool:
             try:
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                break
             except psycopg.errors.ObjectInUse:  # the walsender is still exiting
-                assert time.monotonic() < deadline, "the walsender did not exit"
-                time.sleep(0.01)
+                return False
+            return True
+
+        wait_until(dropped, timeout=10.0, interval=0.01, message="the walsender did not exit")
         conn.execute(
             "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
             " SELECT gen_random_uuid(), 'order', 'gap-' || g, 'Placed',"

@@ -106,3 +106,12 @@ def lag_json(settings: Settings) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     doc: dict[str, Any] = json.loads(result.stdout)
     return doc
+
+
+def metric(settings: Settings, name: str) -> float:
+    """One sample of the relay's /metrics (``name{label=value,...}``); 0 while it is absent or
+    the endpoint does not answer yet."""
+    try:
+        return scrape(settings).get(name, 0.0)
+    except OSError:
+        return 0.0

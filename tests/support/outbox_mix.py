@@ -205,7 +205,7 @@ def _run_writer(
     try:
         while written < count and not (stop and stop.is_set()):
             if rate and (delay := started + written / rate - time.monotonic()) > 0:
-                time.sleep(delay)
+                time.sleep(delay)  # the writers' pacing (spec.rate)
             size = min(next(sizes), count - written)
             txn_no += 1
             rollback = spec.rollback_every > 0 and txn_no % spec.rollback_every == 0

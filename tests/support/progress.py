@@ -38,3 +38,22 @@ def terminate_walsender(dsn: str, slot: str, relay: RelayProcess) -> int:
         ).fetchone()
     assert row is not None and row[1], "the walsender was not terminated"
     return int(row[0])
+
+
+def status_updates_after(dsn: str, slot: str, since: float, count: int) -> None:
+    """Wait until the walsender of ``slot`` has received ``count`` standby status updates sent
+    after ``since`` (unix time; the relay's clock is the test's: one host)."""
+    seen: set[float] = set()
+
+    def enough() -> bool:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                "SELECT extract(epoch FROM r.reply_time)::float8 FROM pg_stat_replication r"
+                " JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = %s",
+                (slot,),
+            ).fetchone()
+        if row is not None and row[0] is not None and row[0] > since:
+            seen.add(row[0])
+        return len(seen) >= count
+
+    wait_until(enough, timeout=30, interval=0.1, message=f"{len(seen)} status updates")

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -279,9 +278,11 @@ def outbox_statuses(dsn: str) -> dict[str, int]:
 
 
 def drop_slot_under_the_relay(dsn: str, slot: str) -> None:
-    """Terminate the walsender and drop its slot before the relay reconnects."""
+    """Terminate the walsender and drop its slot before the relay reconnects (again, until
+    the drop wins the race with the walsender's exit and the relay's reconnect)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for _ in range(200):
+
+        def dropped() -> bool:
             conn.execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
                 " WHERE slot_name = %s AND active",
@@ -289,10 +290,11 @@ def drop_slot_under_the_relay(dsn: str, slot: str) -> None:
             )
             try:
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                return
             except psycopg.errors.ObjectInUse:
-                time.sleep(0.02)
-    raise AssertionError("could not drop the slot")
+                return False
+            return True
+
+        wait_until(dropped, timeout=4.0, interval=0.02, message="could not drop the slot")
 
 
 def relay_phase(dsn: str, slot: str) -> tuple[str | None, str | None]:
