@@ -31,6 +31,7 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from tests.support.helpers import wait_until
+from tests.support.progress import relay_events_marked
 from tests.support.relay import (
     RelayProcess,
     UnconfirmedWindow,
@@ -82,7 +83,7 @@ class _Chaos:
 
     def run(self, faults: list[Callable[[], str]], count: int) -> None:
         for _ in range(count):
-            time.sleep(self.rng.uniform(0.5, 2.5))
+            time.sleep(self.rng.uniform(0.5, 2.5))  # the fault's random moment
             self.strike(self.rng.choice(faults))
 
     def strike(self, fault: Callable[[], str]) -> None:
@@ -116,7 +117,7 @@ class _Chaos:
 
     def kill_broker(self) -> str:
         self.kafka.kill()
-        time.sleep(self.rng.uniform(0.5, 3.0))
+        time.sleep(self.rng.uniform(0.5, 3.0))  # the fault: the broker stays down a while
         self.kafka.start()
         return "broker killed and restarted"
 
@@ -223,7 +224,8 @@ def test_random_faults_against_two_instances_lose_nothing_and_keep_order(
             chaos.strike(lambda: chaos.drop_slot(wait=True))
             faults.append(chaos.drop_slot)
         chaos.run(faults, FAULTS - len(chaos.done))
-        time.sleep(1.0)  # under load, faults over
+        done = relay_events_marked(pg_dsn)  # faults over: relaying again under load
+        wait_until(lambda: relay_events_marked(pg_dsn) >= done + 300, 120, message=chaos.logs)
         stop.set()
         writers.join(120)
         assert reports, "writers failed"
