@@ -14,8 +14,8 @@ Contract:
 - A record counts as delivered only when its delivery report arrives without error; the
   listener bound to it is then told ``delivered()``. Every failure reaches ``failed()`` with a
   :class:`~cdc_outbox.kafka.delivery_failure.DeliveryFailure` whose ``kind`` is the one
-  classification of Kafka errors (:func:`~cdc_outbox.kafka.delivery_failure.classify`, in
-  the vocabulary of :class:`~cdc_outbox.errors.FailureClass`): ``DEAD_LETTER`` (this record
+  classification's verdict on the Kafka error (:func:`cdc_outbox.errors.classify` of
+  :func:`~cdc_outbox.kafka.delivery_failure.describe`): ``DEAD_LETTER`` (this record
   can never be written: too large, invalid; the only kind that may be dead-lettered) or
   ``RETRY`` (topic missing, not authorised, broker trouble: retry with backoff, never a dead
   letter; ``alert`` names the problem; ``producer_fatal``: make a new producer and re-send).
