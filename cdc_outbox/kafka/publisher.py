@@ -55,7 +55,8 @@ from cdc_outbox.kafka.delivery_failure import (
     failure_of,
 )
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
-from cdc_outbox.kafka.producer_config import config_error_line, producer_config, redact_config
+from cdc_outbox.kafka.producer_config import config_error_line, producer_config
+from cdc_outbox.redaction import redact_kafka_config
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class KafkaPublisher:
         merged["error_cb"] = self._on_error
         self.fatal_error: str | None = None
         self._last_error_log = 0.0
-        logger.debug("kafka producer config: %s", redact_config(merged))
+        logger.debug("kafka producer config: %s", redact_kafka_config(merged))
         if client is not None:
             self._producer: ProducerClient = client(merged)
             return
