@@ -127,7 +127,10 @@ def test_kafka_codes_classify_as_before(code: int, fatal: bool) -> None:
     else:
         assert verdict.kind is FailureClass.RETRY
         assert verdict.hint in {
-            "topic_missing", "not_authorized", "policy_violation", "kafka_unavailable"
+            "topic_missing",
+            "not_authorized",
+            "policy_violation",
+            "kafka_unavailable",
         }
 
 
