@@ -1,5 +1,5 @@
 """Exception types shared across cdc-outbox, the CLI exit codes they map to, and the one
-classification of failures the long-running commands act on (:func:`classify`).
+classification of failures every stage acts on (:func:`classify`).
 
 Exit codes: 0 ok; 1 runtime error; 2 configuration (:class:`ConfigError`, librdkafka
 settings included); 3 preflight (:class:`PreflightError`); 4 a database object is missing
@@ -8,19 +8,23 @@ was refused (:class:`AuthenticationFailed`); 7 a Kafka topic is missing
 (:class:`TopicMissing`); 8 the replication slot was invalidated, in cdc mode
 (:class:`SlotInvalidated`).
 
-The one classification every stage acts on (:class:`FailureClass`):
+:func:`classify` gives a :class:`Verdict` (a :class:`FailureClass` and a hint) for any
+failure: an exception, or a :class:`Failure` that the layer which saw it describes (Kafka's
+delivery reports, :func:`cdc_outbox.kafka.delivery_failure.describe`, which keeps Kafka's code
+table since only ``kafka/`` reads librdkafka's codes; the encoder's problems,
+:func:`cdc_outbox.delivery.policy.on_encode_failure`). The classes:
 
 - ``RETRY``: transient (server down, connection refused, broker down, a slot still held, a
   Kafka producer that must be replaced): keep retrying with back-off
-  (:mod:`cdc_outbox.config.backoff`) and a throttled log line;
-- ``DEAD_LETTER``: this one record can never be written (Kafka's record-level rejections,
-  :func:`cdc_outbox.kafka.delivery_failure.classify`; a payload its schema refuses): it is
-  dead-lettered, or halted on with ``on_permanent_error = "halt"``
-  (:mod:`cdc_outbox.delivery.policy` decides);
+  (:mod:`cdc_outbox.config.backoff`) and a throttled log line; the hint, if any, names the
+  problem for alerts and metrics (``topic_missing``, ``producer_fatal``, ...);
+- ``DEAD_LETTER``: this one record can never be written (:attr:`Fault.RECORD`: Kafka's
+  record-level rejections; a payload its schema refuses): it is dead-lettered, or halted on
+  with ``on_permanent_error = "halt"`` (:mod:`cdc_outbox.delivery.policy` decides);
 - ``HALT``: cannot heal without a human (schema, privileges, authentication, invalid
-  configuration, a missing topic; :func:`classify`): ``run`` ends with one line, the hint,
-  naming the object and the fix (:func:`cannot_heal` gives that error) and the class's exit
-  code, ``/healthz`` failing while it shuts down.
+  configuration, a missing topic): ``run`` ends with one line, the hint, naming the object and
+  the fix (:attr:`Verdict.error`, from :func:`cannot_heal`) and the class's exit code,
+  ``/healthz`` failing while it shuts down.
 
 The SQLSTATEs and libpq texts that cannot heal are listed here once (``SQLSTATE_*``,
 :data:`AUTH_FAILED_TEXT`); the replication stream reads the same lists.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import re
+from dataclasses import dataclass, field
 
 
 class FailureClass(enum.Enum):
@@ -143,10 +148,46 @@ _SCHEMA_FIX = (
 )
 
 
-def classify(exc: BaseException) -> FailureClass:
-    """``HALT`` if ``exc`` cannot heal without a human (the hint: :func:`cannot_heal`), else
-    ``RETRY``. (``DEAD_LETTER`` is decided per record, from Kafka's report or the encoder.)"""
-    return FailureClass.HALT if cannot_heal(exc) is not None else FailureClass.RETRY
+class Fault(enum.Enum):
+    """Whose fault a described failure is (:class:`Failure`)."""
+
+    RECORD = "record"  # this record can never be written as it is
+    SERVICE = "service"  # a service or client is unavailable or unusable: it can heal
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failure as the layer that saw it describes it, for :func:`classify` to decide on:
+    whose fault it is and, optionally, the problem's name for alerts and metrics."""
+
+    fault: Fault
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do about a failure (:func:`classify`): ``kind``, and a ``hint``: the one line
+    to end with (``HALT``) or the problem's name (``RETRY``, ``DEAD_LETTER``), else ``None``.
+    ``error`` is the error to end ``run`` with, set exactly for ``HALT``."""
+
+    kind: FailureClass
+    hint: str | None
+    error: CdcOutboxError | None = field(default=None, compare=False)
+
+
+def classify(failure: BaseException | Failure) -> Verdict:
+    """The one classification (see the module docstring). An exception: ``HALT`` if it cannot
+    heal without a human (:func:`cannot_heal`), else ``RETRY``. A described
+    :class:`Failure`: ``DEAD_LETTER`` if it is the record's fault, else ``RETRY``; never
+    ``HALT`` (the delivery policy halts on a dead letter with ``on_permanent_error = "halt"``).
+    """
+    if isinstance(failure, Failure):
+        kind = FailureClass.DEAD_LETTER if failure.fault is Fault.RECORD else FailureClass.RETRY
+        return Verdict(kind, failure.problem)
+    fatal = cannot_heal(failure)
+    if fatal is None:
+        return Verdict(FailureClass.RETRY, None)
+    return Verdict(FailureClass.HALT, str(fatal), fatal)
 
 
 def cannot_heal(exc: BaseException) -> CdcOutboxError | None:
@@ -182,8 +223,9 @@ def _primary(exc: BaseException) -> str:
 
 
 def raise_if_cannot_heal(exc: BaseException) -> None:
-    """Raise :func:`cannot_heal`'s error for ``exc`` (retrying cannot help), if any."""
-    if (fatal := cannot_heal(exc)) is not None:
+    """Raise the error of :func:`classify`'s ``HALT`` for ``exc`` (retrying cannot help);
+    return if ``exc`` is to be retried."""
+    if (fatal := classify(exc).error) is not None:
         raise fatal from None
 
 

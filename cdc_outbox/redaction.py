@@ -1,7 +1,8 @@
 """Secret handling for settings: DSN passwords and secret-looking Kafka config keys.
 
 :func:`redact_dsn` and :data:`MASK` give the display form (password shown as ``***``),
-:func:`redact` masks known secret strings in any text (error lines, log records),
+:func:`redact` masks known secret strings in any text (error lines, log records) and
+:func:`redact_kafka_config` the secret values of a librdkafka config (the only two maskers),
 :func:`dsn_password` and :func:`is_secret_kafka_key` find the values to scrub, and
 :func:`validate_dsn` checks a conninfo without ever echoing its password.
 """
@@ -9,7 +10,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -21,6 +23,7 @@ __all__ = [
     "is_secret_kafka_key",
     "redact",
     "redact_dsn",
+    "redact_kafka_config",
     "validate_dsn",
 ]
 
@@ -37,6 +40,8 @@ KAFKA_SECRET_MARKERS = (
     "passphrase",
     "private.key",
 )
+
+_V = TypeVar("_V")
 
 _URI_PASSWORD_RE = re.compile(r"^(postgres(?:ql)?://[^/@?#]*?:)([^@/]*)(@)", re.IGNORECASE)
 _KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
@@ -61,6 +66,12 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     if not ordered:
         return text
     return re.sub("|".join(map(re.escape, ordered)), MASK, text)
+
+
+def redact_kafka_config(config: Mapping[str, _V]) -> dict[str, _V | str]:
+    """A copy of a librdkafka config safe to show or log: the value of every secret key
+    (:func:`is_secret_kafka_key`) replaced by :data:`MASK`."""
+    return {k: (MASK if is_secret_kafka_key(k) else v) for k, v in config.items()}
 
 
 def redact_dsn(dsn: str) -> str:
@@ -89,15 +100,11 @@ def validate_dsn(dsn: str) -> None:
 
 
 def _scrub(message: str, dsn: str) -> str:
+    """``message`` on one line with ``dsn`` in its display form and its password masked."""
     message = " ".join(message.split())
     message = message.replace(dsn, redact_dsn(dsn))
-    password = dsn_password(dsn)
-    if password:
-        message = message.replace(password, MASK)
     m = _URI_PASSWORD_RE.match(dsn)
-    if m and m.group(2):
-        message = message.replace(m.group(2), MASK)
-    return message
+    return redact(message, [dsn_password(dsn) or "", m.group(2) if m else ""])
 
 
 def is_secret_kafka_key(key: str) -> bool:

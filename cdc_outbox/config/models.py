@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from cdc_outbox.config.backoff import BackoffPolicy
 from cdc_outbox.config.columns import DEBEZIUM_COLUMNS, DEFAULT_COLUMNS
 from cdc_outbox.names import IDENT_RE, is_free_header_name, is_legal_topic
-from cdc_outbox.redaction import MASK, is_secret_kafka_key
+from cdc_outbox.redaction import MASK, redact_kafka_config
 
 __all__ = [
     "COLUMN_PRESETS",
@@ -267,7 +267,7 @@ class KafkaSettings(_Strict):
 
     def redacted_config(self) -> dict[str, str]:
         """``config`` with secret-looking values replaced by ``***``."""
-        return {k: MASK if is_secret_kafka_key(k) else v for k, v in self.config.items()}
+        return redact_kafka_config(self.config)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         yield "bootstrap_servers", self.bootstrap_servers

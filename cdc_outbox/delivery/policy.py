@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from cdc_outbox.errors import FailureClass
+from cdc_outbox.errors import Failure, FailureClass, Fault, classify
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, Headers
 
 __all__ = [
@@ -97,20 +97,26 @@ FailureAction = FailureClass
 
 
 def on_failure(failure: DeliveryFailure, halt_policy: bool) -> FailureAction:
-    """What to do after Kafka refused a record: the record's own fault is dead-lettered (or
-    halts); anything else is retried, from a new session (a producer with a fatal error is
-    replaced there: :meth:`~cdc_outbox.delivery.engine.Delivery.new_session`)."""
-    if failure.kind is FailureClass.DEAD_LETTER:
-        return FailureAction.HALT if halt_policy else FailureAction.DEAD_LETTER
-    return FailureAction.RETRY
+    """What to do after Kafka refused a record: the record's own fault (``failure.kind``,
+    :func:`cdc_outbox.errors.classify`'s verdict) is dead-lettered (or halts); anything else
+    is retried, from a new session (a producer with a fatal error is replaced there:
+    :meth:`~cdc_outbox.delivery.engine.Delivery.new_session`)."""
+    return _with_policy(failure.kind, halt_policy)
 
 
 def on_encode_failure(kind: str, halt_policy: bool) -> FailureAction:
     """What to do when a record could not be serialized: ``kind`` is ``"invalid"`` (the
-    record's own fault) or ``"unavailable"`` (the schema registry could not be asked)."""
-    if kind == "unavailable":
-        return FailureAction.RETRY
-    return FailureAction.HALT if halt_policy else FailureAction.DEAD_LETTER
+    record's own fault) or ``"unavailable"`` (the schema registry could not be asked),
+    classified by :func:`cdc_outbox.errors.classify`."""
+    fault = Fault.SERVICE if kind == "unavailable" else Fault.RECORD
+    return _with_policy(classify(Failure(fault)).kind, halt_policy)
+
+
+def _with_policy(kind: FailureClass, halt_policy: bool) -> FailureAction:
+    """``kind`` under ``on_permanent_error``: ``"halt"`` halts instead of dead-lettering."""
+    if kind is FailureClass.DEAD_LETTER and halt_policy:
+        return FailureAction.HALT
+    return kind
 
 
 class Parking:

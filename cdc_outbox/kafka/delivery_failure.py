@@ -1,11 +1,14 @@
-"""What Kafka says about one record: the outcome interface and the one error classification.
+"""What Kafka says about one record: the outcome interface and Kafka's error-code table.
 
-A delivery report is either ``delivered`` or ``failed`` with a :class:`DeliveryFailure` whose
-``kind`` (:func:`classify`) is a :class:`~cdc_outbox.errors.FailureClass`: ``DEAD_LETTER``
-(never writable: the only dead-letter case) or ``RETRY`` (retry with backoff, ``alert`` names
-the problem; :attr:`DeliveryFailure.producer_fatal` when the producer is unusable and must be
-replaced first). Kafka never says ``HALT``: the delivery policy halts on a ``DEAD_LETTER``
-with ``on_permanent_error = "halt"``. Pure: only librdkafka's error codes are read.
+A delivery report is either ``delivered`` or ``failed`` with a :class:`DeliveryFailure`.
+:func:`describe` reads librdkafka's error code into a neutral
+:class:`~cdc_outbox.errors.Failure` (the record's fault, or a problem name), and the one
+classification, :func:`cdc_outbox.errors.classify`, decides on it: the failure's ``kind`` is
+``DEAD_LETTER`` (never writable: the only dead-letter case) or ``RETRY`` (retry with backoff,
+``alert``, the verdict's hint, names the problem; :attr:`DeliveryFailure.producer_fatal` when
+the producer is unusable and must be replaced first). Kafka never says ``HALT``: the delivery
+policy halts on a ``DEAD_LETTER`` with ``on_permanent_error = "halt"``. Pure: only
+librdkafka's error codes are read.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError
 
-from cdc_outbox.errors import FailureClass
+from cdc_outbox.errors import Failure, FailureClass, Fault, classify
 
 __all__ = [
     "PRODUCER_FATAL",
@@ -23,7 +26,7 @@ __all__ = [
     "DeliveryListener",
     "Headers",
     "ReportingListener",
-    "classify",
+    "describe",
     "failure_of",
 ]
 
@@ -119,13 +122,14 @@ class ReportingListener:
             self.failed(failure_of(err, msg.topic(), msg.key(), msg.value(), self.headers))
 
 
-def classify(code: int, fatal: bool) -> tuple[FailureClass, str | None]:
-    """(kind, alert) of a Kafka error code: the one classification (see the module contract)."""
+def describe(code: int, fatal: bool) -> Failure:
+    """The neutral description of Kafka error ``code`` (``fatal``: librdkafka marked it so),
+    for :func:`cdc_outbox.errors.classify`."""
     if code in _RECORD_CODES:  # also when fatal: the gapless guarantee (halt policy) says so
-        return FailureClass.DEAD_LETTER, None
+        return Failure(Fault.RECORD)
     if fatal or code in (KafkaError._FATAL, KafkaError._FENCED):
-        return FailureClass.RETRY, PRODUCER_FATAL
-    return FailureClass.RETRY, _ALERTS.get(code, "kafka_unavailable")
+        return Failure(Fault.SERVICE, PRODUCER_FATAL)
+    return Failure(Fault.SERVICE, _ALERTS.get(code, "kafka_unavailable"))
 
 
 def failure_of(
@@ -133,13 +137,13 @@ def failure_of(
 ) -> DeliveryFailure:
     """The :class:`DeliveryFailure` of librdkafka error ``err`` for this record."""
     code = err.code()
-    kind, alert = classify(code, bool(err.fatal()))
+    verdict = classify(describe(code, bool(err.fatal())))
     return DeliveryFailure(
         code=code,
         name=err.name(),
         reason=err.str(),
-        kind=kind,
-        alert=alert,
+        kind=verdict.kind,
+        alert=verdict.hint,
         topic=topic or "",
         key=key,
         value=value,

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaException, Producer
 
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
-from cdc_outbox.redaction import MASK, is_secret_kafka_key
+from cdc_outbox.redaction import is_secret_kafka_key, redact
 
 #: Settings we insist on: they are what makes delivery reports mean "durable, in order".
 REQUIRED_CONFIG: Mapping[str, str] = {
@@ -39,12 +39,6 @@ DEFAULT_CONFIG: Mapping[str, str] = {
 #: Defaults of a transactional producer (exactly-once): a closing Kafka transaction waits for
 #: its last records, so they should not linger long (the commit interval batches anyway).
 TRANSACTIONAL_DEFAULTS: Mapping[str, str] = {"linger.ms": "5"}
-
-
-def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a librdkafka config safe to log: secret keys (:func:`is_secret_kafka_key`)
-    have their value replaced by ``***``."""
-    return {k: (MASK if is_secret_kafka_key(k) else v) for k, v in config.items()}
 
 
 def producer_config(
@@ -91,7 +85,7 @@ def config_error_line(config: Mapping[str, Any], exc: Exception) -> str:
         )
     where = f"kafka.config '{culprit}'" if culprit else "kafka.config"
     if culprit is not None and is_secret_kafka_key(culprit):
-        reason = reason.replace(str(config[culprit]), MASK)
+        reason = redact(reason, [str(config[culprit])])
     return (
         f"config: {where} is refused by librdkafka: {reason} (fix the setting; valid keys and"
         " values: librdkafka's CONFIGURATION.md)"

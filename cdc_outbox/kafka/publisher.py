@@ -14,8 +14,8 @@ Contract:
 - A record counts as delivered only when its delivery report arrives without error; the
   listener bound to it is then told ``delivered()``. Every failure reaches ``failed()`` with a
   :class:`~cdc_outbox.kafka.delivery_failure.DeliveryFailure` whose ``kind`` is the one
-  classification of Kafka errors (:func:`~cdc_outbox.kafka.delivery_failure.classify`, in
-  the vocabulary of :class:`~cdc_outbox.errors.FailureClass`): ``DEAD_LETTER`` (this record
+  classification's verdict on the Kafka error (:func:`cdc_outbox.errors.classify` of
+  :func:`~cdc_outbox.kafka.delivery_failure.describe`): ``DEAD_LETTER`` (this record
   can never be written: too large, invalid; the only kind that may be dead-lettered) or
   ``RETRY`` (topic missing, not authorised, broker trouble: retry with backoff, never a dead
   letter; ``alert`` names the problem; ``producer_fatal``: make a new producer and re-send).
@@ -55,7 +55,8 @@ from cdc_outbox.kafka.delivery_failure import (
     failure_of,
 )
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
-from cdc_outbox.kafka.producer_config import config_error_line, producer_config, redact_config
+from cdc_outbox.kafka.producer_config import config_error_line, producer_config
+from cdc_outbox.redaction import redact_kafka_config
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class KafkaPublisher:
         merged["error_cb"] = self._on_error
         self.fatal_error: str | None = None
         self._last_error_log = 0.0
-        logger.debug("kafka producer config: %s", redact_config(merged))
+        logger.debug("kafka producer config: %s", redact_kafka_config(merged))
         if client is not None:
             self._producer: ProducerClient = client(merged)
             return

@@ -118,8 +118,8 @@ class Service:
         try:
             self._run()
         except CdcOutboxError as exc:
-            if classify(exc) is FailureClass.HALT:
-                self.stats.fatal = str(exc)
+            if (verdict := classify(exc)).kind is FailureClass.HALT:
+                self.stats.fatal = verdict.hint
             raise
 
     def _run(self) -> None:

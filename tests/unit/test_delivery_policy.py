@@ -16,12 +16,18 @@ from cdc_outbox.delivery.policy import (
     on_failure,
     precheck,
 )
-from cdc_outbox.errors import FailureClass
-from cdc_outbox.kafka.delivery_failure import DeliveryFailure, classify
+from cdc_outbox.errors import FailureClass, classify
+from cdc_outbox.kafka.delivery_failure import DeliveryFailure, describe
+
+
+def _kafka(code: int, fatal: bool) -> tuple[FailureClass, str | None]:
+    """(kind, alert) of a Kafka error code, through the one classification."""
+    verdict = classify(describe(code, fatal))
+    return verdict.kind, verdict.hint
 
 
 def _failure(code: int, fatal: bool = False) -> DeliveryFailure:
-    kind, alert = classify(code, fatal)
+    kind, alert = _kafka(code, fatal)
     return DeliveryFailure(code, "X", "x", kind, alert, "t", b"k", b"v", [])
 
 
@@ -44,12 +50,12 @@ def _failure(code: int, fatal: bool = False) -> DeliveryFailure:
 def test_only_record_level_rejections_are_permanent(
     code: int, kind: FailureClass, alert: str
 ) -> None:
-    assert classify(code, False) == (kind, alert)
+    assert _kafka(code, False) == (kind, alert)
 
 
 def test_a_record_rejection_stays_record_level_when_gapless_makes_it_fatal() -> None:
-    assert classify(KafkaError.MSG_SIZE_TOO_LARGE, True) == (FailureClass.DEAD_LETTER, None)
-    assert classify(KafkaError._TRANSPORT, True) == (FailureClass.RETRY, "producer_fatal")
+    assert _kafka(KafkaError.MSG_SIZE_TOO_LARGE, True) == (FailureClass.DEAD_LETTER, None)
+    assert _kafka(KafkaError._TRANSPORT, True) == (FailureClass.RETRY, "producer_fatal")
 
 
 def test_actions_per_kind_and_policy() -> None:

@@ -28,8 +28,8 @@ def test_the_one_classification_has_three_names() -> None:
 
 
 def test_errors_classify_says_halt_or_retry() -> None:
-    assert classify(SchemaMissing("schema: x (fix: y)")) is FailureClass.HALT
-    assert classify(OSError("network unreachable")) is FailureClass.RETRY
+    assert classify(SchemaMissing("schema: x (fix: y)")).kind is FailureClass.HALT
+    assert classify(OSError("network unreachable")).kind is FailureClass.RETRY
 
 
 @pytest.mark.parametrize(
@@ -45,15 +45,19 @@ def test_errors_classify_says_halt_or_retry() -> None:
 def test_kafka_classification_uses_the_same_names(
     code: int, fatal: bool, expected: FailureClass
 ) -> None:
-    assert delivery_failure.classify(code, fatal)[0] is expected
+    assert classify(delivery_failure.describe(code, fatal)).kind is expected
 
 
 def test_a_fatal_producer_is_retried_with_a_new_producer() -> None:
-    kind, alert = delivery_failure.classify(KafkaError._FENCED, False)
-    failure = delivery_failure.DeliveryFailure(1, "X", "x", kind, alert, "t", b"k", b"v", [])
+    verdict = classify(delivery_failure.describe(KafkaError._FENCED, False))
+    failure = delivery_failure.DeliveryFailure(
+        1, "X", "x", verdict.kind, verdict.hint, "t", b"k", b"v", []
+    )
     assert failure.producer_fatal
-    kind, alert = delivery_failure.classify(KafkaError._TRANSPORT, False)
-    failure = delivery_failure.DeliveryFailure(1, "X", "x", kind, alert, "t", b"k", b"v", [])
+    verdict = classify(delivery_failure.describe(KafkaError._TRANSPORT, False))
+    failure = delivery_failure.DeliveryFailure(
+        1, "X", "x", verdict.kind, verdict.hint, "t", b"k", b"v", []
+    )
     assert not failure.producer_fatal
 
 

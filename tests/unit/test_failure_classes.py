@@ -45,7 +45,7 @@ class _SqlError(Exception):
     ],
 )
 def test_what_cannot_heal_halts_with_its_exit_code(exc: Exception, kind: type) -> None:
-    assert classify(exc) is FailureClass.HALT
+    assert classify(exc).kind is FailureClass.HALT
     error = cannot_heal(exc)
     assert isinstance(error, kind)
     assert "\n" not in str(error)
@@ -63,7 +63,7 @@ def test_what_cannot_heal_halts_with_its_exit_code(exc: Exception, kind: type) -
     ],
 )
 def test_transient_failures_are_retried(exc: Exception) -> None:
-    assert classify(exc) is FailureClass.RETRY
+    assert classify(exc).kind is FailureClass.RETRY
     assert cannot_heal(exc) is None
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from cdc_outbox import redaction
 from cdc_outbox.config.models import KafkaSettings
 from cdc_outbox.config.settings import Settings
-from cdc_outbox.kafka.producer_config import redact_config
 from cdc_outbox.monitoring.lag import one_line
-from cdc_outbox.redaction import MASK, is_secret_kafka_key, redact
+from cdc_outbox.redaction import MASK, is_secret_kafka_key, redact, redact_kafka_config
 from cdc_outbox.store.db_pool import _MaskSecrets
 
 SECRET_KEYS = [
@@ -33,20 +35,20 @@ PLAIN_KEYS = ["sasl.username", "sasl.mechanism", "security.protocol", "linger.ms
 @pytest.mark.parametrize("key", SECRET_KEYS)
 def test_secret_keys_are_masked_by_settings_and_producer_alike(key: str) -> None:
     assert is_secret_kafka_key(key)
-    assert redact_config({key: "s3cr3t"}) == {key: MASK}
+    assert redact_kafka_config({key: "s3cr3t"}) == {key: MASK}
     assert KafkaSettings(config={key: "s3cr3t"}).redacted_config() == {key: MASK}
 
 
 @pytest.mark.parametrize("key", PLAIN_KEYS)
 def test_plain_keys_are_shown(key: str) -> None:
     assert not is_secret_kafka_key(key)
-    assert redact_config({key: "v"}) == {key: "v"}
+    assert redact_kafka_config({key: "v"}) == {key: "v"}
     assert KafkaSettings(config={key: "v"}).redacted_config() == {key: "v"}
 
 
 def test_producer_and_settings_redaction_agree_on_a_whole_config() -> None:
     config = {k: f"value-{i}" for i, k in enumerate(SECRET_KEYS + PLAIN_KEYS)}
-    producer_view = redact_config(config)
+    producer_view = redact_kafka_config(config)
     assert producer_view == KafkaSettings(config=config).redacted_config()
     assert {k for k, v in producer_view.items() if v == MASK} == set(SECRET_KEYS)
 
@@ -103,3 +105,18 @@ def test_log_filter_masks_a_secret_that_contains_another_whole() -> None:
     record = logging.LogRecord("t", logging.INFO, __file__, 1, "auth %s", ("xs3cretx",), None)
     assert mask.filter(record)
     assert record.getMessage() == "auth ***"
+
+
+def test_no_hand_written_masking_outside_redact() -> None:
+    """Issue 35: one ``redact`` (strings) and one ``redact_kafka_config`` (a librdkafka config)
+    in redaction.py; no module masks secrets with its own loop, comprehension or replace."""
+    package = Path(redaction.__file__).parent
+    replace = re.compile(r"\.replace\([^()]*(\([^()]*\))?[^()]*,\s*MASK\)")  # (secret, MASK)
+    comprehension = re.compile(r"MASK if is_secret_kafka_key")  # redact_kafka_config's body
+    offenders = [
+        f"{path.relative_to(package)}:{n}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if replace.search(line) or (comprehension.search(line) and path.name != "redaction.py")
+    ]
+    assert not offenders, offenders

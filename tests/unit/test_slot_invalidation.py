@@ -93,7 +93,7 @@ def test_the_line_says_how_to_prevent_each_known_cause() -> None:
 
 def test_cdc_modes_error_cannot_heal_and_exits_8() -> None:
     exc = SlotInvalidated(Invalidation("wal_removed").line("s"))
-    assert exc.exit_code == 8 and classify(exc) is FailureClass.HALT
+    assert exc.exit_code == 8 and classify(exc).kind is FailureClass.HALT
 
 
 def test_an_invalidation_reason_alone_makes_the_catch_up_rule_recreate_the_slot() -> None:
