@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from cdc_outbox.admin.preflight import FALLBACK_BLOCKERS, polling_fallback_blocked
+from cdc_outbox.config.modes import FALLBACK_BLOCKERS, polling_fallback_blocked
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.metric_families import PREFIX, counter, gauge, one_of
 

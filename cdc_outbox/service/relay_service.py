@@ -48,12 +48,12 @@ from contextlib import ExitStack
 
 import psycopg
 
-from cdc_outbox.admin.preflight import polling_fallback_blocked
 from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.cdc.stream_failures import CdcUnavailable
 from cdc_outbox.config.backoff import RECONNECT
+from cdc_outbox.config.modes import resolve_mode
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect
@@ -155,15 +155,14 @@ class Service:
 
     def _lead(self, lead: Leadership) -> None:
         settings = self.settings
-        mode = settings.mode
-        blocked = polling_fallback_blocked(settings) if mode == "auto" else None
+        resolved = resolve_mode(settings)  # the settings validator's decision
+        mode, blocked = resolved.mode, resolved.fallback_blocked
         if blocked is not None:
             logger.warning(
                 "auto mode: %s; relaying by CDC only (a failing stream is retried, never"
                 " replaced by polling)",
                 blocked[1],
             )
-            mode = "cdc"
         failures = 0
         fall_back_because: str | None = None
         while not self._stop.is_set():
