@@ -58,6 +58,7 @@ from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store import db_pool, polling_sql
 from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
@@ -218,7 +219,7 @@ class PollingRelay:
                 "%s: swept %d rows with an expired lease (%d now FAILED)",
                 self.outbox.name,
                 len(statuses),
-                statuses.count("FAILED"),
+                sum(map(OutboxTable.is_dead_letter, statuses)),
             )
         return len(statuses)
 
