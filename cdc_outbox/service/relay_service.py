@@ -53,6 +53,7 @@ from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.cdc.stream_failures import CdcUnavailable
 from cdc_outbox.config.backoff import RECONNECT
+from cdc_outbox.config.ha import leadership_section
 from cdc_outbox.config.modes import resolve_mode
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.crash_points import crash_point
@@ -81,7 +82,7 @@ from cdc_outbox.service.housekeeping import (
     statusless_catch_up_must_be_safe,
 )
 from cdc_outbox.service.startup import check_before_run, check_kafka_config
-from cdc_outbox.store import db_pool, relay_state
+from cdc_outbox.store import db_pool, relay_state, schema
 from cdc_outbox.store.inspection import SlotStatus
 from cdc_outbox.store.relay_state import NotLeader, Phase
 from cdc_outbox.telemetry.relay_stats import RelayStats
@@ -135,7 +136,9 @@ class Service:
                 return
             ensure_state_table(self.settings)
             leadership = self._leadership = Leadership(
-                self.settings, loop_stalled=self._loop_stalled
+                leadership_section(self.settings),
+                schema.relay_state_ident(self.settings),
+                loop_stalled=self._loop_stalled,
             )
             stack.callback(leadership.release)
             while not self._stop.is_set():

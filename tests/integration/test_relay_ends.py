@@ -32,7 +32,6 @@ from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import PrivilegeMissing
-from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.service.relay_service import RelayEnded, Service
 from cdc_outbox.store import db_pool
@@ -49,6 +48,7 @@ from tests.support.relay import (
     slot_holder,
     writers_thread,
 )
+from tests.support.sections import leadership
 
 
 def _published(dsn: str) -> int:
@@ -158,7 +158,7 @@ def test_a_hung_main_loop_gives_up_the_lease_and_a_standby_takes_over(
     monkeypatch.setattr(Relay, "run", hung_run)
     service = Service(settings)
     thread, outcome = _service_thread(service)
-    standby = Leadership(settings, "standby")
+    standby = leadership(settings, "standby")
     try:
         assert entered.wait(60), "the service never started its relay"
         t0 = time.monotonic()

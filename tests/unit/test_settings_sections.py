@@ -30,7 +30,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "cdc.published_marker:PublishedMarker",
         "cdc.relay:Relay",
         "delivery.engine:Delivery",
-        "ha.leadership:Leadership",
         "polling.relay:PollingRelay",
         "service.relay_service:Service",
         "store.failed_rows:FailedRows",
