@@ -5,20 +5,45 @@ mode rules are :func:`cdc_outbox.config.modes.resolve_mode`. Pure: no I/O."""
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 from cdc_outbox.config.cloudevents_rules import check_settings
-from cdc_outbox.config.modes import resolve_mode
+from cdc_outbox.config.models import SchemaRegistrySettings
+from cdc_outbox.config.modes import ModeInputs, resolve_mode
 
-if TYPE_CHECKING:
-    from cdc_outbox.config.settings import Settings
-
-__all__ = ["check_combination"]
+__all__ = ["Combination", "check_combination"]
 
 
-def check_combination(s: Settings, explicit: set[str]) -> None:
-    """Refuse what ``s`` cannot honour (``explicit``: the keys the user set). The one value
-    it resolves: ``on_permanent_error`` left unset beside a statusless table becomes halt."""
+class Combination(ModeInputs, Protocol):
+    """What the rules read of the settings (``Settings`` fits)."""
+
+    @property
+    def value_format(self) -> str: ...
+
+    @property
+    def key_format(self) -> str: ...
+
+    @property
+    def schema_registry(self) -> SchemaRegistrySettings: ...
+
+    @property
+    def cloudevents(self) -> str: ...
+
+    @property
+    def null_payload(self) -> str: ...
+
+    @property
+    def tracing_relay_span(self) -> bool: ...
+
+    @property
+    def on_permanent_error(self) -> str: ...
+
+    def _check_outboxes(self, explicit: set[str]) -> None: ...
+
+
+def check_combination(s: Combination, explicit: set[str]) -> Literal["dead_letter", "halt"]:
+    """Refuse what ``s`` cannot honour (``explicit``: the keys the user set). Returns what
+    ``on_permanent_error`` resolves to: left unset beside a statusless table, halt."""
     if "avro" in (s.value_format, s.key_format) and not s.schema_registry.url:
         raise ValueError(
             'value_format/key_format = "avro" needs schema_registry.url (schema ids'
@@ -52,4 +77,5 @@ def check_combination(s: Settings, explicit: set[str]) -> None:
                 f" default column preset to park and redrive events; {name} (the {preset}"
                 ' preset) has none: use on_permanent_error = "halt"'
             )
-        s.on_permanent_error = "halt"
+        return "halt"
+    return "halt" if s.on_permanent_error == "halt" else "dead_letter"

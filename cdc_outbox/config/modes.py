@@ -19,15 +19,35 @@ service. Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.models import OutboxSettings
 
-__all__ = ["FALLBACK_BLOCKERS", "ResolvedMode", "polling_fallback_blocked", "resolve_mode"]
+__all__ = [
+    "FALLBACK_BLOCKERS",
+    "ModeInputs",
+    "ResolvedMode",
+    "polling_fallback_blocked",
+    "resolve_mode",
+]
 
 #: Why auto mode relays by CDC only and never falls back to polling (label values).
 FALLBACK_BLOCKERS = ("table_less_events", "statusless_outbox")
+
+
+class ModeInputs(Protocol):
+    """What the mode rules read of the settings (``Settings`` fits)."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def delivery(self) -> str: ...
+
+    @property
+    def message_prefix(self) -> str | None: ...
+
+    def outbox_settings(self) -> tuple[OutboxSettings, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +59,7 @@ class ResolvedMode:
     fallback_blocked: tuple[str, str] | None = None
 
 
-def polling_fallback_blocked(settings: Settings) -> tuple[str, str] | None:
+def polling_fallback_blocked(settings: ModeInputs) -> tuple[str, str] | None:
     """Auto mode's fallback rule: it may fall back to polling only when polling can relay
     everything CDC does: no table-less events (``message_prefix``: they live only in the WAL)
     and every configured outbox table has status columns (a table without them cannot be
@@ -58,7 +78,7 @@ def polling_fallback_blocked(settings: Settings) -> tuple[str, str] | None:
     return None
 
 
-def resolve_mode(settings: Settings) -> ResolvedMode:
+def resolve_mode(settings: ModeInputs) -> ResolvedMode:
     """The mode a run relays in (see the module contract); ``ValueError`` (one line) for a
     mode the settings cannot be relayed in."""
     mode, outboxes = settings.mode, settings.outbox_settings()

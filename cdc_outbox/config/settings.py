@@ -262,7 +262,8 @@ class Settings(BaseSettings):
     def _safe_combination(self) -> Settings:
         """Refuse combinations the relay cannot honour (one line each, exit 2): the rules of
         :func:`cdc_outbox.config.combinations.check_combination`."""
-        check_combination(self, self.model_fields_set)
+        if (resolved := check_combination(self, self.model_fields_set)) != self.on_permanent_error:
+            self.on_permanent_error = resolved
         return self
 
     def _single_outbox(self) -> OutboxSettings:
