@@ -34,6 +34,7 @@ from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox.store import schema
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
@@ -63,7 +64,7 @@ def monitored_settings(dsn: str, bootstrap: str, prefix: str, **overrides: Any) 
 @contextmanager
 def service_thread(settings: Settings) -> Iterator[Service]:
     """``cdc-outbox run`` wiring (relay + monitoring) in a thread, once its endpoint answers."""
-    with running(Service(settings)) as service:
+    with running(build_service(settings)) as service:
         wait_until(lambda: _answers(settings), timeout=30, message="endpoint not up")
         yield service
 

@@ -24,6 +24,7 @@ from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox_dev import workload
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -231,7 +232,7 @@ def relay_thread(settings: Settings) -> AbstractContextManager[Relay]:
 
 def service_thread(settings: Settings) -> AbstractContextManager[Service]:
     """``cdc-outbox run`` (the Service, any mode) in a background thread."""
-    return running(Service(settings))
+    return running(build_service(settings))
 
 
 def slot_position(dsn: str, slot: str) -> tuple[Lsn, bool]:

@@ -30,8 +30,6 @@ NOT_YET_CONVERTED: frozenset[str] = frozenset(
         "cdc.published_marker:PublishedMarker",
         "cdc.relay:Relay",
         "delivery.engine:Delivery",
-        "polling.relay:PollingRelay",
-        "service.relay_service:Service",
         "store.failed_rows:FailedRows",
         "store.published_marks:TableMarks",
     }
