@@ -1,5 +1,6 @@
-"""The long-running service behind ``cdc-outbox run``: the one place that wires leadership,
-the persisted phase machine, the relays (CDC, catch-up, polling) and monitoring.
+"""The long-running service behind ``cdc-outbox run``: runs leadership, the persisted phase
+machine, the relays (CDC, catch-up, polling) and monitoring, as wired by
+:func:`cdc_outbox.service.wiring.build_service` (it never sees the whole settings).
 
 Any number of instances may run against one table and slot: exactly one is the leader
 (:mod:`cdc_outbox.ha.leadership`); the others stand by (``role = standby`` in the metrics) and
@@ -25,7 +26,8 @@ transition before it takes effect:
   ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
   ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
   status columns) relays by CDC only, and so does a relay of table-less events
-  (``message_prefix``: polling cannot see them; a WARNING says so). With
+  (``message_prefix``: polling cannot see them; a WARNING says so): the settings decide
+  that (:func:`cdc_outbox.config.modes.resolve_mode`, ``section.mode``). With
   ``delivery = "exactly_once"`` polling stays at-least-once (a WARNING line and
   ``cdc_outbox_delivery_guarantee`` say so).
 
