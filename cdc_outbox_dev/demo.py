@@ -25,6 +25,7 @@ from cdc_outbox.admin import lifecycle
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
@@ -102,7 +103,7 @@ def run_demo(
 def _relay_and_verify(
     settings: Settings, events: int, writers: int, aggregates: int, console: Console
 ) -> bool:
-    relay = Service(settings)  # what `cdc-outbox run` runs
+    relay = build_service(settings)  # what `cdc-outbox run` runs
     failure: list[BaseException] = []
 
     def run_relay() -> None:

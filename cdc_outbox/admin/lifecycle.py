@@ -287,7 +287,7 @@ def status(settings: Settings) -> StatusReport:
     """Read-only snapshot of the slot, publication and outbox (works for the relay role)."""
     with connect(settings) as conn:
         st = inspect_database(conn, settings)
-        figures = outbox_figures(conn, settings)
+        figures = outbox_figures(conn, OutboxTable.all_of(settings))
         kept = [f for f in figures if f.failed_rows is not None]
         pending = _total([f.pending_rows for f in kept])
         failed = _total([f.failed_rows for f in kept])

@@ -14,12 +14,10 @@ from cdc_outbox.store.inspection import Conn, DatabaseState, TableState, inspect
 from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = [
-    "FALLBACK_BLOCKERS",
     "MIN_SERVER_VERSION",
     "PreflightFailed",
     "evaluate_checks",
     "missing_from_publication",
-    "polling_fallback_blocked",
     "preflight",
     "table_state",
 ]
@@ -50,29 +48,6 @@ def preflight(conn: Conn, settings: Settings, *, create_table: bool = False) -> 
     message_prefix_id (with ``message_prefix``); publication, slot; on PostgreSQL 17+
     failover_slot (when the slot exists) and synchronized_standby_slots (warnings only)."""
     return evaluate_checks(inspect_database(conn, settings), settings, create_table)
-
-
-#: Why auto mode relays by CDC only and never falls back to polling (label values).
-FALLBACK_BLOCKERS = ("table_less_events", "statusless_outbox")
-
-
-def polling_fallback_blocked(settings: Settings) -> tuple[str, str] | None:
-    """Auto mode's fallback rule: it may fall back to polling only when polling can relay
-    everything CDC does: no table-less events (``message_prefix``: they live only in the WAL)
-    and every configured outbox table has status columns (a table without them cannot be
-    polled). ``(reason label, message)`` when it may not, else None."""
-    if settings.message_prefix is not None:
-        return "table_less_events", (
-            f"table-less events (message_prefix {settings.message_prefix!r}) live only in the"
-            " WAL, polling cannot relay them"
-        )
-    statusless = [o.name for o in settings.outbox_settings() if not o.columns.has_status]
-    if statusless:
-        return "statusless_outbox", (
-            f"{', '.join(statusless)} ha{'s' if len(statusless) == 1 else 've'} no status"
-            " columns (cannot be polled)"
-        )
-    return None
 
 
 def _check(name: str, ok: bool, detail: str, fix: str = "") -> Check:

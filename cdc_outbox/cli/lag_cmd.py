@@ -35,6 +35,7 @@ from cdc_outbox.monitoring.lag import (
     read_polling,
     read_slot,
 )
+from cdc_outbox.store.outbox_table import OutboxTable
 
 #: Top-level keys of ``lag --json`` (the rest of a relay sample appears under ``relay``).
 DATABASE_KEYS = (
@@ -119,12 +120,13 @@ def collect(settings: Settings, conn: lifecycle.Conn, url: str | None) -> dict[s
     relay, relay_error = fetch_relay(url)
     mode = relay.get("mode") if relay else (None if settings.mode == "auto" else settings.mode)
     sample = LagSample(sampled_at=time.time(), slot_name=settings.slot_name, mode=mode)
-    read_slot(conn, settings, sample)
+    tables = OutboxTable.all_of(settings)
+    read_slot(conn, settings.slot_name, sample)
     if mode == "polling":
-        read_polling(conn, settings, sample, outbox_columns(conn, settings))
+        read_polling(conn, tables, sample, outbox_columns(conn, tables))
     elif relay is not None:
         sample.oldest_unpublished_age_seconds = relay.get("oldest_unpublished_age_seconds")
-    read_outboxes(conn, settings, sample)
+    read_outboxes(conn, tables, sample)
     data = sample.to_dict()
     doc = {key: data[key] for key in DATABASE_KEYS}
     doc.update(relay=relay, relay_url=url, relay_error=relay_error)

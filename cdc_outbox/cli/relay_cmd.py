@@ -53,7 +53,7 @@ def run(
     transaction boundary, waits (up to the grace period) for Kafka to acknowledge what was
     sent, confirms it to the slot and exits 0. On a terminal a catch-up shows a progress bar.
     """
-    from cdc_outbox.service.relay_service import Service
+    from cdc_outbox.service.wiring import build_service
 
     overrides = global_options(ctx).overrides
     if mode is not None:
@@ -63,7 +63,7 @@ def run(
     if grace is not None:
         overrides["shutdown_grace_s"] = grace
     settings = settings_from(ctx)
-    service = Service(settings)
+    service = build_service(settings)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         service.request_stop()

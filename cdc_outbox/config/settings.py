@@ -14,7 +14,6 @@ both are re-exported here.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -38,8 +37,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from cdc_outbox.config.cloudevents_rules import check_settings
 from cdc_outbox.config.columns import ColumnNames
+from cdc_outbox.config.combinations import check_combination
 from cdc_outbox.config.input import (
     ENV_ALLOWED,
     ENV_ALLOWED_PREFIXES,
@@ -261,54 +260,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _safe_combination(self) -> Settings:
-        """Refuse combinations the relay cannot honour (one line each, exit 2)."""
-        explicit = self.model_fields_set
-        if "avro" in (self.value_format, self.key_format) and not self.schema_registry.url:
-            raise ValueError(
-                'value_format/key_format = "avro" needs schema_registry.url (schema ids'
-                " come from the registry)"
-            )
-        check_settings(self.cloudevents, self.value_format, self.null_payload)
-        self._check_outboxes(explicit)
-        statusless = [o for o in self.outbox_settings() if not o.columns.has_status]
-        if self.tracing_relay_span and all(
-            o.columns.tracing_span_context is None for o in self.outbox_settings()
-        ):
-            raise ValueError("tracing_relay_span needs columns.tracing_span_context (the trace"
-                             " context the relay span continues)")  # fmt: skip
-        if self.tracing_relay_span and importlib.util.find_spec("opentelemetry") is None:
-            raise ValueError("tracing_relay_span needs opentelemetry-api: pip install"
-                             " 'cdc-outbox[otel]'")  # fmt: skip
-        kept = [o for o in statusless if o.cdc_mark_published != "delete"]
-        if self.delivery == "exactly_once" and kept:
-            # Its catch-up marks (or deletes) each Kafka transaction's rows as it commits; a
-            # statusless table can only have them deleted (docs/exactly-once.md).
-            raise ValueError(
-                f'delivery = "exactly_once": {kept[0].name} has no status columns, so it needs'
-                ' cdc_mark_published = "delete" (its catch-up deletes rows as each Kafka'
-                " transaction commits)"
-            )
-        if self.delivery == "exactly_once" and self.mode == "polling":
-            raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
-        if self.message_prefix is not None and self.mode == "polling":
-            raise ValueError("message_prefix needs CDC: polling never sees table-less events")
-        if statusless and self.on_permanent_error == "dead_letter":
-            preset, name = statusless[0].columns.preset, statusless[0].name
-            if "on_permanent_error" in explicit:
-                raise ValueError(
-                    f'on_permanent_error = "dead_letter" needs the status columns of the'
-                    f" default column preset to park and redrive events; {name} (the {preset}"
-                    ' preset) has none: use on_permanent_error = "halt"'
-                )
-            self.on_permanent_error = "halt"
-        if self.mode == "auto":
-            for o in self.outbox_settings():
-                if o.columns.has_status and o.cdc_mark_published == "off":
-                    raise ValueError(
-                        f'mode = "auto" with cdc_mark_published = "off" ({o.name}) would'
-                        " publish every row again at each fallback to polling: use"
-                        ' "update" or "delete", or mode = "cdc"'
-                    )
+        """Refuse combinations the relay cannot honour (one line each, exit 2): the rules of
+        :func:`cdc_outbox.config.combinations.check_combination`."""
+        if (resolved := check_combination(self, self.model_fields_set)) != self.on_permanent_error:
+            self.on_permanent_error = resolved
         return self
 
     def _single_outbox(self) -> OutboxSettings:

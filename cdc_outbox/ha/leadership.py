@@ -38,7 +38,7 @@ import psycopg
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.ha import LeadershipSection
 from cdc_outbox.errors import CdcOutboxError, raise_if_cannot_heal
 from cdc_outbox.ha.leadership_rules import (
     LeaseClock,
@@ -47,7 +47,6 @@ from cdc_outbox.ha.leadership_rules import (
     lock_namespace,
 )
 from cdc_outbox.redaction import redact
-from cdc_outbox.store import schema
 
 __all__ = ["Leadership"]
 
@@ -105,30 +104,34 @@ def _statements(table: sql.Identifier) -> dict[str, sql.Composed]:
 
 
 class Leadership:
-    """Leader election for ``settings.slot_name`` (see the module contract). Thread-safe; one
+    """Leader election for ``section.slot_name`` (see the module contract). Thread-safe; one
     thread at a time calls :meth:`acquire`."""
 
     def __init__(
         self,
-        settings: Settings,
+        section: LeadershipSection,
+        state_table: sql.Identifier,
         instance_id: str | None = None,
         *,
         loop_stalled: Callable[[], str | None] | None = None,
     ) -> None:
-        """``loop_stalled()``: None while the leader's main loop turns, else why it is stalled
-        (checked before each renew; a stalled loop ends the term)."""
+        """``section``: :func:`cdc_outbox.config.ha.leadership_section`; ``state_table``: the
+        relay state table (``schema.relay_state_ident(settings)``). ``loop_stalled()``: None
+        while the leader's main loop turns, else why it is stalled (checked before each renew;
+        a stalled loop ends the term)."""
         self._loop_stalled = loop_stalled
         self.instance_id = (
             instance_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         )
-        self._settings, self._lease = settings, settings.leader_lease_s
+        self._section, self._lease = section, section.lease_s
+        self._state_table = state_table
         self._args: dict[str, Any] = {
             "ns": lock_namespace(),
-            "slot": settings.slot_name,
+            "slot": section.slot_name,
             "me": self.instance_id,
             "lease": self._lease,
         }
-        self._sql = _statements(schema.relay_state_ident(settings))
+        self._sql = _statements(state_table)
         self._fence = LeaseClock(self._lease / 2)
         self._conn_lock = threading.Lock()  # serializes use of the connection; taken first
         self._state_lock = threading.Lock()  # guards the fields below; held only briefly
@@ -182,7 +185,7 @@ class Leadership:
                         pause = 0.05  # its backend is exiting: the lock is free in a moment
             except (errors.UndefinedTable, errors.InvalidSchemaName):
                 self._close_conn()
-                table = schema.relay_state_ident(self._settings).as_string(None)
+                table = self._state_table.as_string(None)
                 raise CdcOutboxError(
                     f"leader election: state table {table} is missing; run `cdc-outbox init`"
                 ) from None
@@ -336,8 +339,8 @@ class Leadership:
             conn.close()
 
     def _connect(self) -> Conn:
-        dsn = self._settings.postgres_dsn()
-        params = connection_params(self._lease, conninfo_to_dict(dsn), self._settings.slot_name)
+        dsn = self._section.database.postgres_dsn()
+        params = connection_params(self._lease, conninfo_to_dict(dsn), self._section.slot_name)
         conn = psycopg.connect(dsn, autocommit=True, **params)
         conn.execute(  # the server notices a dead peer too; a renew never blocks past lease/2
             "SELECT set_config('tcp_keepalives_idle', '2', false),"
@@ -351,8 +354,8 @@ class Leadership:
         return conn
 
     def _log(self, level: int, message: str, *args: object) -> None:
-        logger.log(level, "leader election (slot %s): " + message, self._settings.slot_name, *args)
+        logger.log(level, "leader election (slot %s): " + message, self._section.slot_name, *args)
 
     def _redact(self, exc: BaseException) -> str:
         message = " ".join(str(exc).split()) or type(exc).__name__
-        return redact(message, self._settings.secret_values())
+        return redact(message, self._section.database.secret_values())

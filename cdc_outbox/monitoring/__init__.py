@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
+from cdc_outbox.config.monitoring import health_section, heartbeat_section, slot_monitor_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.health import HealthChecks
 from cdc_outbox.monitoring.heartbeat import Heartbeat
@@ -22,6 +23,7 @@ from cdc_outbox.monitoring.http_server import MonitoringServer
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["Monitoring", "start_monitoring"]
@@ -54,15 +56,21 @@ def start_monitoring(settings: Settings, stats: Callable[[], RelayStats]) -> Ite
     scrape, so a replaced relay is followed).
     """
     histogram = LatencyHistogram()
-    heartbeat = Heartbeat(settings) if settings.heartbeat_interval_s > 0 else None
+    heartbeat = (
+        Heartbeat(heartbeat_section(settings)) if settings.heartbeat_interval_s > 0 else None
+    )
     monitor = SlotMonitor(
-        settings, stats, histogram, heartbeat_counts=heartbeat.counts if heartbeat else None
+        slot_monitor_section(settings),
+        OutboxTable.all_of(settings),
+        stats,
+        histogram,
+        heartbeat_counts=heartbeat.counts if heartbeat else None,
     )
     registry = CollectorRegistry()
     registry.register(RelayCollector(stats, histogram, monitor, heartbeat))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
-    health = HealthChecks(settings, stats)
+    health = HealthChecks(health_section(settings), stats)
     server: MonitoringServer | None = None
     try:
         server = MonitoringServer(

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.monitoring import HealthSection
 from cdc_outbox.kafka.probe import KafkaProbe
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
@@ -60,10 +60,11 @@ class HealthChecks(BackgroundLoop):
 
     thread_name = "health-checks"
 
-    def __init__(self, settings: Settings, stats: Callable[[], RelayStats]) -> None:
-        self.settings = settings
+    def __init__(self, section: HealthSection, stats: Callable[[], RelayStats]) -> None:
+        """``section``: :func:`cdc_outbox.config.monitoring.health_section`."""
+        self.section = section
         self._stats = stats
-        health = settings.health
+        health = section.health
         self.interval_s = health.check_interval_s
         self.timeout_s = health.check_timeout_s
         self.loop_stale_s = health.loop_stale_s
@@ -100,7 +101,7 @@ class HealthChecks(BackgroundLoop):
         try:
             check()
         except Exception as exc:
-            error = one_line(exc, self.settings)
+            error = one_line(exc, self.section.database)
         self.results[name] = CheckResult(error is None, error, started, time.monotonic() - t0)
         if error is not None and name not in self._failing:
             self._failing.add(name)
@@ -111,13 +112,13 @@ class HealthChecks(BackgroundLoop):
 
     def _check_postgres(self) -> None:
         with db_pool.pooled(
-            self.settings, timeout=self.timeout_s, statement_timeout_s=self.timeout_s
+            self.section.database, timeout=self.timeout_s, statement_timeout_s=self.timeout_s
         ) as conn:
             conn.execute("SELECT 1").fetchone()
 
     def _check_kafka(self) -> None:
         if self._kafka is None:
-            self._kafka = KafkaProbe(self.settings.kafka_config())
+            self._kafka = KafkaProbe(dict(self.section.kafka_config))
         self._kafka.check(self.timeout_s)
 
     # -- what the endpoints answer -----------------------------------------------------------

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.monitoring import HeartbeatSection
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import one_line
 from cdc_outbox.store import db_pool
@@ -34,9 +34,10 @@ class Heartbeat(BackgroundLoop):
 
     thread_name = "heartbeat"
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.interval_s = settings.heartbeat_interval_s
+    def __init__(self, section: HeartbeatSection) -> None:
+        """``section``: :func:`cdc_outbox.config.monitoring.heartbeat_section`."""
+        self.section = section
+        self.interval_s = section.interval_s
         self.sent = 0
         self.errors = 0
         self.last_success_unix = 0.0
@@ -56,15 +57,17 @@ class Heartbeat(BackgroundLoop):
         """Commit one heartbeat now; ``False`` (counted, logged) if it failed. Never raises."""
         try:
             now = time.time()
-            content = json.dumps({"unix": round(now, 3), "slot": self.settings.slot_name})
+            content = json.dumps({"unix": round(now, 3), "slot": self.section.slot_name})
             # pooled() with a statement timeout lends the connection inside a transaction.
-            with db_pool.pooled(self.settings, timeout=5.0, statement_timeout_s=5.0) as conn:
+            with db_pool.pooled(
+                self.section.database, timeout=5.0, statement_timeout_s=5.0
+            ) as conn:
                 conn.execute(
                     "SELECT pg_logical_emit_message(true, %s, %s)", (HEARTBEAT_PREFIX, content)
                 )
         except Exception as exc:
             self.errors += 1
-            self.last_error = one_line(exc, self.settings)
+            self.last_error = one_line(exc, self.section.database)
             if time.monotonic() - self._last_error_log >= _ERROR_LOG_INTERVAL_S:
                 self._last_error_log = time.monotonic()
                 logger.warning("heartbeat failed (the stream goes on): %s", self.last_error)

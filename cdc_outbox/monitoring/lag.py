@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
-from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.redaction import redact
 from cdc_outbox.store.inspection import outbox_figures
@@ -84,7 +84,13 @@ class LagSample:
         return asdict(self)
 
 
-def one_line(exc: BaseException, settings: Settings) -> str:
+class HasSecrets(Protocol):
+    """Settings, or a section, that know their secrets (``Settings``, ``DatabaseSection``)."""
+
+    def secret_values(self) -> list[str]: ...
+
+
+def one_line(exc: BaseException, settings: HasSecrets) -> str:
     """``exc`` as one line with any secret of ``settings`` masked."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return redact(text, settings.secret_values())
@@ -119,27 +125,30 @@ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
 POLLING_NEEDS = frozenset({"status", "attempts"})
 
 
-def outbox_columns(conn: Conn, settings: Settings) -> dict[str, frozenset[str]]:
+def outbox_columns(conn: Conn, tables: Sequence[OutboxTable]) -> dict[str, frozenset[str]]:
     """Column names of each outbox table by ``schema.table`` (empty if it does not exist or
     is not visible)."""
     return {
         outbox.name: frozenset(
             r[0] for r in conn.execute(_COLUMNS_SQL, (outbox.ident.as_string(conn),))
         )
-        for outbox in OutboxTable.all_of(settings)
+        for outbox in tables
     }
 
 
-def read_slot(conn: Conn, settings: Settings, sample: LagSample) -> None:
+def read_slot(conn: Conn, slot_name: str, sample: LagSample) -> None:
     """Fill the server and slot fields of ``sample`` (one statement)."""
-    row = conn.execute(_SLOT_SQL, {"slot": settings.slot_name}).fetchone()
+    row = conn.execute(_SLOT_SQL, {"slot": slot_name}).fetchone()
     assert row is not None
     for name, value in zip(_SLOT_FIELDS, row, strict=True):
         setattr(sample, name, value)
 
 
 def read_polling(
-    conn: Conn, settings: Settings, sample: LagSample, columns: dict[str, frozenset[str]]
+    conn: Conn,
+    tables: Sequence[OutboxTable],
+    sample: LagSample,
+    columns: dict[str, frozenset[str]],
 ) -> None:
     """Fill the polling counts (summed over the outbox tables) and the oldest unpublished
     (PENDING/PROCESSING) row's age (the oldest of every table).
@@ -147,7 +156,7 @@ def read_polling(
     Needs the ``status`` and ``attempts`` columns (age also ``created_at``); a table without
     them is left out, and with none the fields stay ``None``.
     """
-    for outbox in OutboxTable.all_of(settings):
+    for outbox in tables:
         have = columns.get(outbox.name, frozenset())
         if not outbox.has_status or not have >= POLLING_NEEDS:
             continue
@@ -166,21 +175,21 @@ def read_polling(
             )
 
 
-def figure_tables(settings: Settings, mode: str | None) -> list[OutboxTable]:
+def figure_tables(tables: Sequence[OutboxTable], mode: str | None) -> list[OutboxTable]:
     """The outbox tables whose rows tell what is unpublished in ``mode``: a table with status
     columns, unless CDC leaves its rows unmarked (``cdc_mark_published = "off"`` outside
     polling); a table without them only when CDC deletes published rows."""
     return [
         t
-        for t in OutboxTable.all_of(settings)
+        for t in tables
         if (t.has_status and (mode == "polling" or t.marking != "off"))
         or (not t.has_status and t.marking == "delete")
     ]
 
 
-def read_outboxes(conn: Conn, settings: Settings, sample: LagSample) -> None:
-    """Fill ``sample.outboxes``: the figures of each of :func:`figure_tables`."""
-    figures = outbox_figures(conn, settings, figure_tables(settings, sample.mode))
+def read_outboxes(conn: Conn, tables: Sequence[OutboxTable], sample: LagSample) -> None:
+    """Fill ``sample.outboxes``: the figures of each of :func:`figure_tables` of ``tables``."""
+    figures = outbox_figures(conn, figure_tables(tables, sample.mode))
     sample.outboxes = [asdict(f) for f in figures]
 
 

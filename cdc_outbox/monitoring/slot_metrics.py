@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from cdc_outbox.admin.preflight import FALLBACK_BLOCKERS, polling_fallback_blocked
+from cdc_outbox.config.modes import FALLBACK_BLOCKERS
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.metric_families import PREFIX, counter, gauge, one_of
 
@@ -51,15 +51,15 @@ def outbox_families(figures: list[dict[str, Any]]) -> Iterable[Metric]:
 
 def monitor_families(monitor: SlotMonitor) -> Iterable[Metric]:
     s: LagSample | None = monitor.latest
-    settings = monitor.settings
-    blocked = polling_fallback_blocked(settings) if settings.mode == "auto" else None
+    section = monitor.section
+    blocked = section.fallback_blocked
     yield one_of(
         PREFIX + "polling_fallback_disabled",
         "Auto mode only: 1 for the reason it relays by CDC only and never falls back to polling"
         " (table_less_events: message_prefix; statusless_outbox: a table without status"
         " columns), 0 for the others.",
         "reason",
-        FALLBACK_BLOCKERS if settings.mode == "auto" else (),
+        FALLBACK_BLOCKERS if section.mode == "auto" else (),
         None if blocked is None else blocked[0],
     )
     yield gauge("monitor_up", "1 if the last slot-monitor sample succeeded.", monitor.up)

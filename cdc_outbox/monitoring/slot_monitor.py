@@ -15,13 +15,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.monitoring import SlotMonitorSection
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.monitoring.background import BackgroundLoop
 from cdc_outbox.monitoring.lag import (
@@ -36,6 +36,7 @@ from cdc_outbox.monitoring.lag import (
 )
 from cdc_outbox.monitoring.latency import LatencyHistogram, quantile
 from cdc_outbox.store import db_pool
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
@@ -70,15 +71,19 @@ class SlotMonitor(BackgroundLoop):
 
     def __init__(
         self,
-        settings: Settings,
+        section: SlotMonitorSection,
+        tables: Sequence[OutboxTable],
         stats: Callable[[], RelayStats],
         histogram: LatencyHistogram,
         *,
         heartbeat_counts: Callable[[], tuple[int, int]] | None = None,
         chart_points: int | None = None,
     ) -> None:
-        self.settings = settings
-        self.interval_s = settings.monitor_interval_s
+        """``section``: :func:`cdc_outbox.config.monitoring.slot_monitor_section`; ``tables``:
+        the configured outbox tables (``OutboxTable.all_of(settings)``)."""
+        self.section = section
+        self.tables = tuple(tables)
+        self.interval_s = section.interval_s
         self.errors = 0
         self.up = False
         self._stats = stats
@@ -133,7 +138,7 @@ class SlotMonitor(BackgroundLoop):
         now = time.time()
         stats = self._stats()
         self._attach(stats)
-        sample = LagSample(sampled_at=now, slot_name=self.settings.slot_name)
+        sample = LagSample(sampled_at=now, slot_name=self.section.slot_name)
         self._relay_figures(sample, stats, now)
         try:
             self._database_figures(sample, now)
@@ -156,13 +161,15 @@ class SlotMonitor(BackgroundLoop):
 
     def _database_figures(self, sample: LagSample, now: float) -> None:
         timeout = max(5.0, min(30.0, self.interval_s))
-        with db_pool.pooled(self.settings, timeout=timeout, statement_timeout_s=timeout) as conn:
+        with db_pool.pooled(
+            self.section.database, timeout=timeout, statement_timeout_s=timeout
+        ) as conn:
             if self._columns is None:
-                self._columns = outbox_columns(conn, self.settings)
-            read_slot(conn, self.settings, sample)
+                self._columns = outbox_columns(conn, self.tables)
+            read_slot(conn, self.section.slot_name, sample)
             if sample.mode == "polling":
-                read_polling(conn, self.settings, sample, self._columns)
-            read_outboxes(conn, self.settings, sample)
+                read_polling(conn, self.tables, sample, self._columns)
+            read_outboxes(conn, self.tables, sample)
         wal = lsn_value(sample.wal_lsn)
         if wal is not None:
             self._clock.add(now, wal)
@@ -174,7 +181,7 @@ class SlotMonitor(BackgroundLoop):
     def _failed(self, sample: LagSample, exc: Exception) -> None:
         self.errors += 1
         self.up = False
-        sample.error = one_line(exc, self.settings)
+        sample.error = one_line(exc, self.section.database)
         self._columns = None  # looked up again: the table may have been recreated
         now = time.monotonic()
         if now - self._last_error_log >= _ERROR_LOG_INTERVAL_S:

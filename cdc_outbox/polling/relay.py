@@ -41,23 +41,23 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
 from cdc_outbox.config.backoff import RECONNECT, Backoff
-from cdc_outbox.config.settings import OutboxSettings, Settings
+from cdc_outbox.config.polling import PollingSection
 from cdc_outbox.delivery.engine import Delivery
-from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
+from cdc_outbox.errors import RelayHalted, raise_if_cannot_heal
 from cdc_outbox.kafka.publisher import ProduceInterrupted
-from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RetryCounts, outcome_params
 from cdc_outbox.polling.rows import _Row, batch_shares, default_worker_id
+from cdc_outbox.polling.tables import PollingTable
 from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store import db_pool, polling_sql
-from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
@@ -65,48 +65,41 @@ logger = logging.getLogger(__name__)
 
 
 class PollingRelay:
-    """A polling worker over every outbox table with status columns (see the module
-    contract): it serves the first itself and one sibling worker per other table (``outbox``
-    given: a worker of that one table only, claiming up to ``batch_size`` rows per pass)."""
+    """A polling worker over ``tables`` (:func:`cdc_outbox.polling.tables.polling_tables`: every
+    outbox table with status columns; see the module contract): it serves the first itself
+    and one sibling worker per other table, each claiming its share of ``batch_size`` rows
+    per pass (``batch_size`` given: up to that many). ``section``:
+    :func:`cdc_outbox.config.polling.polling_section`."""
 
     def __init__(
         self,
-        settings: Settings,
+        section: PollingSection,
+        tables: Sequence[PollingTable],
         stats: RelayStats | None = None,
         worker_id: str | None = None,
         *,
         is_leader: Callable[[], bool] | None = None,
-        outbox: OutboxSettings | None = None,
         batch_size: int | None = None,
     ) -> None:
-        tables = [o for o in settings.outbox_settings() if o.columns.has_status]
-        o = outbox or (tables[0] if tables else settings.outbox())
-        if not o.columns.has_status:
-            raise ConfigError(
-                "config: polling mode needs the status columns of the default column preset"
-                f" (status, attempts, available_at, ...); {o.name} (the {o.columns.preset}"
-                ' preset) has none: use mode = "cdc" or columns.preset = "default"'
-            )
-        shares = batch_shares(settings.polling.batch_size, len(tables))
-        siblings = list(zip(tables[1:], shares[1:], strict=True)) if outbox is None else []
-        self.outbox = o
-        self.settings = settings
-        #: ``settings`` narrowed to this table, for the store helpers of "the" outbox table.
-        self._own = settings.model_copy(update={"outboxes": [self.outbox]})
-        self._batch = batch_size or (shares[0] if outbox is None else settings.polling.batch_size)
+        if not tables:
+            raise ValueError("a polling relay needs an outbox table with status columns")
+        table = self._table = tables[0]
+        shares = batch_shares(section.polling.batch_size, len(tables))
+        self.outbox = table.outbox
+        self.section = section
+        self._batch = batch_size or shares[0]
         self.stats = stats if stats is not None else RelayStats(mode="polling")
         self.stats.mode = "polling"
         self.worker_id = worker_id or default_worker_id()
         self._is_leader = is_leader
-        self._sql = polling_sql.build(settings, self.outbox)
+        self._sql = table.sql
         self._ns = polling_sql.advisory_namespace(self.outbox.schema_name, self.outbox.table)
-        self._mapper = outbox_mapper(settings, self.outbox)
-        self._with_headers = settings.column_names(self.outbox).headers is not None
-        self._with_tracing = settings.column_names(self.outbox).tracing_span_context is not None
+        self._mapper = table.mapper
+        self._with_headers, self._with_tracing = table.with_headers, table.with_tracing
         self._siblings = [
-            PollingRelay(settings, self.stats, self.worker_id, is_leader=is_leader,
-                         outbox=o, batch_size=n)
-            for o, n in siblings
+            PollingRelay(section, [t], self.stats, self.worker_id, is_leader=is_leader,
+                         batch_size=n)
+            for t, n in zip(tables[1:], shares[1:], strict=True)
         ]  # fmt: skip
         self._conn: psycopg.Connection[Any] | None = None
         self._delivery: Delivery | None = None
@@ -132,7 +125,7 @@ class PollingRelay:
         database and Kafka trouble is waited out with backoff (``backoff.RECONNECT``), never
         raised. Raises ``RelayHalted`` (halt policy) and ``NotLeader`` (an elected relay that
         lost its lease)."""
-        polling = self.settings.polling
+        polling = self.section.polling
         backoff = Backoff(RECONNECT)
         workers = [self, *self._siblings]
         swept_all = self._is_leader is None  # a leader first takes over every lease
@@ -194,7 +187,7 @@ class PollingRelay:
         if rows:
             delivery = self._require_delivery()
             aggregates = sorted({r.aggregate_id for r in rows})
-            delivery.parking.load(parked_aggregates(conn, self._own, aggregates))
+            delivery.parking.load(self._table.parked(conn, aggregates))
             self._publish(rows)
             self._write_outcomes(self._connect(), rows)
         return len(rows)
@@ -202,7 +195,7 @@ class PollingRelay:
     def sweep(self, *, everything: bool = False) -> int:
         """Return PROCESSING rows whose lease expired (``everything``: all rows of other
         workers) to PENDING, FAILED at max attempts."""
-        polling = self.settings.polling
+        polling = self.section.polling
         self._next_sweep = time.monotonic() + polling.lease_s / 2
         cur = self._connect().execute(
             self._sql.sweep,
@@ -218,7 +211,7 @@ class PollingRelay:
                 "%s: swept %d rows with an expired lease (%d now FAILED)",
                 self.outbox.name,
                 len(statuses),
-                statuses.count("FAILED"),
+                sum(map(OutboxTable.is_dead_letter, statuses)),
             )
         return len(statuses)
 
@@ -300,7 +293,7 @@ class PollingRelay:
         if self._stop:
             now = time.monotonic()
             if self._deadline is None:
-                self._deadline = now + self.settings.shutdown_grace_s
+                self._deadline = now + self.section.shutdown_grace_s
             if now >= self._deadline:
                 return "stop requested: grace period over"
         return None
@@ -308,7 +301,7 @@ class PollingRelay:
     def _await(self, rows: list[_Row], delivery: Delivery) -> None:
         """Serve the producer until the wave is settled; renews the lease of ``rows`` not
         settled yet (those waiting for a later wave too)."""
-        lease = self.settings.polling.lease_s
+        lease = self.section.polling.lease_s
         last_renew = time.monotonic()
         while self._outstanding > 0:
             self.stats.beat()
@@ -356,7 +349,7 @@ class PollingRelay:
                 )
                 marked = cur.rowcount
             if others:
-                polling = self.settings.polling
+                polling = self.section.polling
                 failures = self._retries.failures(others)
                 conn.execute(
                     self._sql.mark_outcomes,
@@ -374,7 +367,7 @@ class PollingRelay:
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = db_pool.connect(self.settings.postgres_dsn(), autocommit=True)
+            self._conn = db_pool.connect(self.section.database.postgres_dsn(), autocommit=True)
         return self._conn
 
     def _close_connection(self) -> None:
@@ -386,12 +379,7 @@ class PollingRelay:
 
     def _require_delivery(self) -> Delivery:
         if self._delivery is None:
-            self._delivery = Delivery(
-                self._own,
-                self.stats,
-                failed_rows=FailedRows(self._own),
-                interrupted=self._interrupted,
-            )
+            self._delivery = self._table.delivery(self.stats, self._interrupted)
         return self._delivery
 
     def _sleep(self, seconds: float) -> None:

@@ -1,5 +1,6 @@
-"""The long-running service behind ``cdc-outbox run``: the one place that wires leadership,
-the persisted phase machine, the relays (CDC, catch-up, polling) and monitoring.
+"""The long-running service behind ``cdc-outbox run``: runs leadership, the persisted phase
+machine, the relays (CDC, catch-up, polling) and monitoring, as wired by
+:func:`cdc_outbox.service.wiring.build_service` (it never sees the whole settings).
 
 Any number of instances may run against one table and slot: exactly one is the leader
 (:mod:`cdc_outbox.ha.leadership`); the others stand by (``role = standby`` in the metrics) and
@@ -25,7 +26,8 @@ transition before it takes effect:
   ``POLLING`` (the slot is dropped: it would only retain WAL), probing CDC every
   ``cdc_probe_interval_s``, and back through ``CATCHING_UP``. The Debezium layout (no
   status columns) relays by CDC only, and so does a relay of table-less events
-  (``message_prefix``: polling cannot see them; a WARNING says so). With
+  (``message_prefix``: polling cannot see them; a WARNING says so): the settings decide
+  that (:func:`cdc_outbox.config.modes.resolve_mode`, ``section.mode``). With
   ``delivery = "exactly_once"`` polling stays at-least-once (a WARNING line and
   ``cdc_outbox_delivery_guarantee`` say so).
 
@@ -48,13 +50,12 @@ from contextlib import ExitStack
 
 import psycopg
 
-from cdc_outbox.admin.preflight import polling_fallback_blocked
 from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.cdc.stream_failures import CdcUnavailable
 from cdc_outbox.config.backoff import RECONNECT
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.service import ServiceSection
 from cdc_outbox.crash_points import crash_point
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import (
@@ -71,17 +72,8 @@ from cdc_outbox.ha import slot_invalidation
 from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.slot_invalidation import of_error as _invalidated
 from cdc_outbox.polling.relay import PollingRelay
-from cdc_outbox.service.housekeeping import (
-    cdc_problem,
-    decoding_error,
-    drop_slot_quietly,
-    ensure_publication,
-    ensure_state_table,
-    publication_must_fit,
-    statusless_catch_up_must_be_safe,
-)
-from cdc_outbox.service.startup import check_before_run, check_kafka_config
-from cdc_outbox.store import db_pool, relay_state
+from cdc_outbox.service.ops import ServiceOps
+from cdc_outbox.store import relay_state
 from cdc_outbox.store.inspection import SlotStatus
 from cdc_outbox.store.relay_state import NotLeader, Phase
 from cdc_outbox.telemetry.relay_stats import RelayStats
@@ -97,10 +89,14 @@ class RelayEnded(CdcOutboxError):
 
 
 class Service:
-    """The configured relay(s) plus monitoring; ``request_stop`` is signal-handler safe."""
+    """The configured relay(s) plus monitoring; ``request_stop`` is signal-handler safe.
+    Built by :func:`cdc_outbox.service.wiring.build_service`: ``section`` is
+    :func:`cdc_outbox.config.service.service_section`, ``ops`` the operations bound to the
+    settings (:class:`~cdc_outbox.service.ops.ServiceOps`)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, section: ServiceSection, ops: ServiceOps) -> None:
+        self.section = section
+        self.ops = ops
         self.stats = RelayStats()
         self._stop = threading.Event()
         self._current: Relay | PollingRelay | None = None
@@ -123,20 +119,17 @@ class Service:
             raise
 
     def _run(self) -> None:
-        check_kafka_config(self.settings)
+        ops = self.ops
+        ops.check_kafka_config()
         _tune_gc()
         with ExitStack() as stack:
-            stack.enter_context(db_pool.hold(self.settings))  # closed last, at exit
-            if self.settings.metrics_port:
-                from cdc_outbox.monitoring import start_monitoring
-
-                stack.enter_context(start_monitoring(self.settings, lambda: self.stats))
-            if not check_before_run(self.settings, self._stop):
+            stack.enter_context(ops.hold_pool())  # closed last, at exit
+            if ops.monitoring is not None:
+                stack.enter_context(ops.monitoring(lambda: self.stats))
+            if not ops.check_before_run(self._stop):
                 return
-            ensure_state_table(self.settings)
-            leadership = self._leadership = Leadership(
-                self.settings, loop_stalled=self._loop_stalled
-            )
+            ops.ensure_state_table()
+            leadership = self._leadership = ops.leadership(self._loop_stalled)
             stack.callback(leadership.release)
             while not self._stop.is_set():
                 self.stats.role = "standby"
@@ -154,16 +147,15 @@ class Service:
     # -- the leader's phase machine ----------------------------------------------------------
 
     def _lead(self, lead: Leadership) -> None:
-        settings = self.settings
-        mode = settings.mode
-        blocked = polling_fallback_blocked(settings) if mode == "auto" else None
+        section, ops = self.section, self.ops
+        resolved = section.mode  # the settings validator's decision (config.modes)
+        mode, blocked = resolved.mode, resolved.fallback_blocked
         if blocked is not None:
             logger.warning(
                 "auto mode: %s; relaying by CDC only (a failing stream is retried, never"
                 " replaced by polling)",
                 blocked[1],
             )
-            mode = "cdc"
         failures = 0
         fall_back_because: str | None = None
         while not self._stop.is_set():
@@ -177,15 +169,15 @@ class Service:
                     self._must_be_stopping("the polling relay")
                     return
                 if mode == "cdc":
-                    publication_must_fit(settings)
-                problem = fall_back_because or (cdc_problem(settings) if mode == "auto" else None)
+                    ops.publication_must_fit()
+                problem = fall_back_because or (ops.cdc_problem() if mode == "auto" else None)
                 if problem is not None:
                     fall_back_because, failures = None, 0
                     self._fall_back(lead, problem)
                     continue
                 reason = self._catch_up_reason(state, mode)
                 relay = self._relay(lead) if reason is None else self._catch_up(lead, reason)
-                logger.info("relay mode: cdc (slot %s)", settings.slot_name, extra={"mode": "cdc"})
+                logger.info("relay mode: cdc (slot %s)", section.slot_name, extra={"mode": "cdc"})
                 relay.run()
                 self._must_be_stopping("the CDC relay")
                 return
@@ -219,13 +211,13 @@ class Service:
         """Why the lease must not be renewed: the main loop has not turned for
         ``health.loop_stale_s`` (the rule ``/healthz`` applies)."""
         idle = time.time() - self.stats.last_loop_unix
-        limit = self.settings.health.loop_stale_s
+        limit = self.section.loop_stale_s
         if self.stats.last_loop_unix and idle > limit:
             return f"the main loop has not turned for {idle:.0f} s (health.loop_stale_s {limit:g})"
         return None
 
     def _relay(self, lead: Leadership) -> Relay:
-        relay = Relay(self.settings, self.stats, is_leader=lead.is_leader)
+        relay = self.ops.cdc_relay(self.stats, lead.is_leader)
         self._current = relay
         self.stats.mode = "cdc"
         if self._stop.is_set():
@@ -234,15 +226,17 @@ class Service:
 
     def _catch_up(self, lead: Leadership, reason: str) -> Relay:
         """CATCHING_UP: a fresh slot, the backlog of its snapshot, then STREAMING."""
-        settings = self.settings
-        statusless_catch_up_must_be_safe(settings, reason)
+        ops = self.ops
+        ops.statusless_catch_up_must_be_safe(reason)
         self._write_phase(lead, Phase.CATCHING_UP)
         self.stats.catch_ups += 1
         logger.info(
-            "catch-up needed (%s): creating slot %s with a snapshot", reason, settings.slot_name
+            "catch-up needed (%s): creating slot %s with a snapshot",
+            reason,
+            self.section.slot_name,
         )
-        drop_slot_quietly(settings, leader_id=lead.instance_id)
-        ensure_publication(settings)
+        ops.drop_slot_quietly(lead.instance_id)
+        ops.ensure_publication()
         relay = self._relay(lead)
         point, rows = relay.catch_up()
         try:
@@ -260,19 +254,18 @@ class Service:
         )
         self._write_phase(lead, Phase.POLLING)
         # An unused slot would only retain WAL.
-        drop_slot_quietly(self.settings, leader_id=lead.instance_id)
+        self.ops.drop_slot_quietly(lead.instance_id)
         self._run_polling(lead, probe=True)
 
     def _catch_up_reason(self, state: relay_state.RelayState, mode: str) -> str | None:
         """Why the slot cannot be streamed as it is (:mod:`cdc_outbox.cdc.catch_up_rule`)."""
-        settings = self.settings
-        facts = relay_state.slot_facts(settings)
+        facts = self.ops.slot_facts()
         self._check_slot(facts.slot, mode)
         reason = catch_up_reason(state, facts.slot, keeps_position=facts.keeps_position)
         if reason is None:
             logger.info(
                 "streaming slot %s as it is (phase %s, consistent point %s): no catch-up",
-                settings.slot_name,
+                self.section.slot_name,
                 state.phase,
                 state.consistent_point,
             )
@@ -284,7 +277,7 @@ class Service:
         if slot is None or (found := slot_invalidation.of_slot_status(slot)) is None:
             return
         if slot.invalidation_reason is None:  # 15/16: only decoding's error names a conflict
-            found = _invalidated(decoding_error(self.settings, slot.name)) or found
+            found = _invalidated(self.ops.decoding_error(slot.name)) or found
         self.stats.slot_invalidations[found.reason] = (
             self.stats.slot_invalidations.get(found.reason, 0) + 1
         )
@@ -293,31 +286,24 @@ class Service:
         logger.warning("slot %s invalidated (%s): %s", slot.name, found.reason, found.cause)
 
     def _read_state(self) -> relay_state.RelayState:
-        with db_pool.pooled(self.settings) as conn:
-            state = relay_state.read_state(conn, self.settings)
+        state = self.ops.read_state()
         self.stats.phase = str(state.phase)
         return state
 
     def _write_phase(
         self, lead: Leadership, phase: Phase, *, consistent_point: int | None = None
     ) -> None:
-        with db_pool.pooled(self.settings) as conn:
-            relay_state.write_phase(
-                conn,
-                self.settings,
-                phase,
-                leader_id=lead.instance_id,
-                consistent_point=consistent_point,
-            )
+        self.ops.write_phase(phase, lead.instance_id, consistent_point)
         self.stats.phase = str(phase)
         logger.info("phase %s", phase, extra={"mode": self.stats.mode})
 
     def _run_polling(self, lead: Leadership, *, probe: bool) -> None:
-        polling = PollingRelay(self.settings, self.stats, is_leader=lead.is_leader)
+        section = self.section
+        polling = self.ops.polling_relay(self.stats, lead.is_leader)
         self._current = polling
         self.stats.mode = "polling"
-        self.stats.delivery_guarantee = guarantee_in_effect(self.settings.delivery, "POLLING")
-        if self.settings.delivery == "exactly_once":
+        self.stats.delivery_guarantee = guarantee_in_effect(section.delivery, "POLLING")
+        if section.delivery == "exactly_once":
             logger.warning(
                 "delivery = exactly_once, but polling is at-least-once (a PostgreSQL status"
                 " update cannot commit atomically with a Kafka transaction): events published"
@@ -341,17 +327,17 @@ class Service:
         # A daemon: a thread stuck past its join timeout must not keep the process alive.
         thread = threading.Thread(target=target, name="polling-relay", daemon=True)
         thread.start()
-        next_probe = time.monotonic() + self.settings.cdc_probe_interval_s
+        next_probe = time.monotonic() + section.cdc_probe_interval_s
         while thread.is_alive() and not self._stop.wait(0.2):
             if not lead.is_leader():
                 break
             if time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self.settings.cdc_probe_interval_s
-                if cdc_problem(self.settings) is None:
+                next_probe = time.monotonic() + section.cdc_probe_interval_s
+                if self.ops.cdc_problem() is None:
                     logger.info("CDC is usable again; stopping the polling relay")
                     break
         polling.request_stop()
-        bound = self.settings.shutdown_grace_s + _POLLING_JOIN_MARGIN_S
+        bound = section.shutdown_grace_s + _POLLING_JOIN_MARGIN_S
         thread.join(bound)
         if thread.is_alive():
             raise RelayEnded(f"the polling relay did not stop within {bound:g} s of being asked")

@@ -33,19 +33,19 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import DatabaseUnavailable
 from cdc_outbox.redaction import redact, redact_dsn
 
 __all__ = [
     "BORROW_TIMEOUT_S",
     "CONNECT_TIMEOUT_S",
+    "PoolSettings",
     "close_all",
     "connect",
     "connect_kwargs",
@@ -57,6 +57,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+class PoolSettings(Protocol):
+    """What the pool reads of its settings: ``Settings`` and
+    :class:`~cdc_outbox.config.database.DatabaseSection` both answer it (one pool per DSN and
+    size, whichever of them asks)."""
+
+    @property
+    def db_pool_max_size(self) -> int: ...
+
+    def postgres_dsn(self) -> str: ...
+
+    def secret_values(self) -> list[str]: ...
+
 
 #: libpq ``connect_timeout`` of each new pool connection (unless the DSN sets one).
 CONNECT_TIMEOUT_S = 10
@@ -112,7 +126,7 @@ def connect(dsn: str, **kwargs: Any) -> Conn:
     return psycopg.connect(dsn, **connect_kwargs(dsn), **kwargs)
 
 
-def pool_kwargs(settings: Settings) -> dict[str, Any]:
+def pool_kwargs(settings: PoolSettings) -> dict[str, Any]:
     """The ``ConnectionPool`` arguments for ``settings`` (besides ``open`` and the class)."""
     dsn = settings.postgres_dsn()
     given = conninfo_to_dict(dsn)
@@ -131,11 +145,11 @@ def pool_kwargs(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _key(settings: Settings) -> tuple[str, int]:
+def _key(settings: PoolSettings) -> tuple[str, int]:
     return settings.postgres_dsn(), settings.db_pool_max_size
 
 
-def _get(settings: Settings) -> _Pool:
+def _get(settings: PoolSettings) -> _Pool:
     key = _key(settings)
     with _lock:
         pool = _pools.get(key)
@@ -150,7 +164,7 @@ def _get(settings: Settings) -> _Pool:
 
 @contextmanager
 def pooled(
-    settings: Settings,
+    settings: PoolSettings,
     *,
     timeout: float | None = None,
     statement_timeout_s: float | None = None,
@@ -176,7 +190,7 @@ def pooled(
 
 
 @contextmanager
-def hold(settings: Settings) -> Iterator[None]:
+def hold(settings: PoolSettings) -> Iterator[None]:
     """Keep the settings' pool for the block; the last holder to leave closes it."""
     key = _key(settings)
     with _lock:
@@ -206,7 +220,7 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
-def _unavailable(settings: Settings, pool: _Pool, exc: BaseException) -> str:
+def _unavailable(settings: PoolSettings, pool: _Pool, exc: BaseException) -> str:
     cause = pool.last_error or exc
     message = " ".join(str(cause).split()) or type(cause).__name__
     message = redact(message, settings.secret_values())
@@ -232,7 +246,7 @@ class _MaskSecrets(logging.Filter):
 _mask = _MaskSecrets()
 
 
-def _install_log_filter(settings: Settings) -> None:
+def _install_log_filter(settings: PoolSettings) -> None:
     _mask.secrets.update(s for s in settings.secret_values() if s)
     pool_logger = logging.getLogger("psycopg.pool")
     if pool_logger.level == logging.NOTSET:

@@ -352,13 +352,11 @@ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
 """
 
 
-def outbox_figures(
-    conn: Conn, settings: Settings, outboxes: Sequence[OutboxTable] | None = None
-) -> list[OutboxFigures]:
-    """:class:`OutboxFigures` of ``outboxes`` (None: every configured outbox table), in
-    configuration order (one catalog query and one count per table)."""
+def outbox_figures(conn: Conn, outboxes: Sequence[OutboxTable]) -> list[OutboxFigures]:
+    """:class:`OutboxFigures` of ``outboxes`` (e.g. ``OutboxTable.all_of(settings)``), in
+    their order (one catalog query and one count per table)."""
     figures = []
-    for outbox in OutboxTable.all_of(settings) if outboxes is None else outboxes:
+    for outbox in outboxes:
         f = OutboxFigures(outbox.name)
         figures.append(f)
         columns = {r[0] for r in conn.execute(_REL_COLUMNS_SQL, (outbox.ident.as_string(conn),))}

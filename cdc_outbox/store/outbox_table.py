@@ -91,6 +91,11 @@ class OutboxTable:
         """Published rows stay in the table and can be told from unpublished ones."""
         return self.has_status and self.marking != "delete"
 
+    @staticmethod
+    def is_dead_letter(status: str) -> bool:
+        """A row in ``status`` (as a statement returned it) is dead-lettered (FAILED)."""
+        return status == "FAILED"
+
     # -- predicates ---------------------------------------------------------------------------
 
     def unpublished(self) -> sql.Composable:

@@ -25,7 +25,7 @@ from psycopg import sql
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import PreflightError
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox.store import relay_state
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
@@ -253,4 +253,4 @@ def test_a_catch_up_that_would_republish_a_statusless_table_is_refused(
         conn.execute(_insert(settings), (str(uuid.uuid4()), "order", "a-1", "E", "{}"))
         conn.commit()
     with pytest.raises(PreflightError, match='cdc_mark_published = "off"'):
-        Service(settings).run()
+        build_service(settings).run()

@@ -21,6 +21,7 @@ from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox_dev.readback import ConsumedRecord, count_records, read_topics
 from tests.support.helpers import wait_until
 from tests.support.relay import (
@@ -290,7 +291,7 @@ def test_halt_policy_stops_before_any_later_event_in_every_mode(
     with psycopg.connect(pg_dsn) as conn:
         first = _insert(conn, "agg-p", '{"n": 0}')
         conn.commit()
-    service = Service(settings)
+    service = build_service(settings)
     errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: _run_into(service, errors), daemon=True)
     thread.start()

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.service.wiring import polling_relay
 from tests.support.helpers import consume_all, wait_until
 from tests.support.relay import (
     init_for_catch_up,
@@ -51,7 +51,7 @@ def test_header_columns_reach_kafka_in_catch_up_cdc_and_polling(
         wait_until(lambda: outbox_statuses(pg_dsn) == {"PUBLISHED": 2}, timeout=60)
     ids.append(_insert(pg_dsn, "Polled", "t-polling"))
     ids.append(_insert(pg_dsn, "PolledNull", None))
-    relay = PollingRelay(settings.model_copy(update={"mode": "polling"}))
+    relay = polling_relay(settings.model_copy(update={"mode": "polling"}))
     worker = threading.Thread(target=relay.run, daemon=True)
     worker.start()
     try:

@@ -31,14 +31,17 @@ from cdc_outbox.store.relay_state import NotLeader, Phase
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.support.helpers import wait_until
 from tests.support.relay import relay_settings
+from tests.support.sections import leadership
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys, threading, time
 from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.ha import leadership_section
 from cdc_outbox.ha.leadership import Leadership
+from cdc_outbox.store.schema import relay_state_ident
 settings = Settings.model_validate({"dsn": sys.argv[1], "leader_lease_s": float(sys.argv[2])})
-lead = Leadership(settings, instance_id="child")
+lead = Leadership(leadership_section(settings), relay_state_ident(settings), instance_id="child")
 assert lead.acquire(threading.Event())
 if sys.argv[3] == "stream":
     from cdc_outbox.cdc.replication_stream import ReplicationStream
@@ -97,7 +100,7 @@ class Child:
 @contextmanager
 def standby(settings: Settings, instance_id: str = "standby") -> Iterator[tuple[Leadership, list]]:
     """A Leadership acquiring in a thread; the list gets the monotonic time it became leader."""
-    lead, stop, won, errors = Leadership(settings, instance_id), threading.Event(), [], []
+    lead, stop, won, errors = leadership(settings, instance_id), threading.Event(), [], []
 
     def run() -> None:
         try:
@@ -137,7 +140,7 @@ def _slot_pid(dsn: str) -> int | None:
 
 def test_exactly_one_leader_and_release_hands_over(pg_dsn: str) -> None:
     settings = _settings(pg_dsn)
-    a = Leadership(settings, "a")
+    a = leadership(settings, "a")
     assert a.acquire(threading.Event()) is True
     assert a.is_leader() and a.role == "leader"
     with standby(settings, "b") as (b, won):
@@ -245,7 +248,7 @@ def test_a_renew_late_past_the_margin_ends_the_term_for_good(pg_dsn: str) -> Non
     # Any renew slower than lease/2 (a slow statement, a row lock, a paused thread) lapses the
     # term. Before issue 37 the late renew brought is_leader() back to True.
     settings = _settings(pg_dsn, lease=2.0)
-    a = Leadership(settings, "a")
+    a = leadership(settings, "a")
     assert a.acquire(threading.Event())
     try:
         with a._conn_lock:  # the renew thread waits here, as behind a slow statement
@@ -255,7 +258,7 @@ def test_a_renew_late_past_the_margin_ends_the_term_for_good(pg_dsn: str) -> Non
             assert not a.is_leader(), "a lapsed term came back"
             time.sleep(0.01)  # sampling the whole window: it must never come back
         assert a._conn is None, "the lapsed term's lock connection is still open"
-        b = Leadership(settings, "b")
+        b = leadership(settings, "b")
         try:
             assert b.acquire(threading.Event()) and b.is_leader()
         finally:
@@ -268,7 +271,7 @@ def test_a_renew_late_past_the_margin_ends_the_term_for_good(pg_dsn: str) -> Non
 
 def test_leader_whose_backend_is_terminated_steps_down(pg_dsn: str) -> None:
     settings = _settings(pg_dsn)
-    a = Leadership(settings, "a")
+    a = leadership(settings, "a")
     assert a.acquire(threading.Event())
     try:
         with standby(settings, "b") as (b, won):
@@ -318,7 +321,7 @@ def test_walsender_left_by_a_replaced_leader_is_ended_when_its_lease_expires(
 
 def test_write_phase_is_fenced_by_the_lease(pg_dsn: str) -> None:
     settings = _settings(pg_dsn, lease=1.0)
-    a, b = Leadership(settings, "a"), Leadership(settings, "b")
+    a, b = leadership(settings, "a"), leadership(settings, "b")
     try:
         assert a.acquire(threading.Event())
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -338,7 +341,7 @@ def test_write_phase_is_fenced_by_the_lease(pg_dsn: str) -> None:
 
 def test_database_restart_one_leader_again(pg_dsn: str, pg_server: LocalPostgres) -> None:
     settings = _settings(pg_dsn)
-    a = Leadership(settings, "a")
+    a = leadership(settings, "a")
     assert a.acquire(threading.Event())
     try:
         with standby(settings, "b") as (b, won):
@@ -365,7 +368,7 @@ def test_missing_state_table_is_a_clear_error(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE cdc_outbox_relay_state")
     with pytest.raises(CdcOutboxError, match=r"run `cdc-outbox init`"):
-        Leadership(settings).acquire(threading.Event())
+        leadership(settings).acquire(threading.Event())
 
 
 def test_database_down_standby_retries_quietly(caplog: pytest.LogCaptureFixture) -> None:
@@ -375,7 +378,7 @@ def test_database_down_standby_retries_quietly(caplog: pytest.LogCaptureFixture)
     stop = threading.Event()
     threading.Timer(1.5, stop.set).start()
     with caplog.at_level(logging.INFO, logger="cdc_outbox.ha.leadership"):
-        assert Leadership(settings).acquire(stop) is False
+        assert leadership(settings).acquire(stop) is False
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, caplog.text  # one line per outage, not one per retry
     assert "hunter2" not in caplog.text

@@ -16,12 +16,14 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from cdc_outbox.config.monitoring import heartbeat_section, slot_monitor_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring import start_monitoring
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
 from cdc_outbox.store import schema
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.sandbox._proc import free_port
 from tests.support.helpers import wait_until
@@ -254,13 +256,18 @@ def test_monitor_and_heartbeat_failures_are_counted_not_raised(
     dead = f"host=127.0.0.1 port={free_port()} dbname=x user=u password=hunter2 connect_timeout=2"
     settings = Settings.model_validate({"dsn": dead, "metrics_port": free_port()})
     stats = RelayStats()
-    monitor = SlotMonitor(settings, lambda: stats, LatencyHistogram())
+    monitor = SlotMonitor(
+        slot_monitor_section(settings),
+        OutboxTable.all_of(settings),
+        lambda: stats,
+        LatencyHistogram(),
+    )
     sample = monitor.sample_once()
     monitor.stop()
     assert sample.error and "hunter2" not in sample.error
     assert (monitor.up, monitor.errors, sample.slot_lag_bytes) == (False, 1, None)
     assert sample.mode == "cdc" and sample.events_published_total == 0
-    heartbeat = Heartbeat(settings)
+    heartbeat = Heartbeat(heartbeat_section(settings))
     assert heartbeat.beat() is False and heartbeat.errors == 1
     with socket.socket() as busy:  # the metrics port is taken: the relay runs without it
         busy.bind(("127.0.0.1", settings.metrics_port))

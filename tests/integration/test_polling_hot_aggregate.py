@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.service.wiring import polling_relay
 from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev.readback import read_topics
 from tests.support.helpers import wait_until
@@ -52,7 +52,7 @@ def test_backing_off_aggregate_with_a_long_queue_does_not_starve_the_others(
         with conn.transaction():
             for a in range(OTHERS):
                 conn.execute(insert, (f"other-{a}", "0 seconds", PER_OTHER))
-    with running(PollingRelay(settings)):
+    with running(polling_relay(settings)):
         wait_until(
             lambda: _statuses(pg_dsn, hot=False) == {"PUBLISHED": OTHERS * PER_OTHER},
             timeout=30,

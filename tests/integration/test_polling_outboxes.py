@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_outbox.config.settings import Settings
-from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.service.wiring import polling_relay
 from cdc_outbox.store import schema
 from tests.support.helpers import consume_all, wait_until
 from tests.support.relay import running
@@ -81,7 +81,7 @@ def test_a_small_table_is_not_starved_by_a_big_backlog_and_each_keeps_its_order(
         _insert(conn, "public.outbox", [("shared", n) for n in range(5)])
         _insert(conn, "billing.events", [("shared", n) for n in range(3)])
 
-    with running(PollingRelay(settings)):
+    with running(polling_relay(settings)):
         wait_until(
             lambda: (
                 _published(pg_dsn, "billing.events") == 3

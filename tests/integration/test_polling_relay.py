@@ -19,6 +19,7 @@ from cdc_outbox.admin import outbox_ops as outbox_admin
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import RelayHalted
 from cdc_outbox.polling.relay import PollingRelay
+from cdc_outbox.service.wiring import polling_relay
 from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
@@ -77,7 +78,7 @@ def _statuses(dsn: str) -> dict[str, int]:
 @contextmanager
 def _workers(*settings: Settings) -> Iterator[list[PollingRelay]]:
     """One polling worker per settings, each on its own thread, connection and producer."""
-    relays = [PollingRelay(s, worker_id=f"w{i}") for i, s in enumerate(settings)]
+    relays = [polling_relay(s, worker_id=f"w{i}") for i, s in enumerate(settings)]
     errors: list[BaseException] = []
 
     def target(relay: PollingRelay) -> None:
@@ -108,7 +109,7 @@ def test_publishes_exact_records_and_marks_rows_published(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         a = _insert(conn, "o-1", {"n": 1, "x": [1, 2]}, headers={"trace": "t1", "n": 5})
         b = _insert(conn, "o-1", {"n": 2})
-    relay = PollingRelay(settings)
+    relay = polling_relay(settings)
     try:
         assert relay.run_once() == 2
         assert relay.run_once() == 0
@@ -148,7 +149,7 @@ def test_permanent_failure_dead_letters_parks_the_aggregate_then_redrive_publish
         big = _insert(conn, "o-1", {"pad": "x" * 3000})
         small = _insert(conn, "o-1", {"n": 2})  # same aggregate, later: parked behind big
         other = _insert(conn, "o-2", {"n": 1})
-    relay = PollingRelay(settings)
+    relay = polling_relay(settings)
     try:
         assert relay.run_once() == 3
         rows = _rows(pg_dsn)
@@ -172,7 +173,7 @@ def test_permanent_failure_dead_letters_parks_the_aggregate_then_redrive_publish
     assert (rows[big]["status"], rows[big]["attempts"]) == ("PENDING", 0)
     assert rows[small]["status"] == "PENDING"
     fixed = _settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
-    relay = PollingRelay(fixed)
+    relay = polling_relay(fixed)
     try:
         wait_until(lambda: relay.run_once() > 0, timeout=30)
     finally:
@@ -201,7 +202,7 @@ def test_missing_topic_halts_without_using_an_attempt(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         event = _insert(conn, "o-1", {"n": 1})
     topic = f"{kafka_topic_prefix}.event.order"
-    relay = PollingRelay(settings)
+    relay = polling_relay(settings)
     try:
         errors: list[BaseException] = []
         thread = threading.Thread(target=lambda: _catch(relay.run, errors), daemon=True)
@@ -219,7 +220,7 @@ def test_missing_topic_halts_without_using_an_attempt(
     row = _rows(pg_dsn)[event]
     assert row["status"] != "FAILED" and row["attempts"] == 0, row
     create_topic(bootstrap, topic)
-    again = PollingRelay(settings)
+    again = polling_relay(settings)
     try:
         again.sweep(everything=True)  # the halted relay's lease, as a new leader takes it over
         wait_until(
@@ -377,7 +378,7 @@ def test_inverted_commit_waits_while_its_aggregate_is_in_flight(
         a1 = _insert(late, "o-1", {"tx": "A"})  # earlier created_at, commits last
         b1 = _insert(early, "o-1", {"tx": "B"})
         early.commit()
-        worker_b = PollingRelay(settings, worker_id="b")
+        worker_b = polling_relay(settings, worker_id="b")
         try:
             with _workers(slow):
                 wait_until(lambda: _rows(pg_dsn)[b1]["status"] == "PROCESSING", timeout=30)

@@ -32,9 +32,8 @@ from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import PrivilegeMissing
-from cdc_outbox.ha.leadership import Leadership
-from cdc_outbox.polling.relay import PollingRelay
 from cdc_outbox.service.relay_service import RelayEnded, Service
+from cdc_outbox.service.wiring import build_service, polling_relay
 from cdc_outbox.store import db_pool
 from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox_dev import workload
@@ -49,6 +48,7 @@ from tests.support.relay import (
     slot_holder,
     writers_thread,
 )
+from tests.support.sections import leadership
 
 
 def _published(dsn: str) -> int:
@@ -128,7 +128,7 @@ def test_the_service_refuses_a_relay_that_returns_without_a_stop_request(
     settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     init_outbox(settings)
     monkeypatch.setattr(Relay, "run", lambda self: None)
-    thread, outcome = _service_thread(Service(settings))
+    thread, outcome = _service_thread(build_service(settings))
     thread.join(60)
     assert not thread.is_alive()
     assert isinstance(outcome[0], RelayEnded), repr(outcome[0])
@@ -156,9 +156,9 @@ def test_a_hung_main_loop_gives_up_the_lease_and_a_standby_takes_over(
         hang.wait(120)
 
     monkeypatch.setattr(Relay, "run", hung_run)
-    service = Service(settings)
+    service = build_service(settings)
     thread, outcome = _service_thread(service)
-    standby = Leadership(settings, "standby")
+    standby = leadership(settings, "standby")
     try:
         assert entered.wait(60), "the service never started its relay"
         t0 = time.monotonic()
@@ -257,7 +257,7 @@ def test_the_polling_relay_and_the_stream_do_not_hang_on_a_silent_server(
         {"dsn": dsn, "mode": "polling", "kafka": {"bootstrap_servers": "127.0.0.1:1"}}
     )
     bound = db_pool.CONNECT_TIMEOUT_S + 10.0
-    polling = PollingRelay(settings)
+    polling = polling_relay(settings)
     assert isinstance(_raises_within(polling.run_once, bound), psycopg.OperationalError)
     stream = ReplicationStream(dsn, "s", "p")
     assert isinstance(_raises_within(stream.connect, bound), ReplicationError)

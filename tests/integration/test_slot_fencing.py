@@ -10,6 +10,7 @@ import pytest
 
 from cdc_outbox.service.housekeeping import drop_slot_quietly
 from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox.store.relay_state import NotLeader, Phase
 from tests.support.helpers import wait_until
 from tests.support.relay import init_for_catch_up, init_outbox, relay_settings
@@ -72,7 +73,7 @@ def test_a_failed_switch_to_streaming_leaves_no_walsender_holding_the_snapshot(
         original(self, lead, phase, **kw)
 
     monkeypatch.setattr(Service, "_write_phase", write_phase)
-    service = Service(settings)
+    service = build_service(settings)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
     try:

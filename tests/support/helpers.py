@@ -390,15 +390,18 @@ def lead_through_failing_streams(
     ``CdcUnavailable`` (CDC itself usable: ``cdc_problem`` names a problem of the server),
     until ``failures`` streams failed or the service fell back to polling. Returns (the
     problems it fell back to polling for, the streams tried)."""
+    import dataclasses
+
     from cdc_outbox.cdc.stream_failures import CdcUnavailable
     from cdc_outbox.config.backoff import BackoffPolicy
     from cdc_outbox.service import relay_service as service_mod
+    from cdc_outbox.service.wiring import build_service
 
-    svc = service_mod.Service(settings)
+    svc = build_service(settings)
     fell_back: list[str] = []
     attempts: list[int] = []
 
-    def stream_fails(_: Settings) -> None:
+    def stream_fails() -> None:
         attempts.append(1)
         if len(attempts) == failures:
             svc.request_stop()
@@ -408,8 +411,11 @@ def lead_through_failing_streams(
         fell_back.append(problem)
         svc.request_stop()
 
-    monkeypatch.setattr(service_mod, "cdc_problem", lambda _: "wal_level is 'replica'")
-    monkeypatch.setattr(service_mod, "publication_must_fit", stream_fails)
+    svc.ops = dataclasses.replace(
+        svc.ops,
+        cdc_problem=lambda: "wal_level is 'replica'",
+        publication_must_fit=stream_fails,
+    )
     monkeypatch.setattr(service_mod, "RECONNECT", BackoffPolicy(base_s=0.0, max_s=0.0))
     monkeypatch.setattr(svc, "_read_state", lambda: None)
     monkeypatch.setattr(svc, "_fall_back", fall_back)

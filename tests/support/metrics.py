@@ -7,12 +7,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cdc_outbox.config.monitoring import heartbeat_section, slot_monitor_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.heartbeat import Heartbeat
 from cdc_outbox.monitoring.lag import LagSample
 from cdc_outbox.monitoring.latency import LatencyHistogram
 from cdc_outbox.monitoring.metrics import RelayCollector
 from cdc_outbox.monitoring.slot_monitor import SlotMonitor
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
 SETTINGS = Settings.model_validate(
@@ -50,11 +52,13 @@ def scrape(
     """Exposition text and {sample name + labels: value} of a registry with every source."""
     histogram = LatencyHistogram()
     stats.latency_observers.append(histogram.observe)
-    monitor = SlotMonitor(settings, lambda: stats, histogram)
+    monitor = SlotMonitor(
+        slot_monitor_section(settings), OutboxTable.all_of(settings), lambda: stats, histogram
+    )
     if sample is not None:
         monitor.record(sample)
         monitor.up = True
-    heartbeat = Heartbeat(SETTINGS)
+    heartbeat = Heartbeat(heartbeat_section(SETTINGS))
     heartbeat.sent, heartbeat.errors, heartbeat.last_success_unix = 4, 1, 1_700_000_000.0
     registry = CollectorRegistry()
     registry.register(RelayCollector(lambda: stats, histogram, monitor, heartbeat))

@@ -23,6 +23,7 @@ from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service.relay_service import Service
+from cdc_outbox.service.wiring import build_service
 from cdc_outbox_dev import workload
 from tests.support.helpers import wait_until
 from tests.support.http import endpoint_answers
@@ -232,9 +233,10 @@ def relay_thread(settings: Settings) -> AbstractContextManager[Relay]:
 
 @contextmanager
 def service_thread(settings: Settings) -> Iterator[Service]:
-    """``cdc-outbox run`` (the Service, any mode) in a background thread; with a metrics
-    endpoint (``metrics_port`` not 0), entered once its ``/healthz`` answers 200."""
-    with running(Service(settings)) as service:
+    """``cdc-outbox run`` (the Service, any mode, built by the one wiring function) in a
+    background thread; with a metrics endpoint (``metrics_port`` not 0), entered once its
+    ``/healthz`` answers 200."""
+    with running(build_service(settings)) as service:
         if settings.metrics_port:
             wait_until(lambda: endpoint_answers(settings), timeout=30, message="endpoint not up")
         yield service

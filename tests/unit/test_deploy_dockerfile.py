@@ -19,6 +19,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from prometheus_client import CollectorRegistry
 
+from cdc_outbox.config.monitoring import health_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.health import HealthChecks
 from cdc_outbox.monitoring.http_server import MonitoringServer
@@ -170,7 +171,7 @@ def test_the_healthcheck_command_asks_healthz() -> None:
     assert command[0] == "python"
     stats = RelayStats()
     settings = Settings.model_validate({"dsn": "host=127.0.0.1", "metrics_port": 0})
-    health = HealthChecks(settings, lambda: stats)
+    health = HealthChecks(health_section(settings), lambda: stats)
     server = MonitoringServer("127.0.0.1", 0, CollectorRegistry(), None, health)
     server.start()
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+from cdc_outbox.config.monitoring import health_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.monitoring.health import CheckResult, HealthChecks
 from cdc_outbox.telemetry.relay_stats import RelayStats
@@ -37,7 +38,7 @@ def test_beating_event_beats_on_every_check_and_wait() -> None:
 
 def test_liveness_monitor_beats_only_for_roles_without_their_own_beat() -> None:
     stats = RelayStats(role="leader")
-    health = HealthChecks(SETTINGS, lambda: stats)
+    health = HealthChecks(health_section(SETTINGS), lambda: stats)
     alive, body = health.liveness()  # nothing of the leader beats: serving is alive
     assert alive and body["beat_by"] == "monitor" and body["role"] == "leader"
     stats.beat()
@@ -51,7 +52,7 @@ def test_liveness_monitor_beats_only_for_roles_without_their_own_beat() -> None:
 
 def test_readiness_needs_fresh_successful_checks_of_both() -> None:
     stats = RelayStats(role="standby", mode="polling", phase="POLLING")
-    health = HealthChecks(SETTINGS, lambda: stats)
+    health = HealthChecks(health_section(SETTINGS), lambda: stats)
     ready, body = health.readiness()
     assert not ready and body["checks"]["postgres"]["error"] == "not checked yet"
     now = time.time()
@@ -77,7 +78,7 @@ def test_postgres_check_error_masks_the_password() -> None:
     settings = Settings.model_validate(
         {"dsn": "host=127.0.0.1 port=1 dbname=x password=s3cret-pw", "metrics_port": 0}
     )
-    health = HealthChecks(settings, RelayStats)
+    health = HealthChecks(health_section(settings), RelayStats)
     health._record("postgres", lambda: (_ for _ in ()).throw(OSError("auth s3cret-pw failed")))
     result = health.results["postgres"]
     assert not result.ok and result.error == "auth *** failed"
@@ -86,7 +87,7 @@ def test_postgres_check_error_masks_the_password() -> None:
 def test_liveness_fails_while_a_fatal_error_ends_the_service() -> None:
     stats = RelayStats(role="leader")
     stats.beat()
-    health = HealthChecks(SETTINGS, lambda: stats)
+    health = HealthChecks(health_section(SETTINGS), lambda: stats)
     assert health.liveness()[0]
     stats.fatal = "schema: table public.nosuch does not exist (fix: ...)"
     alive, body = health.liveness()

@@ -8,13 +8,13 @@ import socket
 import pytest
 
 from cdc_outbox.config.settings import Settings
-from cdc_outbox.ha.leadership import Leadership
 from cdc_outbox.ha.leadership_rules import (
     LeaseClock,
     connection_params,
     holder_is_stuck,
     lock_namespace,
 )
+from tests.support.sections import leadership
 
 
 def test_lock_namespace_is_a_fixed_int4() -> None:
@@ -91,11 +91,11 @@ def test_a_lapsed_lease_clock_stays_lapsed_until_a_new_term() -> None:
 
 def test_new_instance_is_standby_without_io() -> None:
     settings = Settings.model_validate({"dsn": "host=127.0.0.1 port=1 password=hunter2"})
-    lead = Leadership(settings)
+    lead = leadership(settings)
     host, pid, suffix = lead.instance_id.rsplit(":", 2)
     assert (host, pid) == (socket.gethostname(), str(os.getpid()))
     assert len(suffix) == 8
-    assert Leadership(settings).instance_id != lead.instance_id
+    assert leadership(settings).instance_id != lead.instance_id
     assert lead.is_leader() is False
     assert lead.role == "standby"
     assert lead.describe() == {
@@ -103,5 +103,5 @@ def test_new_instance_is_standby_without_io() -> None:
         "instance_id": lead.instance_id,
         "leader_id": None,
     }
-    assert Leadership(settings, instance_id="a").instance_id == "a"
+    assert leadership(settings, instance_id="a").instance_id == "a"
     lead.release()  # nothing to release: no error

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cdc_outbox.admin.preflight import polling_fallback_blocked
+from cdc_outbox.config.modes import polling_fallback_blocked
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.polling.rows import batch_shares
 from tests.support.helpers import lead_through_failing_streams

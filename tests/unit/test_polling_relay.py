@@ -19,6 +19,7 @@ from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.polling.outcomes import BACK, DEAD, OK, RETRY, RetryCounts, backoff_delay
 from cdc_outbox.polling.relay import PollingRelay, _Row
+from cdc_outbox.service.wiring import polling_relay
 from cdc_outbox.store.polling_sql import advisory_namespace, build, gap_free
 from tests.support.fakes.kafka import FakeCluster
 
@@ -85,13 +86,13 @@ def _settings(**values: object) -> Settings:
 
 def test_debezium_preset_is_refused_with_a_clear_message() -> None:
     with pytest.raises(ConfigError, match=r"polling mode needs the status columns.*debezium"):
-        PollingRelay(_settings(columns={"preset": "debezium"}))
+        polling_relay(_settings(columns={"preset": "debezium"}))
 
 
 def test_relay_without_headers_column_builds_and_names_itself() -> None:
-    relay = PollingRelay(_settings(columns={"headers": ""}), worker_id="w-1")
+    relay = polling_relay(_settings(columns={"headers": ""}), worker_id="w-1")
     assert relay.worker_id == "w-1" and relay.stats.mode == "polling"
-    assert PollingRelay(_settings()).worker_id != PollingRelay(_settings()).worker_id
+    assert polling_relay(_settings()).worker_id != polling_relay(_settings()).worker_id
 
 
 def test_sql_quotes_configured_names() -> None:
@@ -108,9 +109,10 @@ def test_sql_quotes_configured_names() -> None:
 def _relay_on(cluster: FakeCluster, **values: object) -> PollingRelay:
     """A polling relay whose delivery produces into ``cluster`` (no database is touched by
     :meth:`PollingRelay._publish`)."""
-    relay = PollingRelay(_settings(**values), worker_id="w-1")
+    settings = _settings(**values)
+    relay = polling_relay(settings, worker_id="w-1")
     relay._delivery = Delivery(
-        relay.settings, relay.stats, producer_client=cluster.client,
+        settings, relay.stats, producer_client=cluster.client,
         interrupted=relay._interrupted,
     )  # fmt: skip
     return relay
@@ -200,7 +202,7 @@ def test_a_row_retried_again_and_again_backs_off_up_to_backoff_max_s() -> None:
     """Issue 35: every retry of a row waited ``backoff_base_s`` (the first failure's delay),
     whatever ``backoff_max_s`` said. The delay doubles per retry of the same row, up to the
     cap (jitter pinned at its top), and starts over once the row is published."""
-    relay = PollingRelay(_settings(polling={"backoff_base_s": 1.0, "backoff_max_s": 5.0}))
+    relay = polling_relay(_settings(polling={"backoff_base_s": 1.0, "backoff_max_s": 5.0}))
     relay._rng = SimpleNamespace(random=lambda: 1.0 - 1e-12)  # type: ignore[assignment]
     conn = _Conn()
     delays = [_given_back(relay, conn, RETRY) for _ in range(6)]
