@@ -4,8 +4,9 @@ Contract: :func:`resolve_mode` is the one place that decides it; the settings va
 so a mode the configured outboxes cannot be relayed in is refused at load time with one line
 (``ValueError`` there, ``ConfigError`` exit 2 from ``load_settings``):
 
-- ``polling`` needs at least one outbox table with status columns (tables without them are
-  not polled), at-least-once delivery and no table-less events (``message_prefix``);
+- ``polling`` needs status columns on every configured outbox table (a table without them
+  would be configured and never relayed), at-least-once delivery and no table-less events
+  (``message_prefix``);
 - ``auto`` with a table that has status columns refuses ``cdc_mark_published = "off"`` (every
   fallback to polling would publish the table again);
 - ``auto`` falls back to polling only when polling can relay everything CDC does (every table
@@ -87,8 +88,9 @@ def resolve_mode(settings: ModeInputs) -> ResolvedMode:
             raise ValueError('delivery = "exactly_once" needs CDC: polling is at-least-once')
         if settings.message_prefix is not None:
             raise ValueError("message_prefix needs CDC: polling never sees table-less events")
-        if not any(o.columns.has_status for o in outboxes):
-            o = outboxes[0]
+        statusless = [o for o in outboxes if not o.columns.has_status]
+        if statusless:  # polling claims only tables with status columns: refuse to skip one
+            o = statusless[0]
             raise ValueError(
                 "polling mode needs the status columns of the default column preset"
                 f" (status, attempts, available_at, ...); {o.name} (the {o.columns.preset}"

@@ -66,3 +66,20 @@ def test_auto_mode_resolves_to_cdc_only_when_polling_cannot_relay_everything() -
 def test_an_explicit_mode_is_kept(mode: str) -> None:
     resolved = resolve_mode(Settings(dsn=DSN, mode=mode))  # type: ignore[arg-type]
     assert (resolved.mode, resolved.fallback_blocked) == (mode, None)
+
+
+def test_polling_mode_refuses_a_table_it_would_never_relay() -> None:
+    """Polling claims only tables with status columns: a statusless table beside them would
+    be configured and never relayed, so the mode is refused, naming that table."""
+    message = refused(
+        mode="polling",
+        outboxes=[
+            {"schema": "public", "table": "outbox"},
+            {"schema": "billing", "table": "events", "columns": DEBEZIUM},
+        ],
+    )
+    assert message == (
+        "config: polling mode needs the status columns of the default column preset"
+        " (status, attempts, available_at, ...); billing.events (the debezium preset) has none:"
+        ' use mode = "cdc" or columns.preset = "default"'
+    )
