@@ -1,8 +1,8 @@
 """The real Relay over several outbox tables through one slot (issue 36), driven by the fakes
-of tests/fakes and the Harness of test_relay_restarts: each table's rows are mapped with its
-own layout and topic template, marked in its own table per its own ``cdc_mark_published``,
-and an aggregate's order is kept per table (the same aggregate id in two tables is two
-independent sequences); inserts into a table that is no configured outbox are ignored.
+of tests/support/fakes and the Harness of tests/support/relay_harness.py: each table's rows
+are mapped with its own layout and topic template, marked in its own table per its own
+``cdc_mark_published``, and an aggregate's order is kept per table (the same aggregate id in
+two tables is two independent sequences); inserts into a table that is no configured outbox are ignored.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from cdc_outbox.store.relay_state import KeepOutcome
 from tests.support.fakes.kafka import FakeCheckpoints, Record
 from tests.support.fakes.replication import FakeMarks
 from tests.support.helpers import wait_until
-from tests.unit.test_relay_restarts import CHECKPOINTS, Harness
+from tests.support.relay_harness import CHECKPOINTS, Harness
 
 ORDERS = "t.event.orders."  # public.outbox, the default layout
 SHIPPING = "t.ship."  # shipping.events, the Debezium layout
