@@ -2,7 +2,8 @@
 of tests/support/fakes and the Harness of tests/support/relay_harness.py: each table's rows
 are mapped with its own layout and topic template, marked in its own table per its own
 ``cdc_mark_published``, and an aggregate's order is kept per table (the same aggregate id in
-two tables is two independent sequences); inserts into a table that is no configured outbox are ignored.
+two tables is two independent sequences); inserts into a table that is no configured outbox
+are ignored.
 """
 
 from __future__ import annotations
