@@ -215,7 +215,7 @@ class _Run:
             for values in cur:
                 if table.has_status:
                     status, values = values[-1], values[:-1]
-                    if status == "FAILED":
+                    if table.is_failed(status):
                         _park(delivery, mapper.map_row(values), n)
                         continue
                 backlog.pending += 1

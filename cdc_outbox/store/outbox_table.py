@@ -86,6 +86,12 @@ class OutboxTable:
             return self.sequence
         return "created_at" if self.has_status else None
 
+    @staticmethod
+    def is_failed(status: object) -> bool:
+        """Whether a row's ``status`` as read (e.g. the catch-up's backlog query's last
+        column) is the dead-lettered state."""
+        return status == "FAILED"
+
     @property
     def keeps_published_rows(self) -> bool:
         """Published rows stay in the table and can be told from unpublished ones."""
