@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.delivery import DeliverySection
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
@@ -63,11 +63,11 @@ from cdc_outbox.delivery.policy import (
     parking_key,
     precheck,
 )
+from cdc_outbox.delivery.producer import new_publisher, txn_timeout_s
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport, rows_by_outbox
 from cdc_outbox.errors import topic_missing
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener
-from cdc_outbox.kafka.producer_config import eos_config
-from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
+from cdc_outbox.kafka.publisher import ProducerFactory
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store.failed_rows import FailedRowsStore
 from cdc_outbox.telemetry.relay_stats import RelayStats
@@ -86,7 +86,7 @@ class Delivery:
 
     def __init__(
         self,
-        settings: Settings,
+        section: DeliverySection,
         stats: RelayStats,
         *,
         marker: PublishListener | None = None,
@@ -96,7 +96,7 @@ class Delivery:
         interrupted: Callable[[], str | None] = lambda: None,
         idle: Callable[[], None] = lambda: None,
     ) -> None:
-        self.settings = settings
+        self.section = section
         self._producer_client = producer_client
         self.transactional_id = transactional_id
         self.eos = transactional_id is not None
@@ -120,22 +120,22 @@ class Delivery:
         self.failed_after_commit: list[tuple[str, str, int]] = []
         self.interrupted = interrupted  # the produce loop's stop question (see the contract)
         self.idle = idle  # called while the producer queue is full
-        self._halt_policy = settings.on_permanent_error == "halt"
-        self._max_bytes = settings.max_record_bytes
-        self._fast_bytes = settings.max_record_bytes // 2
+        self._halt_policy = section.halt_on_permanent_error
+        self._max_bytes = section.max_record_bytes
+        self._fast_bytes = section.max_record_bytes // 2
         self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str, int]] = deque()
         self.dead_in_flight = 0  # dead-letter records produced, not yet reported
         self._mark_after = 0.0
         self._replace_producer = False
         self._held: str | None = None
-        self.publisher = self._new_publisher()
+        self.publisher = new_publisher(section, transactional_id, producer_client)
         self.avro: AvroSerializer | None = None
-        if "avro" in (settings.value_format, settings.key_format):
+        if section.avro is not None:
             from cdc_outbox.avro.serializer import AvroSerializer
 
-            self.avro = AvroSerializer(settings)
+            self.avro = AvroSerializer(section.avro)
             self.avro.register_all()
-        self._spans: RelaySpans | None = RelaySpans() if settings.tracing_relay_span else None
+        self._spans: RelaySpans | None = RelaySpans() if section.tracing_relay_span else None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -154,7 +154,9 @@ class Delivery:
             reason = self.publisher.fatal_error or "produce raised a fatal error"
             logger.warning("new Kafka producer after a fatal error: %s", reason)
             self.publisher.close(timeout=0)
-            self.publisher = self._new_publisher()
+            self.publisher = new_publisher(
+                self.section, self.transactional_id, self._producer_client
+            )
             self._replace_producer = False
             self._txn_ready = False
 
@@ -177,7 +179,7 @@ class Delivery:
 
     def txn_timeout_s(self) -> float:
         """How long a Kafka transaction call may block."""
-        return min(60.0, max(30.0, self.settings.eos.transaction_timeout_ms / 1000))
+        return txn_timeout_s(self.section)
 
     def abandon(self) -> None:
         """Drop what is queued in the producer (its reports are ignored), abort the open Kafka
@@ -364,7 +366,7 @@ class Delivery:
             event_id = event_id_of(record.headers)
             self.dead_in_flight += 1
             self.publisher.produce(
-                self.settings.dead_letter_topic,
+                self.section.dead_letter_topic,
                 record.key,
                 record.value,
                 record.headers,
@@ -407,17 +409,6 @@ class Delivery:
             self._replace_producer = True
         if self.restart_reason is None:
             self.restart_reason = reason
-
-    def _new_publisher(self) -> KafkaPublisher:
-        settings = self.settings
-        if self.eos:
-            config = eos_config(settings.kafka_config(), settings.eos.transaction_timeout_ms)
-            return KafkaPublisher(
-                config, transactional_id=self.transactional_id, client=self._producer_client
-            )
-        return KafkaPublisher(
-            settings.kafka_config(), gapless=self._halt_policy, client=self._producer_client
-        )
 
     def _log_dead(
         self, event_id: str | None, key: bytes | None, topic: str | None, reason: str

@@ -47,6 +47,7 @@ from typing import Any
 import psycopg
 
 from cdc_outbox.config.backoff import RECONNECT, Backoff
+from cdc_outbox.config.delivery import delivery_section
 from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError, RelayHalted, raise_if_cannot_heal
@@ -57,7 +58,7 @@ from cdc_outbox.polling.rows import _Row, batch_shares, default_worker_id
 from cdc_outbox.polling.waves import held_back, next_wave
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store import db_pool, polling_sql
-from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.store.failed_rows import failed_rows_of, parked_aggregates
 from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
@@ -387,9 +388,9 @@ class PollingRelay:
     def _require_delivery(self) -> Delivery:
         if self._delivery is None:
             self._delivery = Delivery(
-                self._own,
+                delivery_section(self._own),
                 self.stats,
-                failed_rows=FailedRows(self._own),
+                failed_rows=failed_rows_of(self._own),
                 interrupted=self._interrupted,
             )
         return self._delivery

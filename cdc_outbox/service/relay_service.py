@@ -51,6 +51,7 @@ import psycopg
 from cdc_outbox.admin.preflight import polling_fallback_blocked
 from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.cdc.stream_failures import CdcUnavailable
 from cdc_outbox.config.backoff import RECONNECT
@@ -225,7 +226,7 @@ class Service:
         return None
 
     def _relay(self, lead: Leadership) -> Relay:
-        relay = Relay(self.settings, self.stats, is_leader=lead.is_leader)
+        relay = build_relay(self.settings, self.stats, is_leader=lead.is_leader)
         self._current = relay
         self.stats.mode = "cdc"
         if self._stop.is_set():

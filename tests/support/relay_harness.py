@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.relay_state import KeepOutcome
@@ -93,7 +94,7 @@ class Harness:
             marks=FakeMarks(lambda: self.pg),
             slot_facts=lambda: self.pg.slot_facts(self.keeps_position),
         )
-        relay = Relay(self.settings, is_leader=is_leader, ports=ports)
+        relay = build_relay(self.settings, is_leader=is_leader, ports=ports)
         relay._sleep = lambda seconds: None  # type: ignore[method-assign]
         return relay
 

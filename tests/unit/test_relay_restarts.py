@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.cdc.slot_watch import SlotChanged
 from cdc_outbox.store.relay_state import NotLeader
@@ -360,7 +361,7 @@ def _zombie(h: Harness, lease: list[bool]) -> tuple[Relay, FakeStream]:
         marks=FakeMarks(lambda: h.pg),
         slot_facts=lambda: h.pg.slot_facts(h.keeps_position),
     )
-    relay = Relay(h.settings, is_leader=lambda: lease[0], ports=ports)
+    relay = build_relay(h.settings, is_leader=lambda: lease[0], ports=ports)
     relay._sleep = lambda seconds: None  # type: ignore[method-assign]
     return relay, stream
 
