@@ -46,12 +46,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import psycopg
 
 from cdc_outbox.config.delivery import DeliverySection
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
+from cdc_outbox.delivery.encoding import serializer, wire_form
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
     FailureAction,
@@ -61,7 +61,6 @@ from cdc_outbox.delivery.policy import (
     on_encode_failure,
     on_failure,
     parking_key,
-    precheck,
 )
 from cdc_outbox.delivery.producer import new_publisher, txn_timeout_s
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport, rows_by_outbox
@@ -72,9 +71,6 @@ from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store.failed_rows import FailedRowsStore
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox.telemetry.tracing import RelaySpans
-
-if TYPE_CHECKING:
-    from cdc_outbox.avro.serializer import AvroSerializer
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +125,7 @@ class Delivery:
         self._replace_producer = False
         self._held: str | None = None
         self.publisher = new_publisher(section, transactional_id, producer_client)
-        self.avro: AvroSerializer | None = None
-        if section.avro is not None:
-            from cdc_outbox.avro.serializer import AvroSerializer
-
-            self.avro = AvroSerializer(section.avro)
-            self.avro.register_all()
+        self.avro = serializer(section.avro)
         self._spans: RelaySpans | None = RelaySpans() if section.tracing_relay_span else None
 
     # -- sessions ------------------------------------------------------------------------
@@ -252,27 +243,8 @@ class Delivery:
                     precedes = lambda e, b: rows.precedes(e, b, table)  # noqa: E731
                 blocker = self.parking.blocked_by(pkey, result.event_id, precedes)
             if blocker is None:
-                value = result.value
-                wire_key = key
-                if self.avro is not None:
-                    encoded = self.avro.encode(result)
-                    if type(encoded) is tuple:
-                        wire_key, value = encoded
-                    else:
-                        assert not isinstance(encoded, tuple)
-                        if on_encode_failure(encoded.kind, self._halt_policy) is (
-                            FailureAction.RETRY
-                        ):
-                            self._held = encoded.reason
-                            self.restart(encoded.reason)
-                            handle.retry(encoded.reason)
-                            return
-                        self.reject(handle, dead_letter_of(result, encoded.reason), outbox)
-                        return
-                problem = None
-                if value is None or len(value) >= self._fast_bytes:
-                    problem = precheck(wire_key, value, result.headers, self._max_bytes)
-                if problem is None:
+                wire = wire_form(self.avro, result, self._fast_bytes, self._max_bytes)
+                if type(wire) is tuple:
                     self.keys.add(pkey)
                     headers = result.headers
                     report: DeliveryListener = RecordReport(
@@ -284,17 +256,23 @@ class Delivery:
                         )
                     self.publisher.produce(
                         result.topic,
-                        wire_key,
-                        value,
+                        wire[0],
+                        wire[1],
                         headers,
                         report,
                         interrupted=self.interrupted,
                         idle=self.idle,
                     )
                     return
-                # Too large: the dead letter carries the event without its value.
-                value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
-                result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
+                if not isinstance(wire, DeadLetter):  # Avro encoding failed: retry or dead letter
+                    assert not isinstance(wire, tuple)
+                    if on_encode_failure(wire.kind, self._halt_policy) is FailureAction.RETRY:
+                        self._held = wire.reason
+                        self.restart(wire.reason)
+                        handle.retry(wire.reason)
+                        return
+                    wire = dead_letter_of(result, wire.reason)
+                result = wire  # too large, null key: the dead letter carries no value
             else:
                 result = dead_letter_of(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
