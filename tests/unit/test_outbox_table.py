@@ -54,3 +54,9 @@ def test_polling_counts_read_the_age_only_with_created_at() -> None:
     t = _table()
     assert "NULL::float8" in _text(t.polling_counts(with_age=False))
     assert 'min("created_at")' in _text(t.polling_counts(with_age=True))
+
+
+def test_only_the_dead_lettered_state_is_failed() -> None:
+    """The catch-up asks this of each backlog row's status (it never spells the state)."""
+    assert [s for s in STATUSES if OutboxTable.is_failed(s)] == ["FAILED"]
+    assert not OutboxTable.is_failed(None)
