@@ -44,6 +44,7 @@ def _child(what: str, n: int) -> None:
     """Build ``n`` records, then encode each with ``what`` ("none": build only)."""
     from cdc_outbox.avro.serializer import AvroSerializer, _Writer
     from cdc_outbox.avro.wire import JsonToAvro, header, parse
+    from cdc_outbox.config.delivery import avro_section
     from cdc_outbox.config.settings import Settings
 
     schema = parse(SCHEMA.read_text())
@@ -51,7 +52,7 @@ def _child(what: str, n: int) -> None:
     settings = Settings.model_validate(
         {"dsn": "host=none", "value_format": "avro", "schema_registry": {"url": "http://none"}}
     )
-    serializer = AvroSerializer(settings)
+    serializer = AvroSerializer(avro_section(settings))
     serializer._writers[("bench.order", b"OrderPlaced")] = _Writer(1, schema, "s", False, 0.0)
     encoder = JsonToAvro(schema, header(1))
     if what == "serializer":

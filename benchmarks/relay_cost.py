@@ -140,10 +140,13 @@ def _child(what: str, n: int) -> None:
     from cdc_outbox.cdc.ack_tracker import AckTracker
     from cdc_outbox.cdc.message_router import MessageRouter
     from cdc_outbox.cdc.published_marker import PublishedMarker
+    from cdc_outbox.config.cdc import marker_section, router_section
+    from cdc_outbox.config.delivery import delivery_section
     from cdc_outbox.config.settings import Settings
     from cdc_outbox.delivery.engine import Delivery
     from cdc_outbox.kafka.publisher import ProducerFactory
     from cdc_outbox.mapping.build import outbox_mapper
+    from cdc_outbox.store.outbox_table import OutboxTable
     from cdc_outbox.telemetry.relay_stats import RelayStats
 
     stream = payloads(n)
@@ -156,12 +159,18 @@ def _child(what: str, n: int) -> None:
         }
     )
     stats = RelayStats()
-    marker = PublishedMarker(settings)  # not started: ids are only buffered
+    # Not started: ids are only buffered.
+    marker = PublishedMarker(marker_section(settings), OutboxTable.all_of(settings))
     # The stand-in has what the relay calls (produce, poll, len), not the whole client.
     delivery = Delivery(
-        settings, stats, marker=marker, producer_client=cast(ProducerFactory, _Client)
+        delivery_section(settings),
+        stats,
+        marker=marker,
+        producer_client=cast(ProducerFactory, _Client),
     )
-    router = MessageRouter(settings, [outbox_mapper(settings)], delivery, stats, None)
+    router = MessageRouter(
+        router_section(settings), [outbox_mapper(settings)], delivery, stats, None
+    )
     tracker = AckTracker(0)
 
     class _Checkpoint:

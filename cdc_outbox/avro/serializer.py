@@ -41,7 +41,7 @@ from cdc_outbox.avro.wire import (
     record_names,
     subject_name,
 )
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.delivery import AvroSection
 from cdc_outbox.errors import ConfigError
 from cdc_outbox.records import OutboxRecord
 
@@ -110,15 +110,15 @@ def load_schemas_dir(directory: str) -> dict[str, LocalSchema]:
 class AvroSerializer:
     """Encodes records for one relay; see the module contract."""
 
-    def __init__(self, settings: Settings) -> None:
-        sr = settings.schema_registry
+    def __init__(self, section: AvroSection) -> None:
+        sr = section.registry
         self.client = RegistryClient(
             sr.url, sr.basic_auth_user_info.get_secret_value(), sr.timeout_s
         )
         self.strategy = sr.subject_name_strategy
         self.auto_register = sr.auto_register
-        self.values = settings.value_format == "avro"
-        self.keys = settings.key_format == "avro"
+        self.values = section.values
+        self.keys = section.keys
         self.local = load_schemas_dir(sr.schemas_dir)
         self._writers: dict[tuple[str, bytes], _Writer] = {}
         self._failed: dict[tuple[str, bytes], tuple[EncodeProblem, float]] = {}

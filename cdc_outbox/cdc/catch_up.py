@@ -51,7 +51,7 @@ from psycopg import sql
 from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.cdc.catch_up_marks import Marking, mark_committed_batch, qualify
 from cdc_outbox.cdc.published_marker import PublishedMarker
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.cdc import CatchUpSection
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.policy import parking_key
 from cdc_outbox.errors import CdcOutboxError, RelayHalted
@@ -127,21 +127,17 @@ class _Backlog:
 
 
 def backlog_query(
-    settings: Settings,
-    mapper: OutboxMapper,
-    commit_timestamps: bool = False,
-    table: OutboxTable | None = None,
+    outbox: OutboxTable, mapper: OutboxMapper, commit_timestamps: bool = False
 ) -> sql.Composed:
-    """The rows a catch-up publishes from the outbox ``table`` (None: the first), as text in
+    """The rows a catch-up publishes from the outbox table ``outbox``, as text in
     ``mapper.row_columns`` order, each aggregate's in commit order
     (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``: the server has
     ``track_commit_timestamp`` on. The default layout's query also returns the ``FAILED`` rows
     (they park their aggregate from there on), with ``status`` as one more last column."""
-    outbox = table or OutboxTable.of(settings)
     columns = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
     )
-    order = catch_up_order.order_by(settings, commit_timestamps, outbox)
+    order = catch_up_order.table_order_by(outbox, commit_timestamps)
     if not outbox.has_status:
         # No status column: the table holds only unpublished rows (cdc_mark_published =
         # "delete"; the service refuses a catch-up with "off" over a non-empty table).
@@ -153,9 +149,9 @@ def backlog_query(
     )
 
 
-def backlog_count_query(settings: Settings, table: OutboxTable | None = None) -> sql.Composed:
+def backlog_count_query(table: OutboxTable) -> sql.Composed:
     """One COUNT of the rows :func:`backlog_query` returns (the catch-up's progress total)."""
-    return (table or OutboxTable.of(settings)).count_unpublished()
+    return table.count_unpublished()
 
 
 def _start_progress(conn: Conn, tables: list[OutboxTable], delivery: Delivery) -> Progress:
@@ -181,17 +177,20 @@ def _report(progress: Progress, delivery: Delivery, done: int, last: bool = Fals
 
 
 class _Run:
-    """One catch-up's state across its tables (rows submitted, the open exactly-once batch)."""
+    """One catch-up's state across its tables (rows submitted, the open exactly-once batch);
+    ``outboxes``: every configured outbox table (ids are qualified among them)."""
 
     def __init__(
         self,
-        settings: Settings,
+        section: CatchUpSection,
+        outboxes: Sequence[OutboxTable],
         delivery: Delivery,
         eos: CatchUpCommitter | None,
         marks: Conn,
         marking: Marking,
     ) -> None:
-        self.settings, self.delivery, self.eos = settings, delivery, eos
+        self.section, self.outboxes = section, tuple(outboxes)
+        self.delivery, self.eos = delivery, eos
         self.marks, self.marking = marks, marking
         self.backlog = _Backlog()
         self.count = 0
@@ -203,15 +202,15 @@ class _Run:
         progress: Progress,
     ) -> None:  # fmt: skip
         """Submit the backlog of outbox ``n`` (``table``), in its commit order."""
-        settings, delivery, eos, backlog = self.settings, self.delivery, self.eos, self.backlog
+        delivery, eos, backlog = self.delivery, self.eos, self.backlog
         logger.info(
             "catch-up order per aggregate of %s: %s",
             table.name,
-            catch_up_order.order_key(settings, commit_ts, table) or "transaction ids",
+            catch_up_order.table_order_key(table, commit_ts) or "transaction ids",
         )
         with conn.cursor(name="cdc_outbox_backlog") as cur:
             cur.itersize = _FETCH
-            cur.execute(backlog_query(settings, mapper, commit_ts, table))
+            cur.execute(backlog_query(table, mapper, commit_ts))
             for values in cur:
                 if table.has_status:
                     status, values = values[-1], values[:-1]
@@ -221,7 +220,7 @@ class _Run:
                 backlog.pending += 1
                 record = mapper.map_row(values)
                 if eos is not None and record.event_id is not None:
-                    self.ids.append(qualify(settings, table, record.event_id))
+                    self.ids.append(qualify(self.outboxes, table, record.event_id))
                     self.id_bytes += len(self.ids[-1]) + 3
                 delivery.submit(record, backlog, n)
                 self.count += 1
@@ -236,7 +235,7 @@ class _Run:
         if eos is None:
             _bound_unmarked(delivery, backlog)
         elif (
-            len(self.ids) >= self.settings.eos.max_events
+            len(self.ids) >= self.section.max_events
             or self.id_bytes + _reason_bytes(delivery) >= _MAX_ID_BYTES
         ):
             self.commit()
@@ -250,10 +249,9 @@ class _Run:
         assert eos is not None
         _settle(delivery, self.backlog)
         self.marking.wait()
-        tables = OutboxTable.all_of(self.settings)
+        tables = self.outboxes
         dead = [
-            (qualify(self.settings, tables[n], i), reason)
-            for i, reason, n in delivery.failed_after_commit
+            (qualify(tables, tables[n], i), reason) for i, reason, n in delivery.failed_after_commit
         ]
         failed = {i for i, _ in dead}
         published = [i for i in self.ids if i not in failed]
@@ -268,7 +266,8 @@ class _Run:
 
 
 def publish_backlog(
-    settings: Settings,
+    section: CatchUpSection,
+    outboxes: Sequence[OutboxTable],
     snapshot: str,
     delivery: Delivery,
     mappers: Sequence[OutboxMapper],
@@ -276,12 +275,11 @@ def publish_backlog(
     tables: Sequence[int] | None = None,
 ) -> int:
     """Publish every unpublished row visible in ``snapshot`` of the outboxes ``tables``
-    (indices in ``settings.outbox_settings()``, whose mappers ``mappers`` are, in that order;
-    None: every outbox), one table after the other, each in its own commit order; see the
-    module contract."""
-    outboxes = OutboxTable.all_of(settings)
+    (indices in ``outboxes``, every configured outbox table, whose mappers ``mappers`` are, in
+    that order; None: every outbox), one table after the other, each in its own commit order,
+    in the database of ``section``; see the module contract."""
     chosen = list(range(len(outboxes)) if tables is None else tables)
-    marking = Marking(settings)
+    marking = Marking(outboxes)
     delivery.new_session()
     delivery.defer_failed = eos is not None  # FAILED only once the dead letter is committed
     run: _Run | None = None
@@ -289,11 +287,11 @@ def publish_backlog(
         if eos is not None:
             delivery.ensure_transactions()
         with (
-            db_pool.connect(settings.postgres_dsn()) as conn,
-            db_pool.connect(settings.postgres_dsn(), autocommit=True) as marks,
+            db_pool.connect(section.dsn) as conn,
+            db_pool.connect(section.dsn, autocommit=True) as marks,
             marking,  # joined before ``marks`` closes
         ):
-            run = _Run(settings, delivery, eos, marks, marking)
+            run = _Run(section, outboxes, delivery, eos, marks, marking)
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             with conn.transaction():
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))

@@ -22,10 +22,9 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.failed_rows import mark_failed
 from cdc_outbox.store.inspection import outbox_id_type
-from cdc_outbox.store.mark_published import marking_statement
+from cdc_outbox.store.mark_published import marking_of
 from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["Marking", "mark_committed_batch", "mark_published", "qualify", "split_by_table"]
@@ -36,19 +35,22 @@ Conn = psycopg.Connection[tuple[object, ...]]
 _SEP = "\x00"
 
 
-def qualify(settings: Settings, table: OutboxTable, event_id: str) -> str:
-    """``event_id`` of ``table`` as a catch-up checkpoint names it (see the module doc)."""
-    if len(settings.outbox_settings()) == 1:
+Tables = Sequence[OutboxTable]
+
+
+def qualify(tables: Tables, table: OutboxTable, event_id: str) -> str:
+    """``event_id`` of ``table`` (one of the configured ``tables``) as a catch-up checkpoint
+    names it (see the module doc)."""
+    if len(tables) == 1:
         return event_id
     return f"{table.name}{_SEP}{event_id}"
 
 
 def split_by_table(
-    settings: Settings, items: Sequence[tuple[str, str]]
+    tables: Tables, items: Sequence[tuple[str, str]]
 ) -> dict[OutboxTable, list[tuple[str, str]]]:
-    """``(qualified or plain id, value)`` pairs by their configured outbox table, each id
-    unqualified."""
-    tables = OutboxTable.all_of(settings)
+    """``(qualified or plain id, value)`` pairs by their outbox table among the configured
+    ``tables``, each id unqualified."""
     by_name = {t.name: t for t in tables}
     out: dict[OutboxTable, list[tuple[str, str]]] = {}
     unknown: set[str] = set()
@@ -65,24 +67,21 @@ def split_by_table(
     return out
 
 
-def mark_published(
-    conn: Conn, settings: Settings, ids: list[str], table: OutboxTable | None = None
-) -> int:
+def mark_published(conn: Conn, ids: list[str], table: OutboxTable) -> int:
     """Mark (or delete, per its ``cdc_mark_published``) the still unpublished rows of ``ids``
-    in ``table`` (None: the first outbox); idempotent. Returns the rows changed."""
-    table = table or OutboxTable.of(settings)
+    in ``table``; idempotent. Returns the rows changed."""
     if not ids:
         return 0
     id_type = outbox_id_type(conn, table.schema, table.table, table.columns.id)
     match = sql.SQL("{} = ANY(%s::text[]::{})").format(
         sql.Identifier(table.columns.id), id_type.array()
     )
-    return conn.execute(marking_statement(settings, match, table), (ids,)).rowcount
+    return conn.execute(marking_of(table, match), (ids,)).rowcount
 
 
 def _mark(
     conn: Conn,
-    settings: Settings,
+    tables: Tables,
     ids: Sequence[str],
     dead_letters: Sequence[tuple[str, str]],
     *,
@@ -90,21 +89,21 @@ def _mark(
 ) -> tuple[int, int]:
     """Dead letters FAILED, then the other ids PUBLISHED, each in its table (qualified ids)."""
     failed = marked = 0
-    for table, dead in split_by_table(settings, dead_letters).items():
-        failed += mark_failed(conn, settings, dead, only_unmarked=only_unmarked, outbox=table)
-    for table, published in split_by_table(settings, [(i, "") for i in ids]).items():
-        marked += mark_published(conn, settings, [i for i, _ in published], table)
+    for table, dead in split_by_table(tables, dead_letters).items():
+        failed += mark_failed(conn, table, dead, only_unmarked=only_unmarked)
+    for table, published in split_by_table(tables, [(i, "") for i in ids]).items():
+        marked += mark_published(conn, [i for i, _ in published], table)
     return marked, failed
 
 
 def mark_committed_batch(
-    conn: Conn, settings: Settings, ids: list[str], dead_letters: list[tuple[str, str]]
+    conn: Conn, tables: Tables, ids: list[str], dead_letters: list[tuple[str, str]]
 ) -> None:
     """Mark the rows of a committed catch-up batch (the last checkpoint's, before the next
-    catch-up takes its snapshot): its dead letters FAILED (only rows never marked since: a
-    row redriven meanwhile keeps its ``last_error`` and is left alone), its other rows
-    PUBLISHED; idempotent."""
-    marked, failed = _mark(conn, settings, ids, dead_letters, only_unmarked=True)
+    catch-up takes its snapshot) in their tables among the configured ``tables``: its dead
+    letters FAILED (only rows never marked since: a row redriven meanwhile keeps its
+    ``last_error`` and is left alone), its other rows PUBLISHED; idempotent."""
+    marked, failed = _mark(conn, tables, ids, dead_letters, only_unmarked=True)
     logger.info(
         "marked the last committed catch-up batch: %d rows published, %d FAILED", marked, failed
     )
@@ -112,10 +111,11 @@ def mark_committed_batch(
 
 class Marking:
     """Exactly-once catch-up: marking of the last committed batch on a helper thread;
-    :meth:`wait` (before the next commit and at the end) re-raises its error."""
+    :meth:`wait` (before the next commit and at the end) re-raises its error. ``tables``: the
+    configured outbox tables (ids are qualified among them)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tuple(tables)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -125,7 +125,7 @@ class Marking:
 
         def mark() -> None:
             try:
-                _mark(conn, self.settings, ids, dead_letters, only_unmarked=False)
+                _mark(conn, self.tables, ids, dead_letters, only_unmarked=False)
             except BaseException as exc:  # re-raised by wait()
                 self._error = exc
 

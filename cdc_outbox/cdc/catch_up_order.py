@@ -33,7 +33,7 @@ from psycopg import sql
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.outbox_table import OutboxTable
 
-__all__ = ["COMMIT_TS_SETTING", "order_by", "order_key"]
+__all__ = ["COMMIT_TS_SETTING", "order_by", "order_key", "table_order_by", "table_order_key"]
 
 #: The server setting that makes key 3 available.
 COMMIT_TS_SETTING = "track_commit_timestamp"
@@ -46,7 +46,12 @@ def order_key(
 ) -> str | None:
     """A description of the primary key of the outbox ``table`` (None: the first; see the
     module contract); None when there is none."""
-    column = (table or OutboxTable.of(settings)).order_column
+    return table_order_key(table or OutboxTable.of(settings), commit_timestamps)
+
+
+def table_order_key(table: OutboxTable, commit_timestamps: bool) -> str | None:
+    """:func:`order_key` of the outbox ``table``."""
+    column = table.order_column
     if column is not None:
         return f"column {column}"
     if commit_timestamps:
@@ -59,7 +64,12 @@ def order_by(
 ) -> sql.Composed:
     """The ``ORDER BY`` list of the catch-up's backlog query of the outbox ``table`` (None:
     the first); each outbox table has its own (issue 36)."""
-    column = (table or OutboxTable.of(settings)).order_column
+    return table_order_by(table or OutboxTable.of(settings), commit_timestamps)
+
+
+def table_order_by(table: OutboxTable, commit_timestamps: bool) -> sql.Composed:
+    """:func:`order_by` of the outbox ``table``."""
+    column = table.order_column
     if column is not None:
         key: sql.Composable = sql.Identifier(column)
     elif commit_timestamps:

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cdc_outbox.cdc.eos_batch import EosBatch
 from cdc_outbox.cdc.eos_start import meanwhile
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.ledger import Ledger
 from cdc_outbox.cdc.txn_handle import TxnHandle
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.cdc import EosSection
 from cdc_outbox.crash_points import crash_during, crash_point
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.kafka import checkpoints
@@ -52,6 +52,7 @@ from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.store import db_pool
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
@@ -60,32 +61,34 @@ logger = logging.getLogger(__name__)
 _REPORTS_AFTER_COMMIT_S = 5.0
 
 
-def transactional_id(settings: Settings, system_id: str, database: str) -> str:
+def transactional_id(section: EosSection, system_id: str, database: str) -> str:
     """The configured ``eos.transactional_id`` or ``cdc-outbox.<system>.<database>.<slot>``."""
-    explicit = settings.eos.transactional_id
-    return explicit or f"cdc-outbox.{system_id}.{database}.{settings.slot_name}"
+    explicit = section.eos.transactional_id
+    return explicit or f"cdc-outbox.{system_id}.{database}.{section.slot_name}"
 
 
 class EosCommitter:
-    """The open Kafka transaction of one relay and its checkpoints (see the module contract)."""
+    """The open Kafka transaction of one relay and its checkpoints (see the module contract);
+    ``outboxes``: every configured outbox table (a catch-up checkpoint's ids are theirs)."""
 
     def __init__(
         self,
-        settings: Settings,
+        section: EosSection,
+        outboxes: Sequence[OutboxTable],
         delivery: Delivery,
         stats: RelayStats,
         identity: tuple[str, str],
         store: checkpoints.CheckpointStore | None = None,
     ) -> None:
-        self.settings = settings
+        self.section, self._outboxes = section, tuple(outboxes)
         self.store = store or checkpoints.KafkaCheckpoints(
-            settings.kafka_config(), settings.eos.checkpoint_topic
+            dict(section.kafka), section.eos.checkpoint_topic
         )
         self.delivery = delivery
         self.stats = stats
         self.system_id, self.database = identity
         self.producer = delivery.transactional_id or ""
-        eos = settings.eos
+        eos = section.eos
         self.batch = EosBatch(
             eos.commit_interval_ms / 1000,
             eos.max_events,
@@ -103,7 +106,7 @@ class EosCommitter:
         ``ConnectionError`` or ``TimeoutError``."""
         if ensure_topic:
             self.store.ensure()
-        slot = self.settings.slot_name
+        slot = self.section.slot_name
         key = checkpoints.checkpoint_key(self.system_id, self.database, slot)
         last = self.store.read_last(
             key, lambda cp: cp.written_by(slot, self.system_id, self.database, self.producer)
@@ -278,7 +281,7 @@ class EosCommitter:
         transaction (held back while the previous one closes)."""
         delivery = self.delivery
         checkpoint = checkpoints.Checkpoint(
-            self.settings.slot_name,
+            self.section.slot_name,
             self.system_id,
             self.database,
             self.batch.end_lsn if end_lsn is None else end_lsn,
@@ -287,7 +290,7 @@ class EosCommitter:
             producer=self.producer,
             dead_letters=dead_letters or [],
         )
-        topic = self.settings.eos.checkpoint_topic
+        topic = self.section.eos.checkpoint_topic
         delivery.publisher.produce(
             topic, checkpoint.key, checkpoint.encode(), [], _CheckpointSent(delivery)
         )
@@ -376,8 +379,8 @@ class EosCommitter:
         except (TransactionFailed, ConnectionError, TimeoutError) as exc:
             raise CatchUpFailed(f"exactly-once start failed: {exc}") from exc
         if last is not None and (last.catch_up_ids or last.dead_letters):
-            with db_pool.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
-                mark_committed_batch(conn, self.settings, last.catch_up_ids, last.dead_letters)
+            with db_pool.connect(self.section.dsn, autocommit=True) as conn:
+                mark_committed_batch(conn, self._outboxes, last.catch_up_ids, last.dead_letters)
 
 
 class _CheckpointSent:

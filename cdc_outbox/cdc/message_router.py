@@ -38,7 +38,7 @@ from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.message_events import NON_TRANSACTIONAL, MessageEvents
 from cdc_outbox.cdc.slot_feedback import Checkpointer
 from cdc_outbox.cdc.txn_handle import TxnHandle
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.cdc import RouterSection
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.delivery.outcomes import TABLELESS
 from cdc_outbox.delivery.policy import parking_key
@@ -72,14 +72,14 @@ class MessageRouter:
 
     def __init__(
         self,
-        settings: Settings,
+        section: RouterSection,
         mappers: Sequence[OutboxMapper],
         delivery: Delivery,
         stats: RelayStats,
         eos: EosCommitter | None,
     ) -> None:
-        """``mappers``: each configured outbox's, in ``settings.outbox_settings()`` order."""
-        self.settings = settings
+        """``mappers``: each configured outbox's, in configuration order."""
+        self.section = section
         self._mappers = tuple(mappers)
         self.delivery = delivery
         self.stats = stats
@@ -97,10 +97,9 @@ class MessageRouter:
         self._from: dict[int, int] = {}
         self._late: frozenset[int] = frozenset()  # outboxes whose rows this txn skips
         self._submit = delivery.submit
-        prefix = settings.message_prefix
+        prefix = section.message_prefix
         first = self._mappers[0]
-        columns = settings.column_names(settings.outbox())
-        self._events = MessageEvents(prefix, columns, first) if prefix else None
+        self._events = MessageEvents(prefix, section.columns, first) if prefix else None
         #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
         self.caught_up = False
 
@@ -139,7 +138,7 @@ class MessageRouter:
         if wait and eos is not None:  # wake up when the Kafka transaction is due
             due_in = eos.batch.seconds_to_due(time.monotonic())
             wait = wait if due_in is None else min(wait, due_in)
-        limit = self.settings.max_in_flight
+        limit = self.section.max_in_flight
         self.caught_up = False
         for n in range(_FRAMES_PER_TURN):
             # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that

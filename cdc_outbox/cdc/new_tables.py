@@ -38,13 +38,13 @@ import psycopg
 from cdc_outbox.cdc.catch_up import CatchUpCommitter, publish_backlog
 from cdc_outbox.cdc.catch_up_marks import mark_committed_batch
 from cdc_outbox.cdc.replication_stream import exported_snapshot
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.cdc import CatchUpSection
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.kafka.checkpoints import Checkpoint
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.store import db_pool
-from cdc_outbox.store.relay_state import record_streamed_tables, streamed_tables
+from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["NewTables"]
 
@@ -54,22 +54,27 @@ Export = Callable[[str], AbstractContextManager[tuple[int, str]]]
 
 
 class NewTables:
-    """The slot's streamed tables and the catch-up of the others (see the module contract);
-    the three callables default to the state table and a real temporary slot."""
+    """The slot's streamed tables and the catch-up of the others (see the module contract).
+    ``outboxes``: every configured outbox table; ``streamed`` reads and ``record`` writes the
+    state row's record (:func:`~cdc_outbox.store.relay_state.streamed_tables`,
+    :func:`~cdc_outbox.store.relay_state.record_streamed_tables`); ``export`` defaults to a
+    real temporary slot in the database of ``section``."""
 
     def __init__(
         self,
-        settings: Settings,
+        section: CatchUpSection,
+        outboxes: Sequence[OutboxTable],
         *,
-        streamed: Callable[[], dict[str, int] | None] | None = None,
-        record: Callable[[dict[str, int]], None] | None = None,
+        streamed: Callable[[], dict[str, int] | None],
+        record: Callable[[dict[str, int]], None],
         export: Export | None = None,
     ) -> None:
-        self.settings = settings
-        self._streamed = streamed or (lambda: streamed_tables(settings))
-        self._record = record or (lambda tables: record_streamed_tables(settings, tables))
-        self._export = export or (lambda name: exported_snapshot(settings.postgres_dsn(), name))
-        self._names = [o.name for o in settings.outbox_settings()]
+        self.section = section
+        self._outboxes = tuple(outboxes)
+        self._streamed = streamed
+        self._record = record
+        self._export = export or (lambda name: exported_snapshot(section.dsn, name))
+        self._names = [t.name for t in self._outboxes]
 
     def slot_created(self, point: int) -> None:
         """A new slot's catch-up is done: every configured table is streamed from ``point``."""
@@ -97,11 +102,13 @@ class NewTables:
             names = ", ".join(self._names[n] for n in new)
             logger.info("outbox tables the slot has not streamed yet: %s: catching up", names)
             if eos is not None and last is not None and (last.catch_up_ids or last.dead_letters):
-                with db_pool.connect(self.settings.postgres_dsn(), autocommit=True) as conn:
-                    mark_committed_batch(conn, self.settings, last.catch_up_ids, last.dead_letters)
-            name = f"{self.settings.slot_name[:40]}_new_{os.getpid()}"
+                with db_pool.connect(self.section.dsn, autocommit=True) as conn:
+                    mark_committed_batch(conn, self._outboxes, last.catch_up_ids, last.dead_letters)
+            name = f"{self.section.slot_name[:40]}_new_{os.getpid()}"
             with self._export(name) as (point, snapshot):
-                rows = publish_backlog(self.settings, snapshot, delivery, mappers, eos, tables=new)
+                rows = publish_backlog(
+                    self.section, self._outboxes, snapshot, delivery, mappers, eos, tables=new
+                )
             known = {**known, **{self._names[n]: point for n in new}}
             logger.info("caught up %d rows of %s; streaming them from %s", rows, names,
                         Lsn(point))  # fmt: skip

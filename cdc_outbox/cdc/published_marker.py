@@ -43,15 +43,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import psycopg
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.cdc import MarkerSection
 from cdc_outbox.errors import CdcOutboxError
 from cdc_outbox.store.outbox_table import OutboxTable
-from cdc_outbox.store.published_marks import UUID, TableMarks, marks_statement
+from cdc_outbox.store.published_marks import UUID, TableMarks, table_marks_statement
 
 logger = logging.getLogger(__name__)
 
@@ -85,21 +85,22 @@ class PublishedMarker:
 
     def __init__(
         self,
-        settings: Settings,
+        section: MarkerSection,
+        outboxes: Sequence[OutboxTable],
         *,
         flush_interval_s: float = 0.2,
         rows: MarkSink | Mapping[str, MarkSink] | None = None,
     ) -> None:
-        """``rows``: where to mark, one sink for every outbox or one per ``schema.table``
-        (None: each outbox table's :class:`TableMarks`)."""
-        self._settings = settings
+        """``outboxes``: every configured outbox table, in configuration order; ``rows``: where
+        to mark, one sink for every outbox or one per ``schema.table`` (None: each outbox
+        table's :class:`TableMarks`, in the database of ``section``)."""
         #: outbox index -> its sink, for the outboxes that mark (see the module doc)
         self._sinks: dict[int, MarkSink] = {}
-        for n, table in enumerate(OutboxTable.all_of(settings)):
-            if marks_statement(settings, UUID, table) is None:
+        for n, table in enumerate(outboxes):
+            if table_marks_statement(table, UUID) is None:
                 continue
             if rows is None:
-                self._sinks[n] = TableMarks(settings, table)
+                self._sinks[n] = TableMarks(section, table)
             elif isinstance(rows, Mapping):
                 self._sinks[n] = rows[table.name]
             else:

@@ -1,4 +1,5 @@
-"""The CDC relay: the one place where the pipeline is wired.
+"""The CDC relay: the pipeline's session loop (the pipeline is wired by
+:func:`~cdc_outbox.cdc.relay_build.build_relay`).
 
     replication stream -> pgoutput decoder -> outbox mapping -> delivery -> ack tracker
       (libpq COPY BOTH)       (pure)             (pure)      (policy + Kafka)     |
@@ -42,31 +43,21 @@ from collections.abc import Callable
 import psycopg
 
 from cdc_outbox.cdc.catch_up import CatchUpFailed, publish_backlog
-from cdc_outbox.cdc.eos import EosCommitter, transactional_id
 from cdc_outbox.cdc.ledger import Ledger
-from cdc_outbox.cdc.message_router import MessageRouter
-from cdc_outbox.cdc.new_tables import NewTables
-from cdc_outbox.cdc.parked import parked_in_every_outbox
 from cdc_outbox.cdc.progress_log import ProgressLog
-from cdc_outbox.cdc.published_marker import PublishedMarker
 from cdc_outbox.cdc.relay_finish import finish
-from cdc_outbox.cdc.relay_ports import RelayPorts, ReplicationPort
-from cdc_outbox.cdc.replication_stream import ReplicationError, ReplicationStream
+from cdc_outbox.cdc.relay_parts import RelayParts
+from cdc_outbox.cdc.replication_stream import ReplicationError
 from cdc_outbox.cdc.slot_feedback import Checkpointer
 from cdc_outbox.cdc.slot_watch import SlotWatch
-from cdc_outbox.cdc.standby_wait import gated
 from cdc_outbox.cdc.stream_failures import give_up_if_unusable
 from cdc_outbox.config.backoff import RECONNECT, Backoff
-from cdc_outbox.config.settings import Settings
-from cdc_outbox.delivery.engine import Delivery
+from cdc_outbox.config.cdc import CdcRelaySection
 from cdc_outbox.delivery.policy import guarantee_in_effect
 from cdc_outbox.errors import DatabaseUnavailable, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.lsn import Lsn
-from cdc_outbox.mapping.build import outbox_mapper
-from cdc_outbox.store.failed_rows import FailedRows
-from cdc_outbox.store.outbox_table import OutboxTable
-from cdc_outbox.store.relay_state import NotLeader, keep_position, kept_position, slot_facts
+from cdc_outbox.store.relay_state import NotLeader
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
 logger = logging.getLogger(__name__)
@@ -89,53 +80,30 @@ class Relay:
 
     def __init__(
         self,
-        settings: Settings,
-        stats: RelayStats | None = None,
+        section: CdcRelaySection,
+        parts: RelayParts,
+        stats: RelayStats,
         *,
         is_leader: Callable[[], bool] = lambda: True,
-        ports: RelayPorts | None = None,
     ) -> None:
-        self.settings = settings
-        self.stats = stats or RelayStats()
+        """``parts``: the pipeline :func:`~cdc_outbox.cdc.relay_build.build_relay` wired for
+        ``section``, reporting to ``stats``."""
+        self.section = section
+        self.stats = stats
         self._leader_check = is_leader
         #: Why leadership ended, latched where first seen (a lapsed term cannot come back).
         self.lost_leadership: str | None = None
-        ports = ports or RelayPorts()
-        self._stream: ReplicationPort = ports.stream or ReplicationStream(
-            settings.postgres_dsn(),
-            settings.slot_name,
-            settings.publication_name,
-            failover=settings.slot_failover,
-        )
-        self._stream = gated(settings, self._stream, self.stats)  # wait_for_standbys
-        self._kept = ports.kept or (lambda: kept_position(settings))
-        self._keep = ports.keep or (lambda lsn: keep_position(settings, lsn))
-        self._parked = ports.parked or (lambda: parked_in_every_outbox(settings))
-        self._slot_watch = SlotWatch(ports.slot_facts or (lambda: slot_facts(settings)))
-        # Tables added later (cdc/new_tables.py): the real state table with the real stream.
-        self._new_tables = ports.new_tables or (None if ports.stream else NewTables(settings))
-        self._mappers = tuple(outbox_mapper(settings, o) for o in settings.outbox_settings())
-        marker = PublishedMarker(settings, rows=ports.marks)
-        self.marker = marker if marker.enabled else None
-        self._bookkept = all(t.has_status for t in OutboxTable.all_of(settings))
-        identity = self._stream.identify() if settings.delivery == "exactly_once" else None
-        self.delivery = Delivery(
-            settings,
-            self.stats,
-            marker=self.marker,
-            failed_rows=(ports.failed_rows or FailedRows(settings)) if self._bookkept else None,
-            transactional_id=transactional_id(settings, *identity) if identity else None,
-            producer_client=ports.producer_client,
-        )
-        self.eos = (
-            EosCommitter(settings, self.delivery, self.stats, identity, ports.checkpoints)
-            if identity
-            else None
-        )
-        self.stats.delivery_guarantee = guarantee_in_effect(settings.delivery, None)
+        self._stream = parts.stream
+        self._kept, self._keep, self._parked = parts.kept, parts.keep, parts.parked
+        self._slot_watch = SlotWatch(parts.slot_facts)
+        self._new_tables = parts.new_tables
+        self._outboxes, self._mappers = parts.outboxes, parts.mappers
+        self.marker = parts.marker
+        self._bookkept = all(t.has_status for t in self._outboxes)
+        self.delivery, self.eos, self._router = parts.delivery, parts.eos, parts.router
+        self.stats.delivery_guarantee = guarantee_in_effect(section.guarantee, None)
         self.delivery.interrupted = self._interrupted
         self._ledger = self.eos.ledger if self.eos is not None else Ledger()
-        self._router = MessageRouter(settings, self._mappers, self.delivery, self.stats, self.eos)
         self._stop_requested = False
         self._grace_deadline: float | None = None
         self._session_opened = False
@@ -166,7 +134,14 @@ class Relay:
                     raise NotLeader("leadership lost while registering the transactional id")
             point, snapshot = self._stream.create_slot()
             crash_point("catch_up.slot_created")
-            rows = publish_backlog(self.settings, snapshot, self.delivery, self._mappers, self.eos)
+            rows = publish_backlog(
+                self.section.catch_up,
+                self._outboxes,
+                snapshot,
+                self.delivery,
+                self._mappers,
+                self.eos,
+            )
             if self._new_tables is not None:
                 self._new_tables.slot_created(point)  # every configured table, from point
         except BaseException:
@@ -199,7 +174,7 @@ class Relay:
                 except (_Restart, ReplicationError, psycopg.Error, TransactionFailed) as exc:
                     failures = 0 if self._session_opened else failures + 1
                     if isinstance(exc, ReplicationError):
-                        give_up_if_unusable(self.settings, exc, failures)
+                        give_up_if_unusable(self.section, exc, failures)
                     if self._session_opened and time.monotonic() - began >= _HEALTHY_SESSION_S:
                         backoff.reset()  # it streamed healthily: this failure is a new one
                     self.stats.restarts += 1
@@ -259,7 +234,7 @@ class Relay:
         if self._stop_requested:
             now = time.monotonic()
             if self._grace_deadline is None:
-                self._grace_deadline = now + self.settings.shutdown_grace_s
+                self._grace_deadline = now + self.section.shutdown_grace_s
             if now >= self._grace_deadline - 1.0:
                 return "stop requested: grace period over"
         return None
@@ -314,7 +289,7 @@ class Relay:
             self.stats,
             start=start,
             confirmed=confirmed,
-            interval_s=self.settings.status_interval_s,
+            interval_s=self.section.status_interval_s,
             keep=self._keep_position,
             marker=self.marker,
         )
@@ -338,7 +313,7 @@ class Relay:
                     self._finish()
                     return
             try:
-                reading = tracker.in_flight < self.settings.max_in_flight and not (
+                reading = tracker.in_flight < self.section.max_in_flight and not (
                     eos is not None and eos.batch.full()
                 )
                 if reading:
@@ -373,7 +348,7 @@ class Relay:
         """The shutdown sequence (:func:`~cdc_outbox.cdc.relay_finish.finish`), within the
         grace period."""
         if self._grace_deadline is None:
-            self._grace_deadline = time.monotonic() + self.settings.shutdown_grace_s
+            self._grace_deadline = time.monotonic() + self.section.shutdown_grace_s
         finish(
             self._grace_deadline,
             stream=self._stream,

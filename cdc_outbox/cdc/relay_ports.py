@@ -1,6 +1,6 @@
 """The relay's ports: the outside world it talks to, each behind a small interface.
 
-:class:`~cdc_outbox.cdc.relay.Relay` takes them as one constructor argument. Left ``None``,
+:func:`~cdc_outbox.cdc.relay_build.build_relay` takes them as one argument. Left ``None``,
 each is the real thing (the walsender connection, librdkafka, the checkpoint topic, the state
 table and slot, the outbox table's marks); a test passes fakes to drive every restart path of
 the relay without a server.

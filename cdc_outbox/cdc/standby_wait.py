@@ -28,8 +28,8 @@ import psycopg
 from cdc_outbox.cdc.history import History
 from cdc_outbox.cdc.relay_ports import ReplicationPort
 from cdc_outbox.cdc.standby_gate import StandbyGate, release_point
+from cdc_outbox.config.cdc import CdcRelaySection
 from cdc_outbox.config.input import parse_standby_names
-from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.pgwire import pgoutput
 from cdc_outbox.pgwire.walproto import XLOG_HEADER_SIZE, Keepalive, XLogData, parse_copy_data
@@ -218,10 +218,10 @@ class GatedStream:
         self._report(time.monotonic())
 
 
-def gated(settings: Settings, stream: ReplicationPort, stats: RelayStats) -> ReplicationPort:
-    """``stream`` behind a :class:`GatedStream` if ``settings.wait_for_standbys`` is set."""
-    if not settings.wait_for_standbys:
+def gated(section: CdcRelaySection, stream: ReplicationPort, stats: RelayStats) -> ReplicationPort:
+    """``stream`` behind a :class:`GatedStream` if ``section.wait_for_standbys`` is set."""
+    if not section.wait_for_standbys:
         return stream
-    names = parse_standby_names(settings.wait_for_standbys)
-    poller = StandbyPoller(settings.postgres_dsn(), names)
-    return GatedStream(stream, poller, stats, settings.max_in_flight)
+    names = parse_standby_names(section.wait_for_standbys)
+    poller = StandbyPoller(section.dsn, names)
+    return GatedStream(stream, poller, stats, section.max_in_flight)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc_outbox.cdc.replication_stream import ReplicationError
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.cdc import CdcRelaySection
 from cdc_outbox.errors import CdcOutboxError, PrivilegeMissing
 
 __all__ = ["CdcUnavailable", "give_up_if_unusable"]
@@ -24,13 +24,13 @@ class CdcUnavailable(CdcOutboxError):
     """Logical replication cannot be used right now (auto mode falls back to polling)."""
 
 
-def give_up_if_unusable(settings: Settings, exc: ReplicationError, failures: int) -> None:
+def give_up_if_unusable(section: CdcRelaySection, exc: ReplicationError, failures: int) -> None:
     """Raise what ``exc`` means after ``failures`` failed connections in a row (see the
     module rule); return if the relay should retry."""
-    if settings.mode == "auto" and (exc.permanent or failures >= settings.cdc_max_failures):
+    if section.auto_mode and (exc.permanent or failures >= section.cdc_max_failures):
         raise CdcUnavailable(str(exc)) from exc
     if exc.permanent and exc.missing_privilege:
-        role = conninfo_to_dict(settings.postgres_dsn()).get("user") or "<role>"
+        role = conninfo_to_dict(section.dsn).get("user") or "<role>"
         raise PrivilegeMissing(
             f"privileges: role '{role}' lacks REPLICATION ({exc}) (fix: as a superuser:"
             f' ALTER ROLE "{role}" REPLICATION)'

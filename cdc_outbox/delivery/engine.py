@@ -46,12 +46,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import psycopg
 
-from cdc_outbox.config.settings import Settings
+from cdc_outbox.config.delivery import DeliverySection
 from cdc_outbox.delivery.dead_letters import dead_letter_of, dead_letter_record, event_id_of
+from cdc_outbox.delivery.encoding import serializer, wire_form
 from cdc_outbox.delivery.outcomes import EventHandle, PublishListener
 from cdc_outbox.delivery.policy import (
     FailureAction,
@@ -61,20 +61,16 @@ from cdc_outbox.delivery.policy import (
     on_encode_failure,
     on_failure,
     parking_key,
-    precheck,
 )
+from cdc_outbox.delivery.producer import new_publisher, txn_timeout_s
 from cdc_outbox.delivery.reports import DeadLetterReport, RecordReport, rows_by_outbox
 from cdc_outbox.errors import topic_missing
 from cdc_outbox.kafka.delivery_failure import DeliveryFailure, DeliveryListener
-from cdc_outbox.kafka.producer_config import eos_config
-from cdc_outbox.kafka.publisher import KafkaPublisher, ProducerFactory
+from cdc_outbox.kafka.publisher import ProducerFactory
 from cdc_outbox.records import DeadLetter, OutboxRecord
 from cdc_outbox.store.failed_rows import FailedRowsStore
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox.telemetry.tracing import RelaySpans
-
-if TYPE_CHECKING:
-    from cdc_outbox.avro.serializer import AvroSerializer
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +82,7 @@ class Delivery:
 
     def __init__(
         self,
-        settings: Settings,
+        section: DeliverySection,
         stats: RelayStats,
         *,
         marker: PublishListener | None = None,
@@ -96,7 +92,7 @@ class Delivery:
         interrupted: Callable[[], str | None] = lambda: None,
         idle: Callable[[], None] = lambda: None,
     ) -> None:
-        self.settings = settings
+        self.section = section
         self._producer_client = producer_client
         self.transactional_id = transactional_id
         self.eos = transactional_id is not None
@@ -120,22 +116,17 @@ class Delivery:
         self.failed_after_commit: list[tuple[str, str, int]] = []
         self.interrupted = interrupted  # the produce loop's stop question (see the contract)
         self.idle = idle  # called while the producer queue is full
-        self._halt_policy = settings.on_permanent_error == "halt"
-        self._max_bytes = settings.max_record_bytes
-        self._fast_bytes = settings.max_record_bytes // 2
+        self._halt_policy = section.halt_on_permanent_error
+        self._max_bytes = section.max_record_bytes
+        self._fast_bytes = section.max_record_bytes // 2
         self._dead: deque[tuple[EventHandle, DeadLetter | DeliveryFailure, str, int]] = deque()
         self.dead_in_flight = 0  # dead-letter records produced, not yet reported
         self._mark_after = 0.0
         self._replace_producer = False
         self._held: str | None = None
-        self.publisher = self._new_publisher()
-        self.avro: AvroSerializer | None = None
-        if "avro" in (settings.value_format, settings.key_format):
-            from cdc_outbox.avro.serializer import AvroSerializer
-
-            self.avro = AvroSerializer(settings)
-            self.avro.register_all()
-        self._spans: RelaySpans | None = RelaySpans() if settings.tracing_relay_span else None
+        self.publisher = new_publisher(section, transactional_id, producer_client)
+        self.avro = serializer(section.avro)
+        self._spans: RelaySpans | None = RelaySpans() if section.tracing_relay_span else None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -154,7 +145,9 @@ class Delivery:
             reason = self.publisher.fatal_error or "produce raised a fatal error"
             logger.warning("new Kafka producer after a fatal error: %s", reason)
             self.publisher.close(timeout=0)
-            self.publisher = self._new_publisher()
+            self.publisher = new_publisher(
+                self.section, self.transactional_id, self._producer_client
+            )
             self._replace_producer = False
             self._txn_ready = False
 
@@ -177,7 +170,7 @@ class Delivery:
 
     def txn_timeout_s(self) -> float:
         """How long a Kafka transaction call may block."""
-        return min(60.0, max(30.0, self.settings.eos.transaction_timeout_ms / 1000))
+        return txn_timeout_s(self.section)
 
     def abandon(self) -> None:
         """Drop what is queued in the producer (its reports are ignored), abort the open Kafka
@@ -250,27 +243,8 @@ class Delivery:
                     precedes = lambda e, b: rows.precedes(e, b, table)  # noqa: E731
                 blocker = self.parking.blocked_by(pkey, result.event_id, precedes)
             if blocker is None:
-                value = result.value
-                wire_key = key
-                if self.avro is not None:
-                    encoded = self.avro.encode(result)
-                    if type(encoded) is tuple:
-                        wire_key, value = encoded
-                    else:
-                        assert not isinstance(encoded, tuple)
-                        if on_encode_failure(encoded.kind, self._halt_policy) is (
-                            FailureAction.RETRY
-                        ):
-                            self._held = encoded.reason
-                            self.restart(encoded.reason)
-                            handle.retry(encoded.reason)
-                            return
-                        self.reject(handle, dead_letter_of(result, encoded.reason), outbox)
-                        return
-                problem = None
-                if value is None or len(value) >= self._fast_bytes:
-                    problem = precheck(wire_key, value, result.headers, self._max_bytes)
-                if problem is None:
+                wire = wire_form(self.avro, result, self._fast_bytes, self._max_bytes)
+                if type(wire) is tuple:
                     self.keys.add(pkey)
                     headers = result.headers
                     report: DeliveryListener = RecordReport(
@@ -282,17 +256,23 @@ class Delivery:
                         )
                     self.publisher.produce(
                         result.topic,
-                        wire_key,
-                        value,
+                        wire[0],
+                        wire[1],
                         headers,
                         report,
                         interrupted=self.interrupted,
                         idle=self.idle,
                     )
                     return
-                # Too large: the dead letter carries the event without its value.
-                value, headers = None, [*result.headers, ("cdc_outbox.value_omitted", b"true")]
-                result = DeadLetter(problem, result.event_id, key, value, headers, result.topic)
+                if not isinstance(wire, DeadLetter):  # Avro encoding failed: retry or dead letter
+                    assert not isinstance(wire, tuple)
+                    if on_encode_failure(wire.kind, self._halt_policy) is FailureAction.RETRY:
+                        self._held = wire.reason
+                        self.restart(wire.reason)
+                        handle.retry(wire.reason)
+                        return
+                    wire = dead_letter_of(result, wire.reason)
+                result = wire  # too large, null key: the dead letter carries no value
             else:
                 result = dead_letter_of(result, blocked_reason(blocker, result.event_id))
         assert isinstance(result, DeadLetter)
@@ -364,7 +344,7 @@ class Delivery:
             event_id = event_id_of(record.headers)
             self.dead_in_flight += 1
             self.publisher.produce(
-                self.settings.dead_letter_topic,
+                self.section.dead_letter_topic,
                 record.key,
                 record.value,
                 record.headers,
@@ -407,17 +387,6 @@ class Delivery:
             self._replace_producer = True
         if self.restart_reason is None:
             self.restart_reason = reason
-
-    def _new_publisher(self) -> KafkaPublisher:
-        settings = self.settings
-        if self.eos:
-            config = eos_config(settings.kafka_config(), settings.eos.transaction_timeout_ms)
-            return KafkaPublisher(
-                config, transactional_id=self.transactional_id, client=self._producer_client
-            )
-        return KafkaPublisher(
-            settings.kafka_config(), gapless=self._halt_policy, client=self._producer_client
-        )
 
     def _log_dead(
         self, event_id: str | None, key: bytes | None, topic: str | None, reason: str

@@ -11,12 +11,13 @@ from typing import Any
 
 import psycopg
 
+from cdc_outbox.config.delivery import delivery_section
 from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.mapping.build import outbox_mapper
 from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.store import polling_sql
-from cdc_outbox.store.failed_rows import FailedRows, parked_aggregates
+from cdc_outbox.store.failed_rows import failed_rows_of, parked_aggregates
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
 __all__ = ["PollingTable", "polling_tables"]
@@ -55,7 +56,12 @@ def _table(settings: Settings, outbox: OutboxSettings) -> PollingTable:
         return parked_aggregates(conn, own, aggregates)
 
     def delivery(stats: RelayStats, interrupted: Callable[[], str | None]) -> Delivery:
-        return Delivery(own, stats, failed_rows=FailedRows(own), interrupted=interrupted)
+        return Delivery(
+            delivery_section(own),
+            stats,
+            failed_rows=failed_rows_of(own),
+            interrupted=interrupted,
+        )
 
     return PollingTable(
         outbox,

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.config.ha import leadership_section
 from cdc_outbox.config.polling import polling_section
 from cdc_outbox.config.service import service_section
@@ -102,6 +102,6 @@ def service_ops(settings: Settings) -> ServiceOps:
         decoding_error=lambda slot: housekeeping.decoding_error(settings, slot),
         read_state=read_state,
         write_phase=write_phase,
-        cdc_relay=lambda stats, is_leader: Relay(settings, stats, is_leader=is_leader),
+        cdc_relay=lambda stats, is_leader: build_relay(settings, stats, is_leader=is_leader),
         polling_relay=lambda stats, is_leader: polling_relay(settings, stats, is_leader=is_leader),
     )

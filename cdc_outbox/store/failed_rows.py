@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.config.delivery import DeadLetterSection, dead_letter_section
 from cdc_outbox.config.settings import OutboxSettings, Settings
 from cdc_outbox.store import db_pool
 from cdc_outbox.store.inspection import ColumnType, outbox_id_type
@@ -83,21 +84,26 @@ class FailedRowsStore(Protocol):
     def close(self) -> None: ...
 
 
-def order_key(settings: Settings, outbox: OutboxTable | None = None) -> sql.Identifier:
-    """The column giving an aggregate's order in the table (FAILED rows exist only in a layout
+def failed_rows_of(settings: Settings) -> FailedRows:
+    """The :class:`FailedRows` of every outbox table ``settings`` configure."""
+    return FailedRows(dead_letter_section(settings), OutboxTable.all_of(settings))
+
+
+def _order_key(table: OutboxTable) -> sql.Identifier:
+    """The column giving an aggregate's order in ``table`` (FAILED rows exist only in a layout
     with status columns, which has ``created_at``: :attr:`OutboxTable.order_column`)."""
-    return sql.Identifier((outbox or OutboxTable.of(settings)).order_column or "created_at")
+    return sql.Identifier(table.order_column or "created_at")
 
 
 class FailedRows:
     """Marks dead-lettered rows FAILED on its own connection (opened on first use), in the
-    outbox table of each batch: ``tables[outbox]`` (default: every configured outbox, in
-    configuration order, so ``outbox`` is the index :mod:`cdc_outbox.delivery.outcomes`
-    describes)."""
+    outbox table of each batch: ``tables[outbox]`` (every configured outbox, in configuration
+    order, so ``outbox`` is the index :mod:`cdc_outbox.delivery.outcomes` describes), in the
+    database of ``section``."""
 
-    def __init__(self, settings: Settings, tables: Sequence[OutboxTable] | None = None) -> None:
-        self._settings = settings
-        self._tables = tuple(tables) if tables is not None else OutboxTable.all_of(settings)
+    def __init__(self, section: DeadLetterSection, tables: Sequence[OutboxTable]) -> None:
+        self._section = section
+        self._tables = tuple(tables)
         self._conn: Conn | None = None
         self._statements: dict[int, sql.Composed] = {}
         self._precedes: dict[int, sql.Composed] = {}
@@ -144,7 +150,7 @@ class FailedRows:
 
     def _connect(self) -> Conn:
         if self._conn is None or self._conn.closed:
-            self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
+            self._conn = db_pool.connect(self._section.dsn, autocommit=True)
         return self._conn
 
     def _require_precedes(self, conn: Conn, outbox: int) -> sql.Composed:
@@ -156,7 +162,7 @@ class FailedRows:
                 "SELECT e.{key} < b.{key}, e.{id} IS NULL FROM {t} AS b LEFT JOIN {t} AS e"
                 " ON e.{id} = %s::text::{ids} WHERE b.{id} = %s::text::{ids}"
             ).format(
-                key=order_key(self._settings, table),
+                key=_order_key(table),
                 id=sql.Identifier(table.columns.id),
                 t=table.ident,
                 ids=sql.Identifier(ids.schema, ids.type_name),
@@ -190,18 +196,17 @@ def _mark_statement(conn: Conn, table: OutboxTable, only_unmarked: bool = False)
 
 def mark_failed(
     conn: Conn,
-    settings: Settings,
+    table: OutboxTable,
     items: Sequence[tuple[str, str]],
     *,
     only_unmarked: bool = False,
-    outbox: OutboxSettings | OutboxTable | None = None,
 ) -> int:
-    """Mark ``(event_id, reason)`` rows of ``outbox`` (None: the first) FAILED on ``conn``
+    """Mark ``(event_id, reason)`` rows of the outbox ``table`` FAILED on ``conn``
     (as :meth:`FailedRows.mark`); ``only_unmarked``: only rows still unpublished and never
     given a reason (a committed batch's dead letters marked after a crash: never a row
     redriven since, which keeps its ``last_error``). Returns the rows changed."""
     if not items:
         return 0
-    statement = _mark_statement(conn, _table(settings, outbox), only_unmarked)
+    statement = _mark_statement(conn, table, only_unmarked)
     cur = conn.execute(statement, ([i for i, _ in items], [r for _, r in items]))
     return max(cur.rowcount, 0)

@@ -14,7 +14,7 @@ from psycopg import sql
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.outbox_table import OutboxTable
 
-__all__ = ["UNPUBLISHED", "mark_published_statement", "marking_statement"]
+__all__ = ["UNPUBLISHED", "mark_published_statement", "marking_of", "marking_statement"]
 
 #: The states a row may be marked from.
 UNPUBLISHED = sql.SQL("status IN ('PENDING', 'PROCESSING')")
@@ -48,7 +48,12 @@ def marking_statement(
     """The CDC housekeeping statement (published-marker, catch-up) of the outbox ``table``
     (None: the first of ``settings``): deletes with its ``cdc_mark_published = "delete"``,
     else marks; ``match`` selects the ids."""
-    table = table or OutboxTable.of(settings)
+    return marking_of(table or OutboxTable.of(settings), match)
+
+
+def marking_of(table: OutboxTable, match: sql.Composable) -> sql.Composed:
+    """The CDC housekeeping statement of the outbox ``table``: deletes with its
+    ``cdc_mark_published = "delete"``, else marks; ``match`` selects the ids."""
     state = UNPUBLISHED if table.has_status else None
     return mark_published_statement(
         table.ident, match, delete=table.marking == "delete", state=state

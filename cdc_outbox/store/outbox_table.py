@@ -92,8 +92,9 @@ class OutboxTable:
         return self.has_status and self.marking != "delete"
 
     @staticmethod
-    def is_dead_letter(status: str) -> bool:
-        """A row in ``status`` (as a statement returned it) is dead-lettered (FAILED)."""
+    def is_dead_letter(status: object) -> bool:
+        """A row in ``status`` (as a statement returned it; None for a layout without status
+        columns) is dead-lettered (FAILED)."""
         return status == "FAILED"
 
     # -- predicates ---------------------------------------------------------------------------

@@ -19,13 +19,14 @@ import logging
 import psycopg
 from psycopg import sql
 
+from cdc_outbox.config.cdc import MarkerSection
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import db_pool
 from cdc_outbox.store.inspection import ColumnType, outbox_id_type
-from cdc_outbox.store.mark_published import marking_statement
+from cdc_outbox.store.mark_published import marking_of
 from cdc_outbox.store.outbox_table import OutboxTable
 
-__all__ = ["UUID", "TableMarks", "marks_statement"]
+__all__ = ["UUID", "TableMarks", "marks_statement", "table_marks_statement"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +35,12 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 
 class TableMarks:
-    """The marking statement of the outbox ``table`` (None: the first of ``settings``), on a
-    connection of its own made at first use."""
+    """The marking statement of the outbox ``table``, on a connection of its own to the
+    database of ``section``, made at first use."""
 
-    def __init__(self, settings: Settings, table: OutboxTable | None = None) -> None:
-        self._settings = settings
-        self._table = table or OutboxTable.of(settings)
+    def __init__(self, section: MarkerSection, table: OutboxTable) -> None:
+        self._section = section
+        self._table = table
         self._conn: Conn | None = None
         self._statement: sql.Composed | None = None  # for the id type; on first connection
         self._visible: sql.Composed | None = None  # which of some ids have a visible row
@@ -83,11 +84,11 @@ class TableMarks:
     def _connect(self) -> Conn:
         conn = self._conn
         if conn is None or conn.closed:
-            conn = self._conn = db_pool.connect(self._settings.postgres_dsn(), autocommit=True)
+            conn = self._conn = db_pool.connect(self._section.dsn, autocommit=True)
         if self._statement is None:
             t = self._table
             id_type = outbox_id_type(conn, t.schema, t.table, t.columns.id)
-            self._statement = marks_statement(self._settings, id_type, t)
+            self._statement = table_marks_statement(t, id_type)
             self._visible = _visible_statement(t, id_type)
             self._joined = id_type.is_uuid
             logger.debug("marking published rows by %s ids", id_type.name)
@@ -122,7 +123,12 @@ def marks_statement(
     first of ``settings``), or None when its housekeeping is off.
 
     Its one parameter: for uuid ids the ids comma-joined in one text, else a list of texts."""
-    table = table or OutboxTable.of(settings)
+    return table_marks_statement(table or OutboxTable.of(settings), id_type)
+
+
+def table_marks_statement(table: OutboxTable, id_type: ColumnType) -> sql.Composed | None:
+    """The UPDATE/DELETE for a batch of ids of ``id_type`` in the outbox ``table``, or None
+    when its housekeeping is off (parameter: as :func:`marks_statement`'s)."""
     if table.marking == "delete" or (table.marking == "update" and table.has_status):
-        return marking_statement(settings, _ids_match(table, id_type), table)
+        return marking_of(table, _ids_match(table, id_type))
     return None

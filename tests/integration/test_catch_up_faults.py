@@ -199,7 +199,7 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
     or relay connection is left, and the records the catch-up had queued were dropped (not
     left in a live producer that would deliver them once the broker is back)."""
     from cdc_outbox.cdc.catch_up import CatchUpFailed
-    from cdc_outbox.cdc.relay import Relay
+    from cdc_outbox.cdc.relay_build import build_relay
     from cdc_outbox.store import db_pool
 
     settings = relay_settings(
@@ -209,7 +209,7 @@ def test_a_failed_catch_up_leaves_no_thread_connection_or_record_behind(
     _write_backlog(pg_dsn, 2_000)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as the service does first
         conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot_name,))
-    relay = Relay(settings)
+    relay = build_relay(settings)
     errors: list[BaseException] = []
 
     def catch_up() -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from cdc_outbox.cdc.eos import EosCommitter
 from cdc_outbox.cdc.history import History
+from cdc_outbox.config.cdc import eos_section
+from cdc_outbox.config.delivery import delivery_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.records import OutboxRecord
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.readback import read_topics
 from tests.support.helpers import RecordingHandle, wait_until
@@ -31,8 +34,11 @@ def test_a_close_that_is_acknowledged_at_once_commits_in_the_same_step(
         }
     )
     stats = RelayStats()
-    delivery = Delivery(settings, stats, transactional_id=f"{kafka_topic_prefix}-step")
-    eos = EosCommitter(settings, delivery, stats, ("7", "db"))
+    section = delivery_section(settings)
+    delivery = Delivery(section, stats, transactional_id=f"{kafka_topic_prefix}-step")
+    eos = EosCommitter(
+        eos_section(settings), OutboxTable.all_of(settings), delivery, stats, ("7", "db")
+    )
     eos.start_session(History("7", 1, 10**9))
     publisher = delivery.publisher
     topic = f"{kafka_topic_prefix}.order"

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import schema
 from cdc_outbox.writer import OutboxTable, write_event
@@ -107,7 +107,7 @@ def test_default_and_debezium_tables_and_table_less_events_through_one_slot(
     w = _Writer(pg_dsn)
     w.write("orders", 7)  # before the slot: the catch-up's
     w.write("shipping", 8)
-    relay = Relay(settings)
+    relay = build_relay(settings)
     _, caught_up = relay.catch_up()
     assert caught_up == 15
     committed = delivery == "exactly_once"

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_outbox.store.failed_rows import FailedRows
+from cdc_outbox.store.failed_rows import failed_rows_of
 from cdc_outbox_dev.readback import read_topics
 from tests.support.helpers import wait_until
 from tests.support.relay import init_for_catch_up, init_outbox, relay_settings, service_thread
@@ -90,7 +90,7 @@ def test_failed_rows_precedes_follows_the_aggregates_order_in_the_table(
     with psycopg.connect(pg_dsn) as conn:
         e0, e1, e2 = (_insert(conn, "agg-a") for _ in range(3))
         conn.commit()
-    rows = FailedRows(settings)
+    rows = failed_rows_of(settings)
     try:
         assert rows.precedes(e0, e1)
         assert not rows.precedes(e2, e1)

@@ -296,6 +296,8 @@ def test_the_marker_never_flips_a_failed_row(pg_dsn: str, kafka_broker, kafka_to
     rows: an id of a FAILED row handed to the published-marker leaves it FAILED (the marker's
     old ``status <> 'PUBLISHED'`` made it PUBLISHED), a PENDING one is marked."""
     from cdc_outbox.cdc.published_marker import PublishedMarker
+    from cdc_outbox.config.cdc import marker_section
+    from cdc_outbox.store.outbox_table import OutboxTable
 
     settings = relay_settings(pg_dsn, kafka_broker.bootstrap_servers, kafka_topic_prefix)
     init_outbox(settings)
@@ -303,7 +305,9 @@ def test_the_marker_never_flips_a_failed_row(pg_dsn: str, kafka_broker, kafka_to
         failed = _insert_event(conn, "agg-f", "{}")
         pending = _insert_event(conn, "agg-p", "{}")
         conn.execute("UPDATE outbox SET status = 'FAILED' WHERE id = %s", (failed,))
-    marker = PublishedMarker(settings, flush_interval_s=0.01)
+    marker = PublishedMarker(
+        marker_section(settings), OutboxTable.all_of(settings), flush_interval_s=0.01
+    )
     marker.start()
     try:
         marker.add(failed.encode())
@@ -329,6 +333,8 @@ def test_the_marker_marks_a_row_whose_commit_was_decoded_before_it_was_visible(
     import threading
 
     from cdc_outbox.cdc.published_marker import PublishedMarker
+    from cdc_outbox.config.cdc import marker_section
+    from cdc_outbox.store.outbox_table import OutboxTable
 
     settings = relay_settings(pg_dsn, "127.0.0.1:9", kafka_topic_prefix)
     init_outbox(settings)
@@ -343,7 +349,9 @@ def test_the_marker_marks_a_row_whose_commit_was_decoded_before_it_was_visible(
                 conn.commit()  # waits for the standby: committed in the WAL, not visible
 
         writer = threading.Thread(target=write)
-        marker = PublishedMarker(settings, flush_interval_s=0.01)
+        marker = PublishedMarker(
+            marker_section(settings), OutboxTable.all_of(settings), flush_interval_s=0.01
+        )
         marker.start()
         try:
             writer.start()

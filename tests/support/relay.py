@@ -20,6 +20,7 @@ from pydantic import BaseModel, SecretStr
 from cdc_outbox.admin import lifecycle
 from cdc_outbox.cdc.catch_up import UNMARKED_WINDOW
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
 from cdc_outbox.service.relay_service import Service
@@ -228,7 +229,7 @@ def writers_thread(
 
 def relay_thread(settings: Settings) -> AbstractContextManager[Relay]:
     """The CDC relay running in a background thread."""
-    return running(Relay(settings))
+    return running(build_relay(settings))
 
 
 @contextmanager

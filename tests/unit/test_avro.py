@@ -219,6 +219,7 @@ def test_schemas_dir(tmp_path: Path) -> None:
 def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
     """Delivery with a registry nobody listens on (and a producer that never connects):
     the event is retried (restart), not dead-lettered; later events are not produced."""
+    from cdc_outbox.config.delivery import delivery_section
     from cdc_outbox.config.settings import Settings
     from cdc_outbox.delivery.engine import Delivery
     from cdc_outbox.records import OutboxRecord
@@ -233,7 +234,7 @@ def test_unreachable_registry_is_a_retry_and_nothing_overtakes_it() -> None:
             "kafka": {"bootstrap_servers": "127.0.0.1:9"},
         }
     )
-    delivery = Delivery(settings, RelayStats())
+    delivery = Delivery(delivery_section(settings), RelayStats())
     try:
         headers = [("id", b"1"), ("event_type", b"Paid"), ("aggregate_type", b"order")]
         first, later = RecordingHandle(), RecordingHandle()

@@ -16,7 +16,9 @@ from pydantic import SecretStr
 
 from cdc_outbox.cdc import catch_up
 from cdc_outbox.cdc.published_marker import PublishedMarker
+from cdc_outbox.config.cdc import marker_section
 from cdc_outbox.config.settings import Settings
+from cdc_outbox.store.outbox_table import OutboxTable
 from tests.support.helpers import wait_until
 
 
@@ -79,7 +81,9 @@ class _Delivery:
 def test_waiting_for_unmarked_rows_wakes_the_marker_until_they_are_marked() -> None:
     rows = _Rows()
     settings = Settings(dsn=SecretStr("host=db.example dbname=shop"))
-    marker = PublishedMarker(settings, flush_interval_s=3600.0, rows=rows)
+    marker = PublishedMarker(
+        marker_section(settings), OutboxTable.all_of(settings), flush_interval_s=3600.0, rows=rows
+    )
     backlog = catch_up._Backlog()
     delivery = _Delivery(marker, backlog)
     window = catch_up.UNMARKED_WINDOW

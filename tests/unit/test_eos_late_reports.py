@@ -14,9 +14,12 @@ import pytest
 
 from cdc_outbox.cdc import eos
 from cdc_outbox.cdc.eos import EosCommitter
+from cdc_outbox.config.cdc import eos_section
+from cdc_outbox.config.delivery import delivery_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.records import OutboxRecord
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.relay_stats import RelayStats
 from tests.support.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient
 
@@ -74,14 +77,19 @@ class _Relay:
         )
         stats = RelayStats()
         self.delivery = Delivery(
-            settings,
+            delivery_section(settings),
             stats,
             marker=self.marker,
             transactional_id="tid",
             producer_client=self._client,
         )
         self.eos = EosCommitter(
-            settings, self.delivery, stats, ("42", "db"), FakeCheckpoints(self.cluster, "t")
+            eos_section(settings),
+            OutboxTable.all_of(settings),
+            self.delivery,
+            stats,
+            ("42", "db"),
+            FakeCheckpoints(self.cluster, "t"),
         )
         self.delivery.ensure_transactions()
         self.lsn = 100

@@ -182,6 +182,7 @@ def _message_frame(transactional: bool, lsn: int, prefix: str, content: bytes) -
 def test_a_non_transactional_message_is_confirmed_only_once_its_dead_letter_is() -> None:
     from cdc_outbox.cdc.ack_tracker import AckTracker
     from cdc_outbox.cdc.message_router import MessageRouter
+    from cdc_outbox.config.cdc import router_section
     from cdc_outbox.telemetry.relay_stats import RelayStats
 
     settings = Settings.model_validate({"dsn": "postgresql://u@h/db", "message_prefix": "app"})
@@ -190,7 +191,13 @@ def test_a_non_transactional_message_is_confirmed_only_once_its_dead_letter_is()
     written: list[int] = []
     checkpoint = SimpleNamespace(note_written=written.append)
     stats = RelayStats()
-    router = MessageRouter(settings, [outbox_mapper(settings)], delivery, stats, None)  # type: ignore[arg-type]
+    router = MessageRouter(
+        router_section(settings),
+        [outbox_mapper(settings)],
+        delivery,  # type: ignore[arg-type]
+        stats,
+        None,
+    )
     tracker = AckTracker(0x100)
     router.new_session(tracker, checkpoint)  # type: ignore[arg-type]
     router.handle(_message_frame(False, 0x2000, "app", b'{"id": "x"}'))

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_outbox.config.backoff import BackoffPolicy
+from cdc_outbox.config.delivery import delivery_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.delivery.engine import Delivery
 from cdc_outbox.errors import ConfigError
@@ -112,7 +113,7 @@ def _relay_on(cluster: FakeCluster, **values: object) -> PollingRelay:
     settings = _settings(**values)
     relay = polling_relay(settings, worker_id="w-1")
     relay._delivery = Delivery(
-        settings, relay.stats, producer_client=cluster.client,
+        delivery_section(settings), relay.stats, producer_client=cluster.client,
         interrupted=relay._interrupted,
     )  # fmt: skip
     return relay

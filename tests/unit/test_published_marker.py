@@ -13,14 +13,20 @@ from pydantic import SecretStr
 from cdc_outbox.cdc.eos_batch import EosBatch
 from cdc_outbox.cdc.ledger import Ledger, MarkedWatermark
 from cdc_outbox.cdc.published_marker import PublishedMarker
+from cdc_outbox.config.cdc import marker_section
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store.inspection import ColumnType
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.published_marks import marks_statement as _statement
 from tests.support.helpers import recording_checkpointer
 
 UUID = ColumnType("uuid", "pg_catalog", "uuid")
 TEXT = ColumnType("text", "pg_catalog", "text")
 VARCHAR = ColumnType("character varying(64)", "pg_catalog", "varchar")
+
+
+def _marker(s: Settings) -> PublishedMarker:
+    return PublishedMarker(marker_section(s), OutboxTable.all_of(s))
 
 
 def settings(**kwargs: Any) -> Settings:
@@ -56,8 +62,8 @@ def test_other_ids_are_one_array_parameter_cast_to_the_column_type() -> None:
 def test_housekeeping_off_or_without_status_column_marks_nothing() -> None:
     assert render(TEXT, cdc_mark_published="off", mode="cdc") is None
     assert render(UUID, columns={"preset": "debezium"}) is None
-    assert not PublishedMarker(settings(columns={"preset": "debezium"})).enabled
-    assert PublishedMarker(settings(cdc_mark_published="delete")).enabled
+    assert not _marker(settings(columns={"preset": "debezium"})).enabled
+    assert _marker(settings(cdc_mark_published="delete")).enabled
 
 
 # -- confirmed means marked ---------------------------------------------------------------
@@ -157,7 +163,7 @@ def test_exactly_once_waits_for_the_marks_of_the_committed_transaction() -> None
 
 
 def test_a_marker_not_running_has_nothing_unmarked_and_settles_at_once() -> None:
-    marker = PublishedMarker(settings())
+    marker = _marker(settings())
     marker.add(b"00000000-0000-0000-0000-000000000001")
     assert marker.handed == 1
     assert marker.unmarked == 0  # no thread: nothing will be marked, nothing to wait for

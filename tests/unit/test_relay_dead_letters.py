@@ -1,5 +1,5 @@
-"""Dead letters across restarts, through the relay harness of test_relay_restarts (issue 37):
-an aggregate is parked only from its dead-lettered event on, never before it, whatever
+"""Dead letters across restarts, through the relay harness (tests/support/relay_harness.py;
+issue 37): an aggregate is parked only from its dead-lettered event on, never before it, whatever
 re-streams the events around it (a failed Kafka commit, a PostgreSQL crash, a new process).
 """
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.support.fakes.kafka import Record
-from tests.unit.test_relay_restarts import (
+from tests.support.relay_harness import (
     POISON,
     Harness,
-    _assert_never_confirmed_past_kafka,
-    _Seen,
+    Seen,
+    assert_never_confirmed_past_kafka,
 )
 
 
 def _ids(records: list[Record]) -> list[str]:
-    return [_Seen(r).headers_id for r in records]
+    return [Seen(r).headers_id for r in records]
 
 
 def test_a_dead_letter_parks_only_later_events_when_its_kafka_commit_fails() -> None:
@@ -37,7 +37,7 @@ def test_a_dead_letter_parks_only_later_events_when_its_kafka_commit_fails() -> 
     assert _ids(h.dead_letters()) == [e1.id, e2.id, e3.id]
     assert sorted(h.outbox.failed) == sorted([e1.id, e2.id, e3.id])
     assert h.outbox.failed[e2.id] == f"blocked_by {e1.id}"
-    _assert_never_confirmed_past_kafka(h)
+    assert_never_confirmed_past_kafka(h)
 
 
 def test_a_restream_after_a_dead_letter_publishes_the_events_before_it_again() -> None:

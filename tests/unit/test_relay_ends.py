@@ -16,7 +16,7 @@ import pytest
 from cdc_outbox.cdc.relay import Relay
 from cdc_outbox.errors import PrivilegeMissing
 from cdc_outbox.store.relay_state import NotLeader
-from tests.unit.test_relay_restarts import Harness
+from tests.support.relay_harness import Harness
 
 
 class Blip:

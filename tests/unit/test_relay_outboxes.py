@@ -1,8 +1,9 @@
 """The real Relay over several outbox tables through one slot (issue 36), driven by the fakes
-of tests/fakes and the Harness of test_relay_restarts: each table's rows are mapped with its
-own layout and topic template, marked in its own table per its own ``cdc_mark_published``,
-and an aggregate's order is kept per table (the same aggregate id in two tables is two
-independent sequences); inserts into a table that is no configured outbox are ignored.
+of tests/support/fakes and the Harness of tests/support/relay_harness.py: each table's rows
+are mapped with its own layout and topic template, marked in its own table per its own
+``cdc_mark_published``, and an aggregate's order is kept per table (the same aggregate id in
+two tables is two independent sequences); inserts into a table that is no configured outbox
+are ignored.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import pytest
 
 from cdc_outbox.cdc.new_tables import NewTables
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
+from cdc_outbox.config.cdc import catch_up_section, marker_section
 from cdc_outbox.config.settings import Settings
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import KeepOutcome
 from tests.support.fakes.kafka import FakeCheckpoints, Record
 from tests.support.fakes.replication import FakeMarks
 from tests.support.helpers import wait_until
-from tests.unit.test_relay_restarts import CHECKPOINTS, Harness
+from tests.support.relay_harness import CHECKPOINTS, Harness
 
 ORDERS = "t.event.orders."  # public.outbox, the default layout
 SHIPPING = "t.ship."  # shipping.events, the Debezium layout
@@ -78,7 +82,7 @@ def _relay(h: Harness, new_tables: NewTables | None = None) -> Relay:
         slot_facts=lambda: h.pg.slot_facts(),
         new_tables=new_tables,
     )
-    relay = Relay(h.settings, ports=ports)
+    relay = build_relay(h.settings, ports=ports)
     relay._sleep = lambda seconds: None  # type: ignore[method-assign]
     return relay
 
@@ -210,7 +214,8 @@ def test_a_table_caught_up_before_streaming_is_streamed_only_from_its_point() ->
     point = h.pg.txns[15].final_lsn  # rows of txns 0..14 were the catch-up's
     recorded: list[dict[str, int]] = []
     tables = NewTables(
-        h.settings,
+        catch_up_section(h.settings),
+        OutboxTable.all_of(h.settings),
         streamed=lambda: {"public.outbox": 0, "shipping.events": point, "public.gone": 9},
         record=recorded.append,
         export=_no_export,
@@ -231,8 +236,13 @@ def test_a_table_caught_up_before_streaming_is_streamed_only_from_its_point() ->
 def test_an_unknown_record_with_one_outbox_catches_up_nothing() -> None:
     settings = Settings.model_validate({"dsn": "postgresql://fake@127.0.0.1:1/db"})
     recorded: list[dict[str, int]] = []
-    tables = NewTables(settings, streamed=lambda: None, record=recorded.append,
-                       export=_no_export)  # fmt: skip
+    tables = NewTables(
+        catch_up_section(settings),
+        OutboxTable.all_of(settings),
+        streamed=lambda: None,
+        record=recorded.append,
+        export=_no_export,
+    )
     assert tables.catch_up(None, [], None, None) == {}  # type: ignore[arg-type]
     assert recorded == []
 
@@ -242,7 +252,11 @@ def test_the_marker_takes_no_table_less_id_nor_one_of_an_outbox_that_does_not_ma
     from cdc_outbox.delivery.outcomes import TABLELESS
 
     h = _harness("at_least_once", [OUTBOXES[0], {**OUTBOXES[1], "cdc_mark_published": "off"}])
-    marker = PublishedMarker(h.settings, rows={"public.outbox": FakeMarks(lambda: h.pg)})
+    marker = PublishedMarker(
+        marker_section(h.settings),
+        OutboxTable.all_of(h.settings),
+        rows={"public.outbox": FakeMarks(lambda: h.pg)},
+    )
     marker.add(b"message-event", TABLELESS)
     marker.add(b"shipping-row", 1)
     assert (marker.handed, marker.dropped) == (0, 0)

@@ -12,15 +12,10 @@ Kafka committed, and every delivered row marked PUBLISHED before the slot is con
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -29,196 +24,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_outbox.cdc.relay import Relay
+from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.cdc.relay_ports import RelayPorts
 from cdc_outbox.cdc.slot_watch import SlotChanged
-from cdc_outbox.config.settings import Settings
-from cdc_outbox.store.relay_state import KeepOutcome, NotLeader
-from tests.support.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient, Record
-from tests.support.fakes.outbox import FakeOutbox
+from cdc_outbox.store.relay_state import NotLeader
+from tests.support.fakes.kafka import FakeCheckpoints, FakeCluster, FakeProducerClient
 from tests.support.fakes.replication import FakeMarks, FakePostgres, FakeStream
 from tests.support.helpers import wait_until
-
-PREFIX = "t.event"
-CHECKPOINTS = "t.checkpoints"
-DEAD_LETTERS = "cdc_outbox.dead_letter"  # the default dead_letter_topic
-MAX_RECORD_BYTES = 4096
-POISON = {1: 2 * MAX_RECORD_BYTES}  # pad of commit(): the 2nd event is too large
-
-
-@dataclass
-class Harness:
-    delivery: str
-    pg: FakePostgres = field(default_factory=FakePostgres)
-    cluster: FakeCluster = field(default_factory=FakeCluster)
-    keeps_position: bool = True
-    keep_fails: int = 0  # the next keeps that fail (the database did not take them)
-
-    def __post_init__(self) -> None:
-        self.stream = FakeStream(self.pg)
-        self.outbox = FakeOutbox(lambda: self.pg.events(), server=lambda: self.pg)
-        self.settings = Settings.model_validate(
-            {
-                "dsn": "postgresql://fake@127.0.0.1:1/db",
-                "mode": "cdc",
-                "delivery": self.delivery,
-                "cdc_mark_published": "update",
-                "topic_template": PREFIX + ".{aggregate_type}",
-                "status_interval_s": 1.0,
-                "max_record_bytes": MAX_RECORD_BYTES,
-                "eos": {"checkpoint_topic": CHECKPOINTS, "commit_interval_ms": 5},
-                "kafka": {"bootstrap_servers": "fake:9092"},
-            }
-        )
-
-    def switch_to(self, server: FakePostgres) -> None:
-        """The multi-host DSN now reaches ``server`` (a promoted standby)."""
-        self.pg.down = True  # the old primary died, and its connections with it
-        self.pg = self.stream.server = server
-
-    def relay(self, is_leader: Callable[[], bool] = lambda: True) -> Relay:
-        def keep(lsn: int) -> KeepOutcome:
-            if not self.keeps_position:
-                return "unsupported"
-            if self.keep_fails:
-                self.keep_fails -= 1
-                return "failed"
-            self.pg.kept = max(self.pg.kept, lsn)
-            return "kept"
-
-        ports = RelayPorts(
-            stream=self.stream,
-            producer_client=self.cluster.client,
-            checkpoints=FakeCheckpoints(self.cluster, CHECKPOINTS),
-            kept=lambda: self.pg.kept,
-            keep=keep,
-            parked=self.outbox.parked,
-            failed_rows=self.outbox,
-            marks=FakeMarks(lambda: self.pg),
-            slot_facts=lambda: self.pg.slot_facts(self.keeps_position),
-        )
-        relay = Relay(self.settings, is_leader=is_leader, ports=ports)
-        relay._sleep = lambda seconds: None  # type: ignore[method-assign]
-        return relay
-
-    def visible(self) -> list[Record]:
-        if self.delivery == "exactly_once":
-            return self.cluster.read_committed(PREFIX)
-        return self.cluster.read_uncommitted(PREFIX)
-
-    def dead_letters(self) -> list[Record]:
-        if self.delivery == "exactly_once":
-            return self.cluster.read_committed(DEAD_LETTERS)
-        return self.cluster.read_uncommitted(DEAD_LETTERS)
-
-    def caught_up(self) -> bool:
-        """Every event of the current history is visible (on its topic or, dead-lettered,
-        on the dead-letter topic with its row FAILED) and the slot confirmed past it."""
-        pg = self.pg
-        if pg.txns and pg.confirmed < pg.txns[-1].end_lsn:
-            return False
-        seen = {r.headers_id for r in map(_Seen, self.visible())}
-        dead = {r.headers_id for r in map(_Seen, self.dead_letters())}
-        failed = self.outbox.failed
-        return all(e.id in seen or (e.id in dead and e.id in failed) for e in pg.events())
-
-    @contextmanager
-    def running(self, relay: Relay) -> Iterator[Callable[[], None]]:
-        """Run ``relay`` on a thread; yields ``caught_up()``, which waits until every event
-        of the current history is visible and confirmed (or fails after 30 s)."""
-        errors: list[BaseException] = []
-
-        def target() -> None:
-            try:
-                relay.run()
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=target, daemon=True)
-
-        def caught_up() -> None:
-            deadline = time.monotonic() + 30.0
-            while not self.caught_up():
-                assert thread.is_alive(), errors
-                assert time.monotonic() < deadline, (
-                    f"not caught up: confirmed {self.pg.confirmed}, {len(self.visible())}"
-                    f" records of {len(self.pg.events())} events, restarts {relay.stats.restarts}"
-                )
-                time.sleep(0.002)
-
-        thread.start()
-        try:
-            yield caught_up
-        finally:
-            relay.request_stop()
-            thread.join(30)
-        assert not thread.is_alive()
-        assert not errors, errors
-
-    def run(self, relay: Relay) -> None:
-        with self.running(relay) as caught_up:
-            caught_up()
-
-    def verdict(self) -> tuple[Counter[str], list[str]]:
-        """(how often each event id of the current history is visible, order violations
-        among them)."""
-        counts: Counter[str] = Counter(_Seen(r).headers_id for r in self.visible())
-        last: dict[bytes, int] = {}
-        broken = []
-        # First occurrences of the current history's events (phantoms of a lost history
-        # reuse versions: their order is not comparable).
-        ours = {e.id for e in self.pg.events()}
-        visible = [r for r in self.visible() if _Seen(r).headers_id in ours]
-        first = {_Seen(r).headers_id: r for r in reversed(visible)}
-        for r in sorted(first.values(), key=visible.index):
-            seq = int(json.loads(r.value or b"{}")["seq"])
-            key = r.key or b""
-            if seq < last.get(key, 0):
-                broken.append(f"{key!r}: {seq} after {last[key]}")
-            last[key] = max(seq, last.get(key, 0))
-        return Counter({e.id: counts[e.id] for e in self.pg.events()}), broken
-
-
-class _Seen:
-    def __init__(self, record: Record) -> None:
-        self.headers_id = dict(record.headers)["id"].decode()
+from tests.support.relay_harness import (
+    CHECKPOINTS,
+    POISON,
+    PREFIX,
+    Harness,
+    Seen,
+    assert_at_least_once,
+    assert_every_delivered_row_marked,
+    assert_exactly_once,
+    assert_never_confirmed_past_kafka,
+)
 
 
 def _write(pg: FakePostgres, txns: int, rows: int = 5, aggregates: int = 7, seed: int = 0) -> None:
     rng = random.Random(seed)
     for _ in range(txns):
         pg.commit([f"agg-{rng.randrange(aggregates)}" for _ in range(rng.randint(1, rows))])
-
-
-def _assert_exactly_once(h: Harness) -> None:
-    counts, broken = h.verdict()
-    assert not broken, broken[:5]
-    missing = [i for i, n in counts.items() if n == 0]
-    dups = [i for i, n in counts.items() if n > 1]
-    assert not missing, f"{len(missing)} of {len(counts)} events lost"
-    assert not dups, f"{len(dups)} duplicated"
-
-
-def _assert_at_least_once(h: Harness) -> None:
-    counts, broken = h.verdict()
-    assert not broken, broken[:5]
-    missing = [i for i, n in counts.items() if n == 0]
-    assert not missing, f"{len(missing)} of {len(counts)} events lost"
-
-
-def _assert_never_confirmed_past_kafka(h: Harness) -> None:
-    assert not h.pg.backwards, h.pg.backwards[:3]
-
-
-def _assert_every_delivered_row_marked(h: Harness) -> None:
-    """Every event of the current history that Kafka holds has its row marked PUBLISHED, and
-    the slot was never confirmed past a row before it was marked (a catch-up or a polling
-    pass would publish such a row again)."""
-    delivered = {_Seen(r).headers_id for r in h.visible()}
-    events = [e.id for e in h.pg.events() if e.id in delivered]
-    unmarked = [i for i in events if i.encode() not in h.pg.marked]
-    assert not unmarked, f"{len(unmarked)} of {len(events)} delivered rows never marked"
-    early = h.pg.confirmed_unmarked
-    assert not early, f"confirmed past unmarked rows: {[(c, len(ids)) for c, ids in early[:3]]}"
 
 
 # -- each restart trigger -----------------------------------------------------------------
@@ -234,12 +63,12 @@ def test_a_stream_dropped_while_a_kafka_transaction_is_open(delivery: str) -> No
     h.run(relay)
     assert relay.stats.restarts == 4
     if delivery == "exactly_once":
-        _assert_exactly_once(h)
+        assert_exactly_once(h)
         aborted = [r for r in h.cluster.log if r.state == "aborted" and r.topic.startswith(PREFIX)]
         assert aborted, "no drop fell into an open Kafka transaction: the test proves nothing"
     else:
-        _assert_at_least_once(h)
-    _assert_never_confirmed_past_kafka(h)
+        assert_at_least_once(h)
+    assert_never_confirmed_past_kafka(h)
 
 
 def test_a_failed_kafka_commit_aborts_and_resends_exactly_once() -> None:
@@ -249,7 +78,7 @@ def test_a_failed_kafka_commit_aborts_and_resends_exactly_once() -> None:
     relay = h.relay()
     h.run(relay)
     assert relay.stats.restarts >= 1 and relay.stats.eos_aborts >= 1
-    _assert_exactly_once(h)
+    assert_exactly_once(h)
 
 
 def test_a_commit_that_landed_but_was_reported_failed_has_its_rows_marked() -> None:
@@ -266,9 +95,9 @@ def test_a_commit_that_landed_but_was_reported_failed_has_its_rows_marked() -> N
     h.run(relay)
     assert h.cluster.commits_to_land_failing == 0, "the fault never fired"
     assert relay.stats.restarts >= 1
-    _assert_exactly_once(h)
-    _assert_every_delivered_row_marked(h)
-    _assert_never_confirmed_past_kafka(h)
+    assert_exactly_once(h)
+    assert_every_delivered_row_marked(h)
+    assert_never_confirmed_past_kafka(h)
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -281,7 +110,7 @@ def test_a_record_failing_with_a_retriable_error_restarts_the_stream(delivery: s
     relay = h.relay()
     h.run(relay)
     assert relay.stats.restarts >= 1
-    (_assert_exactly_once if delivery == "exactly_once" else _assert_at_least_once)(h)
+    (assert_exactly_once if delivery == "exactly_once" else assert_at_least_once)(h)
 
 
 def test_a_postgresql_crash_resends_what_kafka_holds_and_the_checkpoint_skips_it() -> None:
@@ -297,7 +126,7 @@ def test_a_postgresql_crash_resends_what_kafka_holds_and_the_checkpoint_skips_it
     h.run(relay)
     assert h.stream.starts[-1] < h.pg.txns[0].end_lsn  # PostgreSQL re-sent the 60
     assert relay.stats.eos_skipped_events > 0
-    _assert_exactly_once(h)
+    assert_exactly_once(h)
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -322,9 +151,9 @@ def test_failover_to_a_standby_that_was_behind_loses_nothing(delivery: str) -> N
         caught_up()
     if delivery == "exactly_once":
         assert relay.stats.untrusted_checkpoints >= 1
-        _assert_exactly_once(h)
+        assert_exactly_once(h)
     else:
-        _assert_at_least_once(h)
+        assert_at_least_once(h)
 
 
 def test_a_position_is_confirmed_only_once_it_is_kept() -> None:
@@ -337,7 +166,7 @@ def test_a_position_is_confirmed_only_once_it_is_kept() -> None:
     assert h.keep_fails == 0, "the failing keeps were never tried"
     assert h.pg.advances, "nothing was confirmed"
     assert all(confirmed <= kept for confirmed, kept in h.pg.advances), h.pg.advances[:3]
-    _assert_at_least_once(h)
+    assert_at_least_once(h)
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -368,7 +197,7 @@ def test_a_restarted_stream_confirms_its_start_only_once_it_is_kept(delivery: st
         h.keep_fails = 0
         caught_up()
     assert all(confirmed <= kept for confirmed, kept in h.pg.advances), h.pg.advances[:3]
-    _assert_at_least_once(h)
+    assert_at_least_once(h)
 
 
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
@@ -407,7 +236,7 @@ def test_a_slot_recreated_while_the_relay_is_between_sessions_is_not_streamed(
         relay.request_stop()
         thread.join(30)
     assert not thread.is_alive()
-    seen = {_Seen(r).headers_id for r in h.visible()}
+    seen = {Seen(r).headers_id for r in h.visible()}
     published = sum(i in seen for i in gap)
     assert len(h.stream.starts) == starts, (
         f"the recreated slot was streamed: {published} of {len(gap)} events of the gap"
@@ -489,18 +318,18 @@ def test_random_restarts_keep_the_guarantee(
         caught_up()
     counts, broken = h.verdict()
     dead = _dead_lettered(h)
-    dlq = Counter(_Seen(r).headers_id for r in h.dead_letters())
+    dlq = Counter(Seen(r).headers_id for r in h.dead_letters())
     assert not [i for i, c in counts.items() if c == 0 and i not in dead], "lost"
     assert not [i for i in dead if counts[i]], "published behind a dead letter"
     assert not [i for i in dead if not dlq[i]], "a dead letter lost"
     assert not [i for i in counts if i not in dead and dlq[i]], "parked before its dead letter"
     if delivery == "exactly_once":
         assert not [i for i, c in counts.items() if c > 1], "duplicated"
-        everything = Counter(_Seen(r).headers_id for r in h.visible())
+        everything = Counter(Seen(r).headers_id for r in h.visible())
         assert all(c == 1 for c in everything.values()), "a phantom or event twice"
         assert not [i for i in dead if dlq[i] > 1], "a dead letter twice"
     assert not broken, broken[:5]
-    _assert_every_delivered_row_marked(h)
+    assert_every_delivered_row_marked(h)
 
 
 class _LeaseLapsesAtRegistration(FakeProducerClient):
@@ -532,7 +361,7 @@ def _zombie(h: Harness, lease: list[bool]) -> tuple[Relay, FakeStream]:
         marks=FakeMarks(lambda: h.pg),
         slot_facts=lambda: h.pg.slot_facts(h.keeps_position),
     )
-    relay = Relay(h.settings, is_leader=lambda: lease[0], ports=ports)
+    relay = build_relay(h.settings, is_leader=lambda: lease[0], ports=ports)
     relay._sleep = lambda seconds: None  # type: ignore[method-assign]
     return relay, stream
 
@@ -556,7 +385,7 @@ def test_a_leader_frozen_before_registering_its_id_stands_by_and_its_heir_recove
         _write(h.pg, 30, seed=1)
         caught_up()
     assert successor.stats.restarts >= 1  # it was fenced and registered again
-    _assert_exactly_once(h)
+    assert_exactly_once(h)
 
 
 def test_a_catch_up_whose_lease_lapsed_at_registration_creates_no_slot() -> None:
