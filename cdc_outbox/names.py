@@ -25,6 +25,6 @@ def is_legal_topic(name: str) -> bool:
 def is_free_header_name(name: str) -> bool:
     """Whether a row may set header ``name``: not empty, not the relay's own (``id``,
     ``event_type``, ``aggregate_type``, ``cdc_outbox.*``)."""
-    return bool(name) and name not in RESERVED_HEADERS and not name.startswith(
-        RESERVED_HEADER_PREFIX
+    return (
+        bool(name) and name not in RESERVED_HEADERS and not name.startswith(RESERVED_HEADER_PREFIX)
     )

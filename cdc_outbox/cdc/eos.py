@@ -195,7 +195,7 @@ class EosCommitter:
         self._produce_checkpoint(catch_up_ids, dead_letters=dead_letters)
         self._close()
         self._commit_call()
-        self._committed([*(catch_up_ids or ()), *(i for i, _ in dead_letters or ())])
+        self._committed()
 
     # -- streaming: close, keep reading, commit ----------------------------------------------
 
@@ -310,11 +310,10 @@ class EosCommitter:
             raise
         crash_point("eos.after_kafka_commit")
 
-    def _committed(self, catch_up_ids: list[str] | None = None) -> None:
+    def _committed(self) -> None:
         """The closed Kafka transaction committed and every report of it was served."""
-        events = self.batch.committed(time.monotonic())
+        self.batch.committed(time.monotonic())
         self.delivery.committed()
-        self.stats.eos_committed_events += events + len(catch_up_ids or ())
         if self.stats.latency_observers and self._closing_txns:
             now = time.time()
             for txn in self._closing_txns:

@@ -29,8 +29,7 @@ def outbox_mapper(settings: Settings, outbox: OutboxSettings | None = None) -> O
     return CloudEventsMapper(
         *args,
         mode=settings.cloudevents,
-        source=o.cloudevents_source
-        or default_source(str(dbname or ""), o.schema_name, o.table),
+        source=o.cloudevents_source or default_source(str(dbname or ""), o.schema_name, o.table),
         datacontenttype="application/avro" if avro else "application/json",
         **kwargs,
     )

@@ -22,8 +22,6 @@ _from_json = json.JSONDecoder().decode
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-
-
 @functools.lru_cache(maxsize=1024)
 def parse_headers_json(
     name: str, hv: bytes, taken: frozenset[str] = frozenset()

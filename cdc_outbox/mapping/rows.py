@@ -56,8 +56,6 @@ _PLACEHOLDERS = frozenset({"aggregate_type", "event_type"})
 _TOPIC_CACHE_MAX = 4096
 
 
-
-
 def _problem(name: str, value: ColumnValue) -> str:
     if value is None:
         return f"column {name!r} is null"

@@ -100,7 +100,6 @@ class Service:
         self.stats = RelayStats()
         self._stop = threading.Event()
         self._current: Relay | PollingRelay | None = None
-        self._leadership: Leadership | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -129,7 +128,7 @@ class Service:
             if not ops.check_before_run(self._stop):
                 return
             ops.ensure_state_table()
-            leadership = self._leadership = ops.leadership(self._loop_stalled)
+            leadership = ops.leadership(self._loop_stalled)
             stack.callback(leadership.release)
             while not self._stop.is_set():
                 self.stats.role = "standby"

@@ -56,8 +56,6 @@ class RelayStats:
     delivery_guarantee: str = "at_least_once"
     eos_commits: int = 0
     eos_aborts: int = 0
-    #: Events in committed Kafka transactions (visible to read_committed consumers).
-    eos_committed_events: int = 0
     #: Checkpoints read from Kafka that were not all in the database's history (a failover to
     #: a standby that was behind, a restore): what they held past it is published again.
     untrusted_checkpoints: int = 0

@@ -15,7 +15,8 @@ from examples.cache_invalidation.cache import OrderCache
 from examples.cache_invalidation.orders import ORDERS_DDL, create_order, load_order, update_order
 from tests.support.consumer import ConsumerProcess, count_rows, wait_processed
 from tests.support.helpers import create_topic, wait_until
-from tests.support.relay import RelayProcess, init_outbox, relay_settings
+from tests.support.relay import init_outbox, relay_settings
+from tests.support.relay_process import RelayProcess
 
 ORDERS = 40
 UPDATES = 1_500

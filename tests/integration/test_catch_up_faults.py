@@ -24,7 +24,6 @@ from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import count_records
 from tests.support.helpers import wait_until
 from tests.support.relay import (
-    RelayProcess,
     all_relayed,
     init_outbox,
     relay_phase,
@@ -32,6 +31,7 @@ from tests.support.relay import (
     tally_topics,
     wait_streamed_past_now,
 )
+from tests.support.relay_process import RelayProcess
 
 BACKLOG = 50_000
 

@@ -33,7 +33,6 @@ from cdc_outbox_dev.readback import ConsumedRecord, read_topics
 from tests.support.helpers import wait_until
 from tests.support.progress import relay_events_marked
 from tests.support.relay import (
-    RelayProcess,
     UnconfirmedWindow,
     drop_slot_under_the_relay,
     init_outbox,
@@ -43,6 +42,7 @@ from tests.support.relay import (
     wait_streamed_past_now,
     writers_thread,
 )
+from tests.support.relay_process import RelayProcess
 
 RATE = 600  # committed events/s offered by the writers
 # The schedule CI runs (kill -9, broker kills, PostgreSQL crashes, a freeze, a slot drop).

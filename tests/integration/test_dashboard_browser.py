@@ -15,7 +15,8 @@ from typing import Any
 from cdc_outbox.lsn import Lsn
 from tests.support.helpers import wait_until
 from tests.support.monitoring import lag_json, load_thread, monitored_settings, scrape
-from tests.support.relay import ARTIFACTS, init_outbox, service_thread
+from tests.support.relay import init_outbox, service_thread
+from tests.support.relay_process import ARTIFACTS
 
 MIB = 2**20
 CHROMIUM_FLAGS = (

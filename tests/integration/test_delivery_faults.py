@@ -15,13 +15,13 @@ from cdc_outbox_dev.sandbox._proc import free_port
 from tests.support.helpers import wait_until
 from tests.support.monitoring import metric
 from tests.support.relay import (
-    RelayProcess,
     init_outbox,
     relay_settings,
     relay_thread,
     slot_position,
     wait_streamed_past_now,
 )
+from tests.support.relay_process import RelayProcess
 
 
 def test_sigterm_with_a_full_queue_while_the_broker_is_down_exits_within_grace(

@@ -18,12 +18,8 @@ import psycopg
 import pytest
 
 from cdc_outbox_dev.readback import read_topics
-from tests.support.relay import (
-    RelayProcess,
-    init_for_catch_up,
-    relay_settings,
-    wait_streamed_past_now,
-)
+from tests.support.relay import init_for_catch_up, relay_settings, wait_streamed_past_now
+from tests.support.relay_process import RelayProcess
 
 COMMITTED = {"isolation.level": "read_committed"}
 

@@ -32,7 +32,6 @@ from tests.support.outbox_mix import (
 )
 from tests.support.progress import relay_events_marked, wait_relayed
 from tests.support.relay import (
-    RelayProcess,
     UnconfirmedWindow,
     init_outbox,
     insert_bulk_transaction,
@@ -45,6 +44,7 @@ from tests.support.relay import (
     slot_holder,
     slot_position,
 )
+from tests.support.relay_process import RelayProcess
 
 
 def eos_settings(pg_dsn: str, kafka_broker: Any, prefix: str, **overrides: Any) -> Any:

@@ -32,13 +32,13 @@ from tests.support.helpers import wait_until
 from tests.support.monitoring import scrape
 from tests.support.progress import relay_events_marked, terminate_walsender, wait_relayed
 from tests.support.relay import (
-    RelayProcess,
     init_outbox,
     outbox_statuses,
     relay_settings,
     slot_holder,
     writers_thread,
 )
+from tests.support.relay_process import RelayProcess
 
 RATE = 800  # committed events/s offered by the writers
 STEP = 1_000  # rows marked PUBLISHED between two faults

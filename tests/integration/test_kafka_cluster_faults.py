@@ -40,12 +40,8 @@ from tests.support.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.support.relay import (
-    RelayProcess,
-    current_wal_lsn,
-    slot_position,
-    wait_streamed_past_now,
-)
+from tests.support.relay import current_wal_lsn, slot_position, wait_streamed_past_now
+from tests.support.relay_process import RelayProcess
 
 RATE = 400  # committed events/s offered by the writers
 STEP = 600  # rows marked PUBLISHED before a fault, and again after it

@@ -19,7 +19,6 @@ from cdc_outbox.lsn import Lsn
 from cdc_outbox_dev import workload
 from tests.support.helpers import wait_until
 from tests.support.relay import (
-    RelayProcess,
     all_relayed,
     current_wal_lsn,
     init_outbox,
@@ -30,6 +29,7 @@ from tests.support.relay import (
     tally_topics,
     wait_streamed_past_now,
 )
+from tests.support.relay_process import RelayProcess
 
 
 def _kept(dsn: str, slot: str) -> Lsn:

@@ -24,7 +24,8 @@ from cdc_outbox.store.schema import outbox_table_ddl
 from cdc_outbox_dev import workload
 from cdc_outbox_dev.readback import read_topics
 from tests.support.helpers import consume_all, create_topic, wait_until
-from tests.support.relay import ARTIFACTS, relay_settings
+from tests.support.relay import relay_settings
+from tests.support.relay_process import ARTIFACTS
 
 
 def _settings(dsn: str, bootstrap: str, prefix: str, **polling: Any) -> Settings:

@@ -40,7 +40,6 @@ from cdc_outbox_dev import workload
 from cdc_outbox_dev.sandbox.kafka import LocalKafka
 from tests.support.helpers import wait_until
 from tests.support.relay import (
-    RelayProcess,
     all_relayed,
     init_outbox,
     outbox_statuses,
@@ -48,6 +47,7 @@ from tests.support.relay import (
     slot_holder,
     writers_thread,
 )
+from tests.support.relay_process import RelayProcess
 from tests.support.sections import leadership
 
 

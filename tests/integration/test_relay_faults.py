@@ -25,18 +25,17 @@ from tests.support.outbox_mix import (
 )
 from tests.support.progress import relay_events_marked, status_updates_after
 from tests.support.relay import (
-    RelayProcess,
     UnconfirmedWindow,
     current_wal_lsn,
     init_outbox,
     insert_bulk_transaction,
     relay_settings,
     relay_thread,
-    settings_env,
     slot_position,
     tally_topics,
     wait_streamed_past_now,
 )
+from tests.support.relay_process import RelayProcess, settings_env
 
 
 def _writer(dsn: str, settings, spec: workload.WorkloadSpec) -> tuple[threading.Thread, list]:

@@ -28,13 +28,8 @@ from tests.support.outbox_mix import (
     mix_writers_thread,
     unmarked,
 )
-from tests.support.relay import (
-    RelayProcess,
-    UnconfirmedWindow,
-    relay_phase,
-    slot_holder,
-    wait_streamed_past_now,
-)
+from tests.support.relay import UnconfirmedWindow, relay_phase, slot_holder, wait_streamed_past_now
+from tests.support.relay_process import RelayProcess
 
 TAKEOVER_BOUND_S = 10.0
 

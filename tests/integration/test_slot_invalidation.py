@@ -31,15 +31,14 @@ from cdc_outbox_dev.sandbox._pg_os import find_bindir
 from cdc_outbox_dev.sandbox.postgres import LocalPostgres
 from tests.support.helpers import run_cli, wait_until
 from tests.support.relay import (
-    RelayProcess,
     all_relayed,
     init_outbox,
     outbox_statuses,
     relay_settings,
     service_thread,
-    settings_env,
     wait_streamed_past_now,
 )
+from tests.support.relay_process import RelayProcess, settings_env
 
 EVENTS_BEFORE, EVENTS_WHILE_STOPPED = 200, 300
 

@@ -19,13 +19,13 @@ from cdc_outbox.writer import write_event, write_event_async, write_event_sqlalc
 from cdc_outbox_dev.readback import read_topics
 from tests.support.helpers import ConsumedMessage, consume_all, wait_until
 from tests.support.relay import (
-    RelayProcess,
     init_outbox,
     outbox_statuses,
     relay_settings,
     service_thread,
     wait_streamed_past_now,
 )
+from tests.support.relay_process import RelayProcess
 
 PREFIX = "app.outbox"
 PAYLOAD = {"b": 1, "a": [1, 2.5], "z": {"y": None, "x": "é"}}  # jsonb reorders and respaces

@@ -22,7 +22,6 @@ from cdc_outbox.telemetry.relay_stats import RelayStats
 from cdc_outbox_dev.readback import count_records, read_topics
 from tests.support.helpers import allow_topic_writes, create_topic, deny_topic_writes, wait_until
 from tests.support.relay import (
-    RelayProcess,
     current_wal_lsn,
     init_outbox,
     outbox_statuses,
@@ -30,6 +29,7 @@ from tests.support.relay import (
     relay_thread,
     slot_position,
 )
+from tests.support.relay_process import RelayProcess
 
 EVENTS = 20
 

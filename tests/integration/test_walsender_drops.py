@@ -28,7 +28,8 @@ from tests.support.outbox_mix import (
     unmarked,
 )
 from tests.support.progress import terminate_walsender, wait_relayed
-from tests.support.relay import RelayProcess, slot_holder
+from tests.support.relay import slot_holder
+from tests.support.relay_process import RelayProcess
 
 _DROPS = 4
 

@@ -14,7 +14,7 @@ import psycopg
 from confluent_kafka import Producer
 
 from tests.support.helpers import create_topic, wait_until
-from tests.support.relay import ChildProcess
+from tests.support.relay_process import ChildProcess
 
 #: What the handlers in tests/support/consumer_handlers.py write: one row per application.
 APPLIED_DDL = """

@@ -7,7 +7,8 @@ import psycopg
 
 from cdc_outbox.config.settings import Settings
 from tests.support.helpers import wait_until
-from tests.support.relay import RelayProcess, outbox_statuses, slot_holder, wait_streamed_past_now
+from tests.support.relay import outbox_statuses, slot_holder, wait_streamed_past_now
+from tests.support.relay_process import RelayProcess
 
 
 def wait_relayed(dsn: str, settings: Settings, relay: RelayProcess | None, timeout: float) -> None:

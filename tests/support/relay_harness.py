@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from cdc_outbox.store.relay_state import KeepOutcome
 from tests.support.fakes.kafka import FakeCheckpoints, FakeCluster, Record
 from tests.support.fakes.outbox import FakeOutbox
 from tests.support.fakes.replication import FakeMarks, FakePostgres, FakeStream
+from tests.support.helpers import wait_until
 
 __all__ = [
     "CHECKPOINTS",
@@ -133,15 +133,20 @@ class Harness:
 
         thread = threading.Thread(target=target, daemon=True)
 
+        def done() -> bool:
+            assert thread.is_alive(), errors
+            return self.caught_up()
+
         def caught_up() -> None:
-            deadline = time.monotonic() + 30.0
-            while not self.caught_up():
-                assert thread.is_alive(), errors
-                assert time.monotonic() < deadline, (
+            wait_until(
+                done,
+                timeout=30.0,
+                interval=0.002,
+                message=lambda: (
                     f"not caught up: confirmed {self.pg.confirmed}, {len(self.visible())}"
                     f" records of {len(self.pg.events())} events, restarts {relay.stats.restarts}"
-                )
-                time.sleep(0.002)
+                ),
+            )
 
         thread.start()
         try:

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from cdc_outbox.config.settings import Settings, load_settings
-from tests.support.relay import relay_settings, settings_env
+from tests.support.relay import relay_settings
+from tests.support.relay_process import settings_env
 
 DSN = "host=db.example user=app password=pw dbname=shop"
 
