@@ -231,8 +231,9 @@ class Drained:
 
 
 def phase_topics(settings: Settings, aggregate_types: tuple[str, ...] = ("order",)) -> list[str]:
-    """The topics the relay writes the workload's events to."""
-    return [settings.topic_template.replace("{aggregate_type}", a) for a in aggregate_types]
+    """The topics the relay writes the workload's events to (of every outbox table)."""
+    templates = dict.fromkeys(o.topic_template for o in settings.outbox_settings())
+    return [t.replace("{aggregate_type}", a) for t in templates for a in aggregate_types]
 
 
 def drain(
