@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
 import threading
@@ -128,16 +129,21 @@ def setup(settings: Settings, slots: list[str], relay_slots: list[str]) -> None:
         conn.execute(publication_ddl(settings))
         for slot in slots:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        # The slots exist before any row is written: nothing to catch up, the relay streams.
+        # The slots exist before any row is written: nothing to catch up, the relay streams
+        # every outbox table from the start (``streamed_tables``, as ``cdc-outbox init``
+        # records it; unknown, the relay would catch up every table but the first from the
+        # table first: cdc/new_tables.py).
         for stmt in relay_state_ddl(settings):
             conn.execute(stmt)
+        streamed = json.dumps({o.name: "0/0" for o in settings.outbox_settings()})
         for slot in relay_slots:
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (slot_name, phase) VALUES (%s, 'STREAMING')"
-                    " ON CONFLICT (slot_name) DO UPDATE SET phase = 'STREAMING'"
+                    "INSERT INTO {} (slot_name, phase, streamed_tables)"
+                    " VALUES (%s, 'STREAMING', %s::jsonb) ON CONFLICT (slot_name)"
+                    " DO UPDATE SET phase = 'STREAMING', streamed_tables = %s::jsonb"
                 ).format(relay_state_ident(settings)),
-                (slot,),
+                (slot, streamed, streamed),
             )
 
 
