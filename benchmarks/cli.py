@@ -70,6 +70,10 @@ BENCHMARKS: dict[str, Benchmark] = {
         "cdc-outbox vs Debezium (Kafka Connect, outbox EventRouter): drains, latency, CPU, RSS",
         "benchmarks.debezium_bench:main",
     ),
+    "caught-up-cpu": Benchmark(
+        "relay process CPU per event while caught up (default 2,000 single-row txns/s)",
+        "benchmarks.caught_up_cpu:main",
+    ),
     "table-less-cost": Benchmark(
         "WAL and writer time per event: outbox row vs logical message (PostgreSQL only)",
         "benchmarks.table_less_cost:main",

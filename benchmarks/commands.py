@@ -24,6 +24,13 @@ def relay(argv: list[str]) -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--txn-size", type=int, default=100)
     parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument(
+        "--outboxes",
+        type=int,
+        default=1,
+        help="outbox tables ([[outboxes]], one slot, each its own topics): the same events"
+        " spread evenly over them (default 1: the single-table keys)",
+    )
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: start a local server)")
     parser.add_argument("--bootstrap-servers", help="Kafka (default: start a local broker)")
     parser.add_argument("--profile", type=Path, help="write a cProfile of the relay phase here")
@@ -67,8 +74,12 @@ def relay(argv: list[str]) -> int:
         help="extra librdkafka producer setting for the relay (repeatable)",
     )
     args = parser.parse_args(argv)
-    if min(args.events, args.txn_size, args.rounds, args.avro_rounds) <= 0:
-        parser.error("--events, --txn-size, --rounds and --avro-rounds must be positive")
+    if min(args.events, args.txn_size, args.rounds, args.avro_rounds, args.outboxes) <= 0:
+        parser.error(
+            "--events, --txn-size, --rounds, --avro-rounds and --outboxes must be positive"
+        )
+    if args.outboxes > 1 and args.value_format == "avro":
+        parser.error("--outboxes > 1 relays JSON values only")
     from benchmarks import relay_bench, relay_report
 
     try:

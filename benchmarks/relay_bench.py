@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.kafka.publisher import KafkaPublisher
 from cdc_outbox.pgwire.walproto import Keepalive
 from cdc_outbox.store.schema import (
+    outbox_ident,
     outbox_table_ddl,
     publication_ddl,
     relay_state_ddl,
@@ -95,9 +98,9 @@ class SlotsExhausted(Exception):
 
 
 def setup(settings: Settings, slots: list[str], relay_slots: list[str]) -> None:
-    """Fresh outbox table, publication and ``slots`` (created before any data is written; the
-    relay's phase is STREAMING on ``relay_slots``), or :class:`SlotsExhausted` before anything
-    changes but the run's own old slots."""
+    """Fresh outbox tables (every configured one), publication and ``slots`` (created before
+    any data is written; the relay's phase is STREAMING on ``relay_slots``), or
+    :class:`SlotsExhausted` before anything changes but the run's own old slots."""
     dsn = settings.postgres_dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for slot in slots:
@@ -113,31 +116,34 @@ def setup(settings: Settings, slots: list[str], relay_slots: list[str]) -> None:
                 f" and 1, 2 per --avro-rounds round), the server has {free} free: lower --rounds or"
                 " --avro-rounds or raise max_replication_slots"
             )
-        conn.execute(
-            sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
-                sql.Identifier(settings.outbox_schema), sql.Identifier(settings.outbox_table)
-            )
-        )
+        for outbox in settings.outbox_settings():
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(outbox_ident(settings, outbox)))
         conn.execute(
             sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
                 sql.Identifier(settings.publication_name)
             )
         )
-        for stmt in outbox_table_ddl(settings):
-            conn.execute(stmt)
+        for outbox in settings.outbox_settings():
+            for stmt in outbox_table_ddl(settings, outbox):
+                conn.execute(stmt)
         conn.execute(publication_ddl(settings))
         for slot in slots:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        # The slots exist before any row is written: nothing to catch up, the relay streams.
+        # The slots exist before any row is written: nothing to catch up, the relay streams
+        # every outbox table from the start (``streamed_tables``, as ``cdc-outbox init``
+        # records it; unknown, the relay would catch up every table but the first from the
+        # table first: cdc/new_tables.py).
         for stmt in relay_state_ddl(settings):
             conn.execute(stmt)
+        streamed = json.dumps({o.name: "0/0" for o in settings.outbox_settings()})
         for slot in relay_slots:
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (slot_name, phase) VALUES (%s, 'STREAMING')"
-                    " ON CONFLICT (slot_name) DO UPDATE SET phase = 'STREAMING'"
+                    "INSERT INTO {} (slot_name, phase, streamed_tables)"
+                    " VALUES (%s, 'STREAMING', %s::jsonb) ON CONFLICT (slot_name)"
+                    " DO UPDATE SET phase = 'STREAMING', streamed_tables = %s::jsonb"
                 ).format(relay_state_ident(settings)),
-                (slot,),
+                (slot, streamed, streamed),
             )
 
 
@@ -235,13 +241,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "dsn": dsn,
                 "slot_name": relay_slots[0],
                 "publication_name": PUBLICATION,
-                "outbox_table": "bench_outbox",
-                "topic_template": topic_prefix + ".{aggregate_type}",
+                **_tables(args.outboxes, topic_prefix, args.cdc_mark_published),
                 "mode": "cdc",
                 "delivery": args.delivery,
                 "eos": {"checkpoint_topic": topic_prefix + ".checkpoints"},
                 "metrics_port": 0,
-                "cdc_mark_published": args.cdc_mark_published,
                 "kafka": {
                     "bootstrap_servers": bootstrap,
                     "config": dict(kv.split("=", 1) for kv in args.kafka_config),
@@ -253,16 +257,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # subtract the warm-up record).
         warm = KafkaPublisher(settings.kafka_config())
         prefixes = [relay_rounds.topic_prefix(n, stamp) for n in range(-1, args.rounds)]
-        for prefix in (*prefixes, *(prefix for _, _, _, prefix in plan)):
+        for prefix in prefixes:
+            for topic in relay_process.phase_topics(relay_rounds.with_topics(settings, prefix)):
+                warm.produce(topic, b"warmup", b"{}", [], _WarmupListener())
+        for prefix in (prefix for _, _, _, prefix in plan):
             warm.produce(f"{prefix}.order", b"warmup", b"{}", [], _WarmupListener())
         warm.flush(30)
-        spec = workload.WorkloadSpec(
-            events=args.events, writers=args.writers, txn_sizes=(args.txn_size,)
-        )
         t0 = time.perf_counter()
-        written = workload.write_orders(
-            dsn, spec, table=settings.outbox_table, columns=settings.column_names()
-        )
+        written = write(settings, args.events, args.writers, args.txn_size)
         write_s = time.perf_counter() - t0
         wal_bytes = current_wal(dsn)
         measured = relay_rounds.run(
@@ -287,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         return {
             "value_format": args.value_format,
+            "outboxes": args.outboxes,
             "events": args.events,
             "txn_size": args.txn_size,
             "delivery": args.delivery,
@@ -306,6 +309,66 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "machine": _machine(),
             **extra,
         }
+
+
+def _tables(outboxes: int, topic_prefix: str, mark: str = "update") -> dict[str, Any]:
+    """The settings of the outbox table(s): ``bench_outbox`` (the single-table keys), or
+    ``bench_outbox_1`` ... as ``[[outboxes]]``, each with topics of its own; ``mark``: their
+    ``cdc_mark_published``."""
+    if outboxes == 1:
+        return {
+            "outbox_table": "bench_outbox",
+            "topic_template": topic_prefix + ".{aggregate_type}",
+            "cdc_mark_published": mark,
+        }
+    return {
+        "outboxes": [
+            {
+                "table": f"bench_outbox_{n + 1}",
+                "topic_template": relay_rounds.topic_template(topic_prefix, n, outboxes),
+                "cdc_mark_published": mark,
+            }
+            for n in range(outboxes)
+        ]
+    }
+
+
+def write(settings: Settings, events: int, writers: int, txn_size: int) -> workload.WriteReport:
+    """``events`` in ``txn_size``-row transactions, spread evenly over the outbox tables, all
+    written at once (each table by ``writers`` / tables writers of its own, at least one)."""
+    tables = settings.outbox_settings()
+    columns = settings.column_names()
+    dsn = settings.postgres_dsn()
+    shares = [events // len(tables) + (n < events % len(tables)) for n in range(len(tables))]
+    reports: list[workload.WriteReport] = []
+    errors: list[BaseException] = []
+    workload.prepare(dsn)  # the business table, once (not by three writers at the same time)
+
+    def one(table: str, share: int) -> None:
+        spec = workload.WorkloadSpec(
+            events=share, writers=max(1, writers // len(tables)), txn_sizes=(txn_size,)
+        )
+        try:
+            reports.append(workload.write_orders(dsn, spec, table=table, columns=columns))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=one, args=(o.table, share))
+        for o, share in zip(tables, shares, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    total = workload.WriteReport()
+    for r in reports:
+        total.committed += r.committed
+        total.transactions += r.transactions
+        total.rolled_back_ids += r.rolled_back_ids
+    return total
 
 
 class _WarmupListener:

@@ -231,8 +231,9 @@ class Drained:
 
 
 def phase_topics(settings: Settings, aggregate_types: tuple[str, ...] = ("order",)) -> list[str]:
-    """The topics the relay writes the workload's events to."""
-    return [settings.topic_template.replace("{aggregate_type}", a) for a in aggregate_types]
+    """The topics the relay writes the workload's events to (of every outbox table)."""
+    templates = dict.fromkeys(o.topic_template for o in settings.outbox_settings())
+    return [t.replace("{aggregate_type}", a) for t in templates for a in aggregate_types]
 
 
 def drain(
@@ -276,14 +277,22 @@ def _own_cpu() -> float:
 class Running:
     """The relay (its own process) and a :class:`VisibleCounter` of its topics (from their
     ends when made), for phases that write while it runs: ``start``, ``wait_first``,
-    ``wait_published``, ``stop`` (which re-raises how the relay failed)."""
+    ``wait_published``, ``stop`` (which re-raises how the relay failed). With ``profile`` the
+    relay process runs under cProfile (written there at its exit)."""
 
-    def __init__(self, settings: Settings, log: Path, *, keep_ids: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        log: Path,
+        *,
+        keep_ids: bool = False,
+        profile: Path | None = None,
+    ) -> None:
         self.mode = settings.mode
         self.counter = VisibleCounter(
             settings.kafka.bootstrap_servers, phase_topics(settings), keep_ids=keep_ids
         )
-        self.relay = RelayProcess(settings_values(settings), log)
+        self.relay = RelayProcess(settings_values(settings), log, profile)
 
     def meter(self, cpu: CpuMeter) -> CpuMeter:
         """``cpu`` with ``relay_process`` the relay's process (and this one apart)."""

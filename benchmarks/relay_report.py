@@ -13,6 +13,7 @@ def print_table(result: dict[str, Any]) -> None:
     rounds = result["rounds"]
     rows = [
         ("events", f"{result['events']:,}"),
+        ("outbox tables (one slot)", str(result.get("outboxes", 1))),
         ("txn size", str(result["txn_size"])),
         ("delivery", result["delivery"]),
         (
@@ -21,6 +22,7 @@ def print_table(result: dict[str, Any]) -> None:
         ),
         ("relay into Kafka (acked/committed), median", f"{result['relay_eps']:,.0f} events/s"),
         ("ratio relay/raw (median of the rounds')", f"{result['ratio']:.2f}"),
+        ("ratio relay/raw per round", ", ".join(f"{r['ratio']:.2f}" for r in rounds)),
         ("relay warm-up (no round's)", f"{result['warmup_relay_eps']:,.0f} events/s"),
         ("relay process CPU per event, median", f"{result['relay_thread_us_per_event']:.1f} us"),
         ("records in Kafka (fewest of a round)", f"{result['records_in_kafka']:,}"),
@@ -29,7 +31,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("peak RSS", f"{result['peak_rss_mb']} MB"),
     ]
     if "avro_relay_eps" in result:
-        rows[5:5] = [
+        rows[6:6] = [
             ("relay, Avro values (median)", f"{result['avro_relay_eps']:,.0f} events/s"),
             (
                 "ratio Avro/JSON relay (median)",

@@ -9,8 +9,9 @@ ran slower), so an even count has as many rounds of each order.
 The reported ``ratio`` is the median of the rounds' relay/raw ratios: a single pair is at the
 mercy of whatever else the two cores do at that moment.
 
-Before every round the outbox table is put back to the state the data was written in: its rows
-are copied once after the write (an unlogged table) and restored with ``TRUNCATE`` + ``INSERT``,
+Before every round the outbox table (each, with ``--outboxes``) is put back to the state the data
+was written in: its rows are copied once after the write (an unlogged table) and restored with
+``TRUNCATE`` + ``INSERT``,
 after a ``CHECKPOINT`` (if allowed), then ``VACUUM ANALYZE``. Without that, the relay of a later
 round would mark rows an earlier one already marked PUBLISHED (or deleted): no row would change
 and its PostgreSQL cost would be far lower than the first round's. The restore's WAL comes after
@@ -38,8 +39,8 @@ from cdc_outbox_dev.readback import count_records
 if TYPE_CHECKING:
     from benchmarks.relay_bench import RelayRun
 
-#: The unlogged copy of the written rows that every round starts from.
-COPY_TABLE = "bench_outbox_rows"
+#: The unlogged copy of an outbox table's written rows that every round starts from.
+COPY_SUFFIX = "_rows"
 
 
 #: The warm-up relay's slot: it relays the data once before the rounds, unmeasured.
@@ -57,31 +58,62 @@ def topic_prefix(number: int, stamp: int) -> str:
     return f"bench-r{number}.{stamp}" if number >= 0 else f"bench-warmup.{stamp}"
 
 
+def topic_template(prefix: str, outbox: int, outboxes: int) -> str:
+    """The topic template of outbox number ``outbox`` of ``outboxes`` in a phase: one outbox
+    writes to ``PREFIX.{aggregate_type}``, several each to ``PREFIX.oN.{aggregate_type}``."""
+    return (
+        f"{prefix}.o{outbox + 1}.{{aggregate_type}}"
+        if outboxes > 1
+        else f"{prefix}.{{aggregate_type}}"
+    )
+
+
+def with_topics(settings: Settings, prefix: str, **update: Any) -> Settings:
+    """``settings`` with ``update`` and every outbox's topics under ``prefix``
+    (:func:`topic_template`)."""
+    if not settings.outboxes:
+        return settings.model_copy(
+            update={**update, "topic_template": topic_template(prefix, 0, 1)}
+        )
+    n = len(settings.outboxes)
+    outboxes = [
+        o.model_copy(update={"topic_template": topic_template(prefix, i, n)})
+        for i, o in enumerate(settings.outboxes)
+    ]
+    return settings.model_copy(update={**update, "outboxes": outboxes})
+
+
+def _copies(settings: Settings) -> list[tuple[sql.Identifier, sql.Identifier]]:
+    """(outbox table, the copy of its written rows) of every outbox."""
+    return [
+        (outbox_ident(settings, o), sql.Identifier(o.schema_name, o.table + COPY_SUFFIX))
+        for o in settings.outbox_settings()
+    ]
+
+
 def keep_rows(settings: Settings) -> None:
     """Copy the written outbox rows, as they are now (all PENDING), for :func:`restore`."""
-    copy = sql.Identifier(settings.outbox_schema, COPY_TABLE)
     with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(copy))
-        conn.execute(
-            sql.SQL("CREATE UNLOGGED TABLE {} AS TABLE {}").format(copy, outbox_ident(settings))
-        )
+        for table, copy in _copies(settings):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(copy))
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS TABLE {}").format(copy, table))
 
 
 def restore(settings: Settings) -> None:
-    """Put the outbox table back to the rows :func:`keep_rows` copied, vacuumed and analysed
+    """Put each outbox table back to the rows :func:`keep_rows` copied, vacuumed and analysed
     (no autovacuum then runs on it during the round), after a checkpoint (skipped without the
     privilege): every round's pages are then dirtied after the last checkpoint, as a relay's
     marking finds rows inserted a moment before, and no round pays full-page images that
     another does not."""
-    table = outbox_ident(settings)
-    copy = sql.Identifier(settings.outbox_schema, COPY_TABLE)
     with psycopg.connect(settings.postgres_dsn(), autocommit=True) as conn:
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
             conn.execute("CHECKPOINT")
         with conn.transaction():
-            conn.execute(sql.SQL("TRUNCATE {}").format(table))
-            conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(table, copy))
-        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
+            for table, copy in _copies(settings):
+                conn.execute(sql.SQL("TRUNCATE {}").format(table))
+                conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(table, copy))
+        for table, _copy in _copies(settings):
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
 
 
 def run(
@@ -97,14 +129,13 @@ def run(
     ``relay(settings, round)`` a :class:`RelayRun`. Returns the benchmark's medians and
     ``rounds`` (every round's figures)."""
     keep_rows(settings)
+    warmups = len(settings.outbox_settings())  # warm-up records: one per outbox's topic
     per_round: list[dict[str, Any]] = []
     warmup: RelayRun | None = None
     for number, (raw_slot, relay_slot) in [(-1, ("", WARMUP_SLOT)), *enumerate(slots(rounds))]:
         restore(settings)
         prefix = topic_prefix(number, stamp)
-        phase = settings.model_copy(
-            update={"slot_name": relay_slot, "topic_template": prefix + ".{aggregate_type}"}
-        )
+        phase = with_topics(settings, prefix, slot_name=relay_slot)
         if number < 0:
             warmup = relay(phase, number)
             continue
@@ -127,9 +158,9 @@ def run(
                 "relay_s": round(relayed.seconds, 3),
                 "start_s": round(relayed.start_s, 3),
                 "raw_frames": frames,
-                # Less the warm-up record; a relay may read past its last counted event into
-                # the restore's rows (more records, never fewer).
-                "records_in_kafka": count_records(bootstrap, prefix) - 1,
+                # Less the warm-up records (one a topic); a relay may read past its last
+                # counted event into the restore's rows (more records, never fewer).
+                "records_in_kafka": count_records(bootstrap, prefix) - warmups,
                 "cores_raw_phase": raw_cores,
                 "cores_relay_phase": relayed.cores,
             }

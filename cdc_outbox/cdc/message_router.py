@@ -102,6 +102,9 @@ class MessageRouter:
         self._events = MessageEvents(prefix, section.columns, first) if prefix else None
         #: The last :meth:`read_turn` ended on a read that found nothing (caught up).
         self.caught_up = False
+        self._linger = pacing.Linger()
+        self._clock: Callable[[], float] = time.monotonic  # tests drive both
+        self._sleep: Callable[[float], None] = time.sleep
 
     def streamed_from(self, lsns: dict[int, int]) -> None:
         """For this session: outbox index -> the LSN from which the stream publishes its
@@ -128,7 +131,10 @@ class MessageRouter:
         which the Kafka transaction wants attention; keepalives go to the tracker and the
         checkpointer. A turn that ends caught up (:attr:`caught_up`, by
         :func:`~cdc_outbox.cdc.pacing.caught_up`) has librdkafka send what it holds at
-        once (:func:`~cdc_outbox.cdc.pacing.send_now`)."""
+        once (:func:`~cdc_outbox.cdc.pacing.send_now`); at-least-once, while
+        transactions keep coming, after holding it once for the ones that follow
+        (:class:`~cdc_outbox.cdc.pacing.Linger`: at most ``LINGER_S``, reading them
+        after it, not as each arrives)."""
         publisher = self.delivery.publisher
         eos = self.eos
         tracker = self._tracker
@@ -140,6 +146,7 @@ class MessageRouter:
             wait = wait if due_in is None else min(wait, due_in)
         limit = self.section.max_in_flight
         self.caught_up = False
+        held = eos is not None  # exactly-once: never held (its Kafka transaction batches)
         for n in range(_FRAMES_PER_TURN):
             # A leader frozen mid-turn (SIGSTOP, a VM pause) may wake with WAL buffered that
             # its successor streams too: it stops within 64 frames, not 2,000.
@@ -153,7 +160,14 @@ class MessageRouter:
                 if idle and eos is not None and eos.due(caught_up=True):
                     return  # the Kafka transaction closes first: its checkpoint goes out too
                 if pacing.send_now(publisher.unacknowledged, caught_up=idle, reading=True):
+                    if not held:
+                        held = True
+                        hold = self._linger.hold_s(self._clock())
+                        if hold:
+                            self._sleep(hold)  # the transactions that follow, read after it
+                            continue
                     publisher.send_now(0.002)
+                    self._linger.sent(self._clock())
                 elif tracker.in_flight:
                     publisher.poll(0.002)
                 return

@@ -31,6 +31,7 @@ NAMES = {
     "table-less-cost",
     "outboxes",
     "debezium",
+    "caught-up-cpu",
 }
 
 

@@ -46,6 +46,31 @@ def test_phase_topics_are_the_template_per_aggregate_type() -> None:
     assert phase_topics(_phase_settings()) == ["bench.1.cdc.order"]
 
 
+def test_the_three_outbox_variant_reaches_the_relay_with_each_rounds_topics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``relay --outboxes 3``: three [[outboxes]] tables, each round's relay with topics of its
+    own per table, all of them watched by the phase's consumer."""
+    from benchmarks.relay_bench import _tables
+    from benchmarks.relay_rounds import topic_prefix, with_topics
+
+    base = Settings.model_validate(
+        {"dsn": "postgresql://u@h/db", "slot_name": "s0", **_tables(3, "bench.1", "delete")}
+    )
+    phase = with_topics(base, topic_prefix(2, 7), slot_name="bench_relay2")
+    assert [o.table for o in phase.outbox_settings()] == [f"bench_outbox_{n}" for n in (1, 2, 3)]
+    assert phase.slot_name == "bench_relay2"
+    assert {o.cdc_mark_published for o in phase.outbox_settings()} == {"delete"}
+    assert phase_topics(phase) == [f"bench-r2.7.o{n}.order" for n in (1, 2, 3)]
+    assert phase_topics(base) == [f"bench.1.o{n}.order" for n in (1, 2, 3)]  # unchanged
+    single = with_topics(Settings.model_validate({"dsn": "postgresql://u@h/db"}), "bench-r0.7")
+    assert phase_topics(single) == ["bench-r0.7.order"]
+    for name, value in settings_env(settings_values(phase)).items():
+        monkeypatch.setenv(name, value)
+    got = Settings()  # type: ignore[call-arg]  # (the environment gives the rest)
+    assert got.outbox_settings() == phase.outbox_settings()
+
+
 def test_latency_from_outside_is_per_event_from_the_commit_and_counts_only_the_measured() -> None:
     from benchmarks.outside_latency import quantiles
 
