@@ -1,0 +1,57 @@
+"""The statements moved into ``store/`` (issue 35: ``store/`` builds every statement on the
+outbox database's own tables) are byte-identical to those the other layers built before the
+move: ``golden/store_statements.json`` was captured from the code of commit 121874c (the
+backlog query and order of ``cdc/catch_up*.py``, redrive's and cleanup's statements of
+``admin/outbox_ops.py``, the lease statements of ``ha/leadership.py`` and the slot drop of
+``service/housekeeping.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from cdc_outbox.cdc import catch_up_order
+from cdc_outbox.config.settings import Settings
+from cdc_outbox.store import catch_up_sql
+from cdc_outbox.store.outbox_table import OutboxTable
+
+GOLDEN: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "golden" / "store_statements.json").read_text()
+)
+
+
+def _settings(**values: Any) -> Settings:
+    return Settings.model_validate({"dsn": "host=db", **values})
+
+
+TABLES = {
+    "default": OutboxTable.of(_settings(outbox_schema="billing", outbox_table="events")),
+    "sequence": OutboxTable.of(_settings(columns={"sequence": "version"})),
+    "debezium": OutboxTable.of(
+        _settings(columns={"preset": "debezium"}, cdc_mark_published="delete")
+    ),
+}
+DEFAULT = TABLES["default"]
+
+
+def _text(statement: sql.Composable) -> str:
+    return statement.as_string(None)
+
+
+@pytest.mark.parametrize("layout", sorted(TABLES))
+@pytest.mark.parametrize("commit_ts", [False, True])
+def test_the_backlog_query_and_its_order_are_unchanged(layout: str, commit_ts: bool) -> None:
+    table = TABLES[layout]
+    columns = ["id", "aggregate_id", "payload"]
+    backlog = _text(catch_up_sql.backlog_query(table, columns, commit_ts))
+    assert backlog == GOLDEN[f"backlog/{layout}/{commit_ts}"]
+    assert _text(catch_up_sql.order_by(table, commit_ts)) == GOLDEN[f"order/{layout}/{commit_ts}"]
+    assert (
+        _text(catch_up_order.table_order_by(table, commit_ts))
+        == GOLDEN[f"order/{layout}/{commit_ts}"]
+    )
+    assert _text(table.count_unpublished()) == GOLDEN[f"backlog_count/{layout}"]
