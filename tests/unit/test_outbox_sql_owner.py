@@ -20,9 +20,7 @@ PACKAGE = Path(cdc_outbox.__file__).parent
 OWNERS = frozenset({"store", "writer"})
 
 #: Modules (relative to the package) still building such statements, moved by their owners.
-NOT_YET_CONVERTED: frozenset[str] = frozenset(
-    {"admin/outbox_ops.py", "ha/leadership.py", "service/housekeeping.py"}
-)
+NOT_YET_CONVERTED: frozenset[str] = frozenset({"ha/leadership.py", "service/housekeeping.py"})
 
 _ON_A_TABLE = re.compile(r"\b(?:FROM|JOIN|INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\{", re.I)
 

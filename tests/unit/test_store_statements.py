@@ -8,6 +8,7 @@ backlog query and order of ``cdc/catch_up*.py``, redrive's and cleanup's stateme
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from psycopg import sql
 
 from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.config.settings import Settings
-from cdc_outbox.store import catch_up_sql
+from cdc_outbox.store import catch_up_sql, outbox_rows
 from cdc_outbox.store.outbox_table import OutboxTable
 
 GOLDEN: dict[str, Any] = json.loads(
@@ -55,3 +56,40 @@ def test_the_backlog_query_and_its_order_are_unchanged(layout: str, commit_ts: b
         == GOLDEN[f"order/{layout}/{commit_ts}"]
     )
     assert _text(table.count_unpublished()) == GOLDEN[f"backlog_count/{layout}"]
+
+
+FILTERS: dict[str, dict[str, Any]] = {
+    "all": {},
+    "full": {
+        "ids": ["a"],
+        "event_type": "x",
+        "since": datetime(2026, 1, 1, tzinfo=UTC),
+        "until": datetime(2026, 2, 1, tzinfo=UTC),
+        "limit": 5,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_redrives_statements_are_unchanged(name: str) -> None:
+    matching, params = outbox_rows.failed_ids(DEFAULT, **FILTERS[name])
+    assert _text(matching) == GOLDEN[f"redrive_matching/{name}"]
+    assert sorted(params) == GOLDEN[f"redrive_params/{name}"]
+    assert params == FILTERS[name]
+    assert [_text(outbox_rows.failed_listing(DEFAULT, matching))] == GOLDEN[f"failed_rows/{name}"]
+    assert [
+        _text(outbox_rows.aggregates_of(DEFAULT, matching)),
+        _text(outbox_rows.count_failed_of_aggregates(DEFAULT)),
+    ] == GOLDEN[f"redrive_dry/{name}"]
+
+
+def test_cleanups_statements_are_unchanged() -> None:
+    assert [_text(outbox_rows.count_published_before(DEFAULT))] == GOLDEN["cleanup_dry"]
+    assert [_text(outbox_rows.delete_published_before(DEFAULT))] == GOLDEN["cleanup"]
+
+
+def test_the_operator_statements_need_status_columns() -> None:
+    with pytest.raises(ValueError, match="status columns"):
+        outbox_rows.failed_ids(TABLES["debezium"])
+    with pytest.raises(ValueError, match="status columns"):
+        outbox_rows.delete_published_before(TABLES["debezium"])
