@@ -17,7 +17,7 @@ from psycopg import sql
 
 from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.config.settings import Settings
-from cdc_outbox.store import catch_up_sql, outbox_rows
+from cdc_outbox.store import catch_up_sql, leases, outbox_rows
 from cdc_outbox.store.outbox_table import OutboxTable
 
 GOLDEN: dict[str, Any] = json.loads(
@@ -93,3 +93,13 @@ def test_the_operator_statements_need_status_columns() -> None:
         outbox_rows.failed_ids(TABLES["debezium"])
     with pytest.raises(ValueError, match="status columns"):
         outbox_rows.delete_published_before(TABLES["debezium"])
+
+
+def test_the_lease_statements_are_unchanged() -> None:
+    state = sql.Identifier("billing", "cdc_outbox_relay_state")
+    statements = leases.lease_statements(state)
+    assert sorted(statements) == ["acquire", "clear", "end_stuck", "end_walsender", "renew"]
+    for name, statement in statements.items():
+        assert _text(statement) == GOLDEN[f"leadership/{name}"], name
+    drop = leases.drop_slot_if_leader(state, "my_slot", "me:1")
+    assert [_text(drop)] == GOLDEN["drop_slot"]
