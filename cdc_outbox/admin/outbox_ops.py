@@ -26,6 +26,7 @@ from psycopg import sql
 
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import ConfigError
+from cdc_outbox.store import outbox_rows
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.redrive import redrive_aggregates
 
@@ -115,30 +116,14 @@ def _canonical_id(text: str) -> str:
 
 def _matching(outbox: OutboxTable, flt: RedriveFilter) -> tuple[sql.Composed, dict[str, Any]]:
     """SELECT of the ids of FAILED rows of ``outbox`` matching ``flt``, oldest first."""
-    cols = outbox.columns
-    conds: list[sql.Composable] = [outbox.failed()]
-    params: dict[str, Any] = {}
-    if flt.ids:
-        conds.append(sql.SQL("{}::text = ANY(%(ids)s::text[])").format(sql.Identifier(cols.id)))
-        params["ids"] = [_canonical_id(i) for i in flt.ids]
-    if flt.event_type is not None:
-        conds.append(sql.SQL("{} = %(event_type)s").format(sql.Identifier(cols.event_type)))
-        params["event_type"] = flt.event_type
-    if flt.since is not None:
-        conds.append(sql.SQL("created_at >= %(since)s"))
-        params["since"] = flt.since
-    if flt.until is not None:
-        conds.append(sql.SQL("created_at < %(until)s"))
-        params["until"] = flt.until
-    query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY created_at").format(
-        sql.Identifier(cols.id),
-        outbox.ident,
-        sql.SQL(" AND ").join(conds),
+    return outbox_rows.failed_ids(
+        outbox,
+        ids=[_canonical_id(i) for i in flt.ids],
+        event_type=flt.event_type,
+        since=flt.since,
+        until=flt.until,
+        limit=flt.limit,
     )
-    if flt.limit is not None:
-        query = sql.SQL("{} LIMIT %(limit)s").format(query)
-        params["limit"] = flt.limit
-    return query, params
 
 
 def failed_rows(
@@ -149,18 +134,8 @@ def failed_rows(
     found: list[FailedRow] = []
     with psycopg.connect(settings.postgres_dsn()) as conn:
         for outbox in tables_for(settings, "redrive", table):
-            cols = outbox.columns
             matching, params = _matching(outbox, flt)
-            query = sql.SQL(
-                "SELECT {id}::text, {agg}, {et}, attempts, created_at, last_error FROM {t}"
-                " WHERE {id} IN ({matching}) ORDER BY created_at LIMIT %(sample)s"
-            ).format(
-                id=sql.Identifier(cols.id),
-                agg=sql.Identifier(cols.aggregate_id),
-                et=sql.Identifier(cols.event_type),
-                t=outbox.ident,
-                matching=matching,
-            )
+            query = outbox_rows.failed_listing(outbox, matching)
             rows = conn.execute(query, {**params, "sample": sample}).fetchall()
             found += [FailedRow(r[0], r[1], r[2], r[3], r[4], r[5], outbox.name) for r in rows]
     return found
@@ -190,21 +165,10 @@ def _redrive_table(
     conn: psycopg.Connection[Any], outbox: OutboxTable, flt: RedriveFilter, dry_run: bool
 ) -> int:
     matching, params = _matching(outbox, flt)
-    cols = outbox.columns
-    aggregates_of = sql.SQL("SELECT DISTINCT {agg} FROM {t} WHERE {id} IN ({matching})").format(
-        agg=sql.Identifier(cols.aggregate_id),
-        t=outbox.ident,
-        id=sql.Identifier(cols.id),
-        matching=matching,
-    )
+    aggregates_of = outbox_rows.aggregates_of(outbox, matching)
     aggregates = [str(r[0]) for r in conn.execute(aggregates_of, params).fetchall()]
     if dry_run:
-        row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {} WHERE {} AND {} = ANY(%s)").format(
-                outbox.ident, outbox.failed(), sql.Identifier(cols.aggregate_id)
-            ),
-            (aggregates,),
-        ).fetchone()
+        row = conn.execute(outbox_rows.count_failed_of_aggregates(outbox), (aggregates,)).fetchone()
         return int(row[0]) if row else 0
     return redrive_aggregates(conn, outbox, aggregates)
 
@@ -256,18 +220,12 @@ def _cleanup_table(
     batch_size: int,
     dry_run: bool,
 ) -> int:
-    table, id_col = outbox.ident, sql.Identifier(outbox.columns.id)
-    old = sql.SQL("{} AND published_at < %(cutoff)s").format(outbox.published())
     if dry_run:
         counted = conn.execute(
-            sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, old), {"cutoff": cutoff}
+            outbox_rows.count_published_before(outbox), {"cutoff": cutoff}
         ).fetchone()
         return int(counted[0]) if counted else 0
-    delete = sql.SQL(
-        "WITH b AS MATERIALIZED"
-        " (SELECT {id} FROM {t} WHERE {old} LIMIT %(n)s FOR UPDATE SKIP LOCKED)"
-        " DELETE FROM {t} AS o USING b WHERE o.{id} = b.{id}"
-    ).format(t=table, id=id_col, old=old)
+    delete = outbox_rows.delete_published_before(outbox)
     total = 0
     while True:
         deleted = max(conn.execute(delete, {"cutoff": cutoff, "n": batch_size}).rowcount, 0)

@@ -58,7 +58,7 @@ from cdc_outbox.errors import CdcOutboxError, RelayHalted
 from cdc_outbox.kafka.publisher import ProduceInterrupted, TransactionFailed
 from cdc_outbox.mapping.rows import OutboxMapper
 from cdc_outbox.records import DeadLetter, OutboxRecord
-from cdc_outbox.store import db_pool
+from cdc_outbox.store import catch_up_sql, db_pool
 from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.telemetry.progress import Progress
 
@@ -132,21 +132,9 @@ def backlog_query(
     """The rows a catch-up publishes from the outbox table ``outbox``, as text in
     ``mapper.row_columns`` order, each aggregate's in commit order
     (:mod:`cdc_outbox.cdc.catch_up_order`); ``commit_timestamps``: the server has
-    ``track_commit_timestamp`` on. The default layout's query also returns the ``FAILED`` rows
-    (they park their aggregate from there on), with ``status`` as one more last column."""
-    columns = sql.SQL(", ").join(
-        sql.SQL("{}::text").format(sql.Identifier(n)) for n in mapper.row_columns
-    )
-    order = catch_up_order.table_order_by(outbox, commit_timestamps)
-    if not outbox.has_status:
-        # No status column: the table holds only unpublished rows (cdc_mark_published =
-        # "delete"; the service refuses a catch-up with "off" over a non-empty table).
-        return sql.SQL("SELECT {} FROM {} ORDER BY {}").format(columns, outbox.ident, order)
-    # PROCESSING rows were claimed by a polling worker that has stopped: their outcome is
-    # unknown, so they are published again (duplicates, never losses).
-    return sql.SQL("SELECT {}, status FROM {} WHERE {} OR {} ORDER BY {}").format(
-        columns, outbox.ident, outbox.unpublished(), outbox.failed(), order
-    )
+    ``track_commit_timestamp`` on. Built by :func:`cdc_outbox.store.catch_up_sql.backlog_query`
+    (with status columns, the ``FAILED`` rows too, ``status`` as one more last column)."""
+    return catch_up_sql.backlog_query(outbox, mapper.row_columns, commit_timestamps)
 
 
 def backlog_count_query(table: OutboxTable) -> sql.Composed:

@@ -20,11 +20,9 @@ import threading
 from collections.abc import Sequence
 
 import psycopg
-from psycopg import sql
 
 from cdc_outbox.store.failed_rows import mark_failed
-from cdc_outbox.store.inspection import outbox_id_type
-from cdc_outbox.store.mark_published import marking_of
+from cdc_outbox.store.mark_published import mark_ids
 from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["Marking", "mark_committed_batch", "mark_published", "qualify", "split_by_table"]
@@ -69,14 +67,9 @@ def split_by_table(
 
 def mark_published(conn: Conn, ids: list[str], table: OutboxTable) -> int:
     """Mark (or delete, per its ``cdc_mark_published``) the still unpublished rows of ``ids``
-    in ``table``; idempotent. Returns the rows changed."""
-    if not ids:
-        return 0
-    id_type = outbox_id_type(conn, table.schema, table.table, table.columns.id)
-    match = sql.SQL("{} = ANY(%s::text[]::{})").format(
-        sql.Identifier(table.columns.id), id_type.array()
-    )
-    return conn.execute(marking_of(table, match), (ids,)).rowcount
+    in ``table`` (:func:`cdc_outbox.store.mark_published.mark_ids`); idempotent. Returns the
+    rows changed."""
+    return mark_ids(conn, table, ids)
 
 
 def _mark(

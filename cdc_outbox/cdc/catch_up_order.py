@@ -31,14 +31,13 @@ from __future__ import annotations
 from psycopg import sql
 
 from cdc_outbox.config.settings import Settings
+from cdc_outbox.store import catch_up_sql
 from cdc_outbox.store.outbox_table import OutboxTable
 
 __all__ = ["COMMIT_TS_SETTING", "order_by", "order_key", "table_order_by", "table_order_key"]
 
 #: The server setting that makes key 3 available.
 COMMIT_TS_SETTING = "track_commit_timestamp"
-
-_TAIL = sql.SQL("age(xmin) DESC, cmin::text::bigint, ctid")  # cid has no ordering
 
 
 def order_key(
@@ -68,12 +67,6 @@ def order_by(
 
 
 def table_order_by(table: OutboxTable, commit_timestamps: bool) -> sql.Composed:
-    """:func:`order_by` of the outbox ``table``."""
-    column = table.order_column
-    if column is not None:
-        key: sql.Composable = sql.Identifier(column)
-    elif commit_timestamps:
-        key = sql.SQL("pg_xact_commit_timestamp(xmin) NULLS FIRST")
-    else:
-        return sql.Composed([_TAIL])
-    return sql.SQL("{}, {}").format(key, _TAIL)
+    """:func:`order_by` of the outbox ``table`` (built by
+    :func:`cdc_outbox.store.catch_up_sql.order_by`)."""
+    return catch_up_sql.order_by(table, commit_timestamps)

@@ -47,60 +47,12 @@ from cdc_outbox.ha.leadership_rules import (
     lock_namespace,
 )
 from cdc_outbox.redaction import redact
+from cdc_outbox.store.leases import lease_statements
 
 __all__ = ["Leadership"]
 
 logger = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
-_HOLDER = sql.SQL(
-    "SELECT l.pid, a.state_change FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid)"
-    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
-    " AND l.pid <> pg_backend_pid()"
-    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND l.classid = (%(ns)s::bigint & 4294967295)::oid"
-    " AND l.objid = (hashtext(%(slot)s)::bigint & 4294967295)::oid"
-)
-_SQL: dict[str, sql.SQL] = {
-    # lock + lease in one statement: a standby never sees the lock held without a fresh lease
-    "acquire": sql.SQL(
-        "WITH lk AS (SELECT pg_try_advisory_lock(%(ns)s, hashtext(%(slot)s)) AS got),"
-        " prev AS (SELECT leader_id, lease_until FROM {t} WHERE slot_name = %(slot)s),"
-        " up AS (INSERT INTO {t} (slot_name, leader_id, leader_pid, lease_until)"
-        " SELECT %(slot)s, %(me)s, pg_backend_pid(), {lease} FROM lk WHERE lk.got"
-        " ON CONFLICT (slot_name) DO UPDATE SET leader_id = excluded.leader_id,"
-        " leader_pid = excluded.leader_pid, lease_until = excluded.lease_until RETURNING 1)"
-        " SELECT (SELECT got FROM lk), now(), (SELECT leader_id FROM prev),"
-        " (SELECT lease_until FROM prev),"
-        " (SELECT extract(epoch FROM lease_until - now())::float8 FROM prev),"
-        " extract(epoch FROM now() - h.state_change)::float8"
-        " FROM (SELECT 1) one LEFT JOIN ({holder}) h ON true"
-    ),
-    # conditions re-checked here (WHERE runs before the select list): lease expired, idle
-    "end_stuck": sql.SQL(
-        "SELECT h.pid, pg_terminate_backend(h.pid) FROM ({holder}) h"
-        " WHERE coalesce(h.state_change < now() - make_interval(secs => %(lease)s / 2), true)"
-        " AND NOT EXISTS (SELECT 1 FROM {t} WHERE slot_name = %(slot)s AND lease_until >= now())"
-    ),
-    "end_walsender": sql.SQL(
-        "SELECT r.active_pid, pg_terminate_backend(r.active_pid)"
-        " FROM pg_replication_slots r JOIN pg_stat_activity a ON a.pid = r.active_pid"
-        " WHERE r.slot_name = %(slot)s AND coalesce(a.query_start, a.backend_start) < %(since)s"
-    ),
-    # never revives a lapsed lease: the row must still name us and its lease must not be over
-    "renew": sql.SQL(
-        "UPDATE {t} SET lease_until = {lease} WHERE slot_name = %(slot)s AND leader_id = %(me)s"
-        " AND lease_until >= now()"
-    ),
-    "clear": sql.SQL(
-        "UPDATE {t} SET leader_id = NULL, leader_pid = NULL, lease_until = NULL"
-        " WHERE slot_name = %(slot)s AND leader_id = %(me)s"
-    ),
-}
-
-
-def _statements(table: sql.Identifier) -> dict[str, sql.Composed]:
-    lease = sql.SQL("now() + make_interval(secs => %(lease)s)")
-    return {name: text.format(t=table, lease=lease, holder=_HOLDER) for name, text in _SQL.items()}
 
 
 class Leadership:
@@ -131,7 +83,7 @@ class Leadership:
             "me": self.instance_id,
             "lease": self._lease,
         }
-        self._sql = _statements(state_table)
+        self._sql = lease_statements(state_table)
         self._fence = LeaseClock(self._lease / 2)
         self._conn_lock = threading.Lock()  # serializes use of the connection; taken first
         self._state_lock = threading.Lock()  # guards the fields below; held only briefly

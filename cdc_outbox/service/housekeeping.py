@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 
 import psycopg
-from psycopg import sql
 
 from cdc_outbox.admin import lifecycle
 from cdc_outbox.admin.preflight import missing_from_publication
@@ -18,6 +17,7 @@ from cdc_outbox.config.settings import Settings
 from cdc_outbox.errors import CdcOutboxError, PreflightError, SchemaMissing, raise_if_cannot_heal
 from cdc_outbox.store import db_pool, relay_state, schema
 from cdc_outbox.store.inspection import inspect_database
+from cdc_outbox.store.leases import drop_slot_if_leader
 
 __all__ = [
     "cdc_problem",
@@ -128,16 +128,7 @@ def drop_slot_quietly(settings: Settings, *, leader_id: str) -> None:
     leader that replaced it (best effort, logged)."""
     try:
         with db_pool.pooled(settings) as conn:
-            conn.execute(
-                sql.SQL(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                    " WHERE slot_name = {slot} AND NOT active AND EXISTS (SELECT 1 FROM {state}"
-                    " WHERE slot_name = {slot} AND leader_id = {leader} AND lease_until > now())"
-                ).format(
-                    slot=sql.Literal(settings.slot_name),
-                    state=schema.relay_state_ident(settings),
-                    leader=sql.Literal(leader_id),
-                )
-            )
+            state = schema.relay_state_ident(settings)
+            conn.execute(drop_slot_if_leader(state, settings.slot_name, leader_id))
     except (CdcOutboxError, psycopg.Error) as exc:
         logger.warning("could not drop slot %s: %s", settings.slot_name, exc)

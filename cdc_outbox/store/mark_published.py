@@ -9,12 +9,22 @@ without a status column (only deletes) deletes by id alone.
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from psycopg import sql
 
 from cdc_outbox.config.settings import Settings
+from cdc_outbox.store.inspection import outbox_id_type
 from cdc_outbox.store.outbox_table import OutboxTable
 
-__all__ = ["UNPUBLISHED", "mark_published_statement", "marking_of", "marking_statement"]
+__all__ = [
+    "UNPUBLISHED",
+    "mark_ids",
+    "mark_published_statement",
+    "marking_of",
+    "marking_statement",
+]
 
 #: The states a row may be marked from.
 UNPUBLISHED = sql.SQL("status IN ('PENDING', 'PROCESSING')")
@@ -58,3 +68,15 @@ def marking_of(table: OutboxTable, match: sql.Composable) -> sql.Composed:
     return mark_published_statement(
         table.ident, match, delete=table.marking == "delete", state=state
     )
+
+
+def mark_ids(conn: psycopg.Connection[Any], table: OutboxTable, ids: list[str]) -> int:
+    """Mark (or delete, per its ``cdc_mark_published``) the still unpublished rows of ``ids``
+    (as text) in ``table``; idempotent. Returns the rows changed."""
+    if not ids:
+        return 0
+    id_type = outbox_id_type(conn, table.schema, table.table, table.columns.id)
+    match = sql.SQL("{} = ANY(%s::text[]::{})").format(
+        sql.Identifier(table.columns.id), id_type.array()
+    )
+    return conn.execute(marking_of(table, match), (ids,)).rowcount
