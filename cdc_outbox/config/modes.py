@@ -28,6 +28,7 @@ __all__ = [
     "FALLBACK_BLOCKERS",
     "ModeInputs",
     "ResolvedMode",
+    "cannot_poll",
     "polling_fallback_blocked",
     "resolve_mode",
 ]
@@ -79,6 +80,15 @@ def polling_fallback_blocked(settings: ModeInputs) -> tuple[str, str] | None:
     return None
 
 
+def cannot_poll(outbox: OutboxSettings) -> str:
+    """Why polling mode refuses ``outbox`` (a table without status columns), one line."""
+    return (
+        "polling mode needs the status columns of the default column preset"
+        f" (status, attempts, available_at, ...); {outbox.name} (the {outbox.columns.preset}"
+        ' preset) has none: use mode = "cdc" or columns.preset = "default"'
+    )
+
+
 def resolve_mode(settings: ModeInputs) -> ResolvedMode:
     """The mode a run relays in (see the module contract); ``ValueError`` (one line) for a
     mode the settings cannot be relayed in."""
@@ -90,12 +100,7 @@ def resolve_mode(settings: ModeInputs) -> ResolvedMode:
             raise ValueError("message_prefix needs CDC: polling never sees table-less events")
         statusless = [o for o in outboxes if not o.columns.has_status]
         if statusless:  # polling claims only tables with status columns: refuse to skip one
-            o = statusless[0]
-            raise ValueError(
-                "polling mode needs the status columns of the default column preset"
-                f" (status, attempts, available_at, ...); {o.name} (the {o.columns.preset}"
-                ' preset) has none: use mode = "cdc" or columns.preset = "default"'
-            )
+            raise ValueError(cannot_poll(statusless[0]))
         return ResolvedMode("polling")
     if mode == "cdc":
         return ResolvedMode("cdc")

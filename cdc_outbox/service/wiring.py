@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 
 from cdc_outbox.cdc.relay_build import build_relay
 from cdc_outbox.config.ha import leadership_section
+from cdc_outbox.config.modes import cannot_poll
 from cdc_outbox.config.polling import polling_section
 from cdc_outbox.config.service import service_section
 from cdc_outbox.config.settings import Settings
@@ -45,12 +46,7 @@ def polling_relay(
     ``mode = "polling"``)."""
     tables = polling_tables(settings)
     if not tables:
-        o = settings.outbox()
-        raise ConfigError(
-            "config: polling mode needs the status columns of the default column preset"
-            f" (status, attempts, available_at, ...); {o.name} (the {o.columns.preset}"
-            ' preset) has none: use mode = "cdc" or columns.preset = "default"'
-        )
+        raise ConfigError(f"config: {cannot_poll(settings.outbox())}")
     return PollingRelay(polling_section(settings), tables, stats, worker_id, is_leader=is_leader)
 
 
