@@ -92,7 +92,15 @@ def test_wheel_holds_the_runtime_package_only(wheel: Path) -> None:
     assert {n.split("/", 1)[0] + "/" for n in names} == {"cdc_outbox/", dist_info}
     leaked = [n for n in names if any(h in n.lower() for h in _HARNESS_NAMES)]
     assert not leaked, f"harness files in the wheel: {leaked}"
-    for needed in ("cli/__init__.py", "service.py", "py.typed", "monitoring/static/dashboard.js"):
+    needed_files = (
+        "cli/__init__.py",
+        "service/relay_service.py",
+        "config/settings.py",
+        "writer/__init__.py",
+        "py.typed",
+        "monitoring/static/dashboard.js",
+    )
+    for needed in needed_files:
         assert f"cdc_outbox/{needed}" in names
     # setup.py's mypyc build of the per-event decode (gcc is there: scripts/bootstrap.sh)
     compiled = [n for n in names if n.startswith("cdc_outbox/pgwire/insert_row")]

@@ -12,7 +12,6 @@ import cdc_outbox
 from cdc_outbox.config.models import OUTBOX_KEYS
 
 PACKAGE = Path(cdc_outbox.__file__).resolve().parent
-SETTINGS_MODULES = {"config.py", "config_models.py", "config_input.py", "config_sources.py"}
 FORBIDDEN = set(OUTBOX_KEYS) | {"outboxes"}
 
 
@@ -43,7 +42,7 @@ def test_no_module_reads_the_single_table_keys() -> None:
     found = [
         f"{path.relative_to(PACKAGE)}:{line}: {key}"
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path.parent != PACKAGE or path.name not in SETTINGS_MODULES
+        if path.relative_to(PACKAGE).parts[0] != "config"  # the settings package may
         for line, key in single_table_reads(path.read_text())
     ]
     assert found == []
