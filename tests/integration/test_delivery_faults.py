@@ -49,11 +49,19 @@ def test_sigterm_with_a_full_queue_while_the_broker_is_down_exits_within_grace(
         spec = workload.WorkloadSpec(events=3_000, writers=2, aggregates=20, txn_sizes=(50,))
         workload.write_orders(pg_dsn, spec, columns=settings.column_names())
         # 3,000 events for a 500-record queue: wait until the relay's produce loop waits,
-        # the queue within one 50-row transaction of full (measured: it stops at 450 or 500).
+        # the queue full: events in flight no longer grow (where they stop varies, measured
+        # 400-500: librdkafka's count of the queue is not the relay's).
+        seen: list[float] = []
+
+        def produce_loop_waits() -> bool:
+            seen.append(metric(settings, "cdc_outbox_events_in_flight"))
+            return len(seen) > 4 and seen[-1] >= 100 and len(set(seen[-5:])) == 1
+
         wait_until(
-            lambda: metric(settings, "cdc_outbox_events_in_flight") >= 500 - 50,
+            produce_loop_waits,
             timeout=30,
-            message=relay.log_tail,
+            interval=0.25,  # the sampling period: 5 equal samples = 1 s without growth
+            message=lambda: f"in flight {seen[-5:]}; {relay.log_tail()}",
         )
         assert relay.alive
         started = time.monotonic()
