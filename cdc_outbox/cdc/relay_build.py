@@ -40,7 +40,22 @@ from cdc_outbox.store.relay_state import (
 )
 from cdc_outbox.telemetry.relay_stats import RelayStats
 
-__all__ = ["build_relay", "wire"]
+__all__ = ["build_relay", "new_tables_of", "wire"]
+
+
+def new_tables_of(
+    settings: Settings,
+    section: CdcRelaySection | None = None,
+    outboxes: Sequence[OutboxTable] | None = None,
+) -> NewTables:
+    """The catch-up of outbox tables added later, on the slot state table of ``settings``
+    (``section`` and ``outboxes``: theirs, when the caller has them already)."""
+    return NewTables(
+        (section or cdc_relay_section(settings)).catch_up,
+        OutboxTable.all_of(settings) if outboxes is None else outboxes,
+        streamed=lambda: streamed_tables(settings),
+        record=lambda tables: record_streamed_tables(settings, tables),
+    )
 
 
 def build_relay(
@@ -59,12 +74,7 @@ def build_relay(
     mappers = tuple(outbox_mapper(settings, o) for o in settings.outbox_settings())
     new_tables = ports.new_tables
     if new_tables is None and ports.stream is None:
-        new_tables = NewTables(
-            section.catch_up,
-            outboxes,
-            streamed=lambda: streamed_tables(settings),
-            record=lambda tables: record_streamed_tables(settings, tables),
-        )
+        new_tables = new_tables_of(settings, section, outboxes)
     ports = replace(
         ports,
         kept=ports.kept or (lambda: kept_position(settings)),
