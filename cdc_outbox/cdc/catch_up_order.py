@@ -28,45 +28,21 @@ have no defined order (nor do they in the stream beyond commit order).
 
 from __future__ import annotations
 
-from psycopg import sql
-
-from cdc_outbox.config.settings import Settings
-from cdc_outbox.store import catch_up_sql
 from cdc_outbox.store.outbox_table import OutboxTable
 
-__all__ = ["COMMIT_TS_SETTING", "order_by", "order_key", "table_order_by", "table_order_key"]
+__all__ = ["COMMIT_TS_SETTING", "table_order_key"]
 
 #: The server setting that makes key 3 available.
 COMMIT_TS_SETTING = "track_commit_timestamp"
 
 
-def order_key(
-    settings: Settings, commit_timestamps: bool, table: OutboxTable | None = None
-) -> str | None:
-    """A description of the primary key of the outbox ``table`` (None: the first; see the
-    module contract); None when there is none."""
-    return table_order_key(table or OutboxTable.of(settings), commit_timestamps)
-
-
 def table_order_key(table: OutboxTable, commit_timestamps: bool) -> str | None:
-    """:func:`order_key` of the outbox ``table``."""
+    """A description of the primary key of the outbox ``table``'s catch-up order (see the
+    module contract; the ``ORDER BY`` itself is :func:`cdc_outbox.store.catch_up_sql.order_by`);
+    None when there is none."""
     column = table.order_column
     if column is not None:
         return f"column {column}"
     if commit_timestamps:
         return "commit timestamps (track_commit_timestamp)"
     return None
-
-
-def order_by(
-    settings: Settings, commit_timestamps: bool, table: OutboxTable | None = None
-) -> sql.Composed:
-    """The ``ORDER BY`` list of the catch-up's backlog query of the outbox ``table`` (None:
-    the first); each outbox table has its own (issue 36)."""
-    return table_order_by(table or OutboxTable.of(settings), commit_timestamps)
-
-
-def table_order_by(table: OutboxTable, commit_timestamps: bool) -> sql.Composed:
-    """:func:`order_by` of the outbox ``table`` (built by
-    :func:`cdc_outbox.store.catch_up_sql.order_by`)."""
-    return catch_up_sql.order_by(table, commit_timestamps)

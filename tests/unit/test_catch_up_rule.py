@@ -15,7 +15,9 @@ from cdc_outbox.cdc.catch_up_rule import catch_up_reason
 from cdc_outbox.cdc.slot_watch import SlotChanged, SlotWatch
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.lsn import Lsn
+from cdc_outbox.store import catch_up_sql
 from cdc_outbox.store.inspection import SlotStatus
+from cdc_outbox.store.outbox_table import OutboxTable
 from cdc_outbox.store.relay_state import Phase, RelayState, SlotFacts
 
 
@@ -124,26 +126,27 @@ def test_a_relay_whose_first_session_did_not_pass_the_rule_is_not_checked() -> N
 
 
 def render(settings: Settings, commit_ts: bool) -> str:
-    return catch_up_order.order_by(settings, commit_ts).as_string(None)
+    return catch_up_sql.order_by(OutboxTable.of(settings), commit_ts).as_string(None)
 
 
 def test_the_default_layout_orders_by_created_at() -> None:
     s = settings()
     assert render(s, False) == '"created_at", age(xmin) DESC, cmin::text::bigint, ctid'
-    assert catch_up_order.order_key(s, True) == "column created_at"
+    assert catch_up_order.table_order_key(OutboxTable.of(s), True) == "column created_at"
 
 
 def test_the_debezium_layout_orders_by_commit_timestamps_where_the_server_keeps_them() -> None:
     s = settings(columns={"preset": "debezium"})
     assert render(s, True).startswith("pg_xact_commit_timestamp(xmin) NULLS FIRST, age(xmin)")
     assert render(s, False) == "age(xmin) DESC, cmin::text::bigint, ctid"
-    assert catch_up_order.order_key(s, False) is None  # init and preflight warn
+    # no key: init and preflight warn
+    assert catch_up_order.table_order_key(OutboxTable.of(s), False) is None
 
 
 def test_a_configured_sequence_column_wins() -> None:
     s = settings(columns={"preset": "debezium", "sequence": "version"})
     assert render(s, True).startswith('"version", age(xmin) DESC')
-    assert catch_up_order.order_key(s, False) == "column version"
+    assert catch_up_order.table_order_key(OutboxTable.of(s), False) == "column version"
     assert settings(columns={"sequence": ""}).columns.sequence is None
 
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from cdc_outbox.cdc import catch_up_order
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.store import catch_up_sql, leases, outbox_rows
 from cdc_outbox.store.outbox_table import OutboxTable
@@ -51,10 +50,6 @@ def test_the_backlog_query_and_its_order_are_unchanged(layout: str, commit_ts: b
     backlog = _text(catch_up_sql.backlog_query(table, columns, commit_ts))
     assert backlog == GOLDEN[f"backlog/{layout}/{commit_ts}"]
     assert _text(catch_up_sql.order_by(table, commit_ts)) == GOLDEN[f"order/{layout}/{commit_ts}"]
-    assert (
-        _text(catch_up_order.table_order_by(table, commit_ts))
-        == GOLDEN[f"order/{layout}/{commit_ts}"]
-    )
     assert _text(table.count_unpublished()) == GOLDEN[f"backlog_count/{layout}"]
 
 
