@@ -86,21 +86,40 @@ class Topics:
         for future in futures.values():
             future.result(30)
         for name in names:
-            self.count(name)  # until each partition has a leader
+            self._until_led(name)
+            self.count(name)
 
-    def count(self, topic: str) -> int:
+    def _until_led(self, topic: str, timeout: float = 60.0) -> None:
+        """Until the broker's metadata gives each of ``topic``'s partitions a leader."""
+        deadline = time.monotonic() + timeout
+        while True:
+            meta = self._admin.list_topics(topic, timeout=10).topics.get(topic)
+            parts = meta.partitions if meta is not None and meta.error is None else {}
+            if len(parts) == 3 and all(p.leader >= 0 and p.error is None for p in parts.values()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no leaders for {topic} in {timeout:g} s: {meta}")
+            time.sleep(0.1)
+
+    def count(self, topic: str, timeout: float = 60.0) -> int:
+        """Records in ``topic`` (high minus low watermark over its 3 partitions)."""
         total = 0
         for partition in range(3):
-            for _ in range(100):
-                with contextlib.suppress(Exception):
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
                     low, high = self._consumer.get_watermark_offsets(
                         TopicPartition(topic, partition), timeout=10
                     )
-                    total += high - low
-                    break
-                time.sleep(0.1)
-            else:
-                raise RuntimeError(f"no watermarks for {topic}[{partition}]")
+                except Exception as exc:  # a leader moving, its metadata not in yet
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"no watermarks for {topic}[{partition}]: {exc}"
+                        ) from exc
+                    time.sleep(0.1)
+                    continue
+                total += high - low
+                break
         return int(total)
 
     def wait(self, topic: str, events: int, reader: Reader, timeout: float) -> None:
