@@ -20,6 +20,9 @@ servers' clocks (one machine), none from inside the systems measured.
 - latency: paced writers (:mod:`cdc_outbox_dev.workload`) at 20 transactions/s x 100 rows and
   at 2,000 single-row transactions/s, ``--latency-warmup-seconds`` unmeasured, then
   ``--latency-seconds``; per event, append - commit.
+- floor: once per round, after the systems, PostgreSQL alone at 20 x 100 (the same writers and
+  table; a raw drain reads the slot): commit -> Commit received (:mod:`benchmarks.debezium_floor`).
+  No system can publish a transaction earlier; a system's p99 minus this is what it adds.
 - cost: user + sys CPU seconds of the system's process tree (``/proc``) over each phase, and
   its peak RSS (``VmHWM``, summed over the tree).
 """
@@ -43,7 +46,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from psycopg import sql
 
-from benchmarks import debezium_report, debezium_setup, output
+from benchmarks import debezium_floor, debezium_report, debezium_setup, output
 from benchmarks.cpu import tree_cpu
 from benchmarks.debezium_readers import (
     PUBLICATION,
@@ -287,14 +290,7 @@ def latency(
     cols = ctx.settings("cdc_outbox", "unused").column_names()
 
     def spec(seconds: float, aggregate_type: str) -> workload.WorkloadSpec:
-        events = int(rate_txn * size * seconds)
-        return workload.WorkloadSpec(
-            events=events,
-            writers=args.writers,
-            txn_sizes=(size,),
-            rate=rate_txn * size,
-            aggregate_type=aggregate_type,
-        )
+        return _paced(rate_txn, size, seconds, aggregate_type, args.writers)
 
     if args.latency_warmup_seconds > 0:
         warm = spec(args.latency_warmup_seconds, agg + "w")
@@ -316,6 +312,45 @@ def latency(
         "cores_used": round(cpu / elapsed, 3),
     }
     return result
+
+
+def _paced(
+    rate_txn: float, size: int, seconds: float, aggregate_type: str, writers: int
+) -> workload.WorkloadSpec:
+    """``seconds`` of ``rate_txn`` transactions/s of ``size`` rows from ``writers`` threads."""
+    return workload.WorkloadSpec(
+        events=int(rate_txn * size * seconds),
+        writers=writers,
+        txn_sizes=(size,),
+        rate=rate_txn * size,
+        aggregate_type=aggregate_type,
+    )
+
+
+def floor(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    """PostgreSQL alone at 20 x 100 (:mod:`benchmarks.debezium_floor`), on the emptied table."""
+    print(f"-- floor (PostgreSQL alone, a raw drain): latency_20x100 ({_load()})", flush=True)
+    slot = "dbz_floor"
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
+    create_slot(ctx.dsn, slot)
+    rate_txn, size = LATENCIES["latency_20x100"]
+    warm_s = args.latency_warmup_seconds
+    try:
+        return debezium_floor.measure(
+            ctx.dsn,
+            slot,
+            PUBLICATION,
+            table=TABLE,
+            columns=ctx.settings("cdc_outbox", "unused").column_names(),
+            spec=_paced(rate_txn, size, args.latency_seconds, "floorm", args.writers),
+            warmup=_paced(rate_txn, size, warm_s, "floorw", args.writers) if warm_s > 0 else None,
+            txn_size=size,
+            timeout=args.timeout,
+        ) | {"load": _load()}
+    finally:
+        with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+            drop_slot(conn, slot)
 
 
 def _load() -> str:
@@ -350,6 +385,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "machine": debezium_report.machine(dsn),
                 "cold": cold(ctx, topics, args),
                 "rounds": [],
+                "floors": [],
             }
             for n in range(args.rounds):
                 # topics of its own per round; the first system rotates
@@ -359,7 +395,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 order = SYSTEMS[n % len(SYSTEMS) :] + SYSTEMS[: n % len(SYSTEMS)]
                 done = {s: running(rctx, topics, s, args) for s in order}
                 result["rounds"].append({s: done[s] for s in SYSTEMS})
+                result["floors"].append(floor(rctx, args))
             result["running"] = debezium_report.median_tree(result["rounds"])
+            result["floor"] = debezium_report.median_tree(result["floors"])
         finally:
             topics.close()
     return result

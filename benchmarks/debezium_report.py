@@ -104,9 +104,13 @@ def median_tree(items: list[Any]) -> Any:
     return statistics.median(items)
 
 
-def _ratios(cold: dict[str, Any], running: dict[str, Any]) -> dict[str, Any]:
+def _ratios(
+    cold: dict[str, Any], running: dict[str, Any], floor: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """cdc-outbox / Debezium tuned in one round. CPU: the warm drain's and both latency
-    phases' CPU seconds, added up (and each phase's alone)."""
+    phases' CPU seconds, added up (and each phase's alone). With the round's ``floor``
+    (:mod:`benchmarks.debezium_floor`): its p99 at 20 x 100 and each system's p99 minus it,
+    ms (``over_floor``)."""
     ours, tuned = running["cdc_outbox"], running["debezium_tuned"]
     phases = ("warm", "latency_20x100", "latency_2000x1")
 
@@ -114,7 +118,15 @@ def _ratios(cold: dict[str, Any], running: dict[str, Any]) -> dict[str, Any]:
         return float(sum(side[p]["cpu_s"] for p in phases))
 
     p99 = "latency_20x100", "latency_ms", "p99"
-    return {
+    extra: dict[str, Any] = {}
+    if floor is not None:
+        base = floor["latency_ms"]["p99"]
+        extra["floor_p99_20x100"] = base
+        extra["over_floor_p99_20x100"] = {
+            name: round(side[p99[0]][p99[1]][p99[2]] - base, 1)
+            for name, side in (("cdc_outbox", ours), ("debezium_tuned", tuned))
+        }
+    return extra | {
         "warm_throughput": round(ours["warm"]["events_per_s"] / tuned["warm"]["events_per_s"], 2),
         "cold_throughput": round(
             cold["cdc_outbox"]["events_per_s"] / cold["debezium_tuned"]["events_per_s"], 2
@@ -132,7 +144,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Ratios of cdc-outbox to Debezium tuned, each the median of the rounds' ratios (a
     round's systems run back to back, under about the same load), and whether the targets
     are met."""
-    per_round = [_ratios(result["cold"], r) for r in result.get("rounds", [result["running"]])]
+    rounds = result.get("rounds", [result["running"]])
+    floors = result.get("floors") or [None] * len(rounds)
+    per_round = [_ratios(result["cold"], r, f) for r, f in zip(rounds, floors, strict=True)]
     out: dict[str, Any] = median_tree(per_round)
     out["rounds"] = per_round
     out["targets"] = TARGETS
@@ -196,6 +210,13 @@ def table(result: dict[str, Any]) -> str:
         f" {_met(s, 'p99_20x100')}), CPU {s['cpu']:.3f}x (<= 0.25x: {_met(s, 'cpu')});"
         f" cold drain {s['cold_throughput']:.2f}x; medians of {len(s['rounds'])} round(s)"
     )
+    if "floor_p99_20x100" in s:
+        over = s["over_floor_p99_20x100"]
+        lines.append(
+            f"floor (PostgreSQL alone) p99 at 20x100 {s['floor_p99_20x100']:.1f} ms; p99 minus"
+            f" the floor: cdc-outbox {over['cdc_outbox']:.1f} ms, Debezium tuned"
+            f" {over['debezium_tuned']:.1f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -252,7 +273,7 @@ def results_row(result: dict[str, Any], commit: str) -> str:
         f" {tuned['warm']['events_per_s']:,.0f} events/s), p99 at 20 {X} 100"
         f" **{s['p99_20x100']:.3f}{X}** ({ours['latency_20x100']['latency_ms']['p99']:,.1f} vs"
         f" {tuned['latency_20x100']['latency_ms']['p99']:,.1f} ms), CPU **{s['cpu']:.3f}{X}**"
-        f"; {_verdict(s['met'])}; cold drain"
+        f"; {_verdict(s['met'])};{_floor_text(s)} cold drain"
         f" {s['cold_throughput']:.2f}{X}; medians of {rounds} round(s), load average"
         f" {m['load_at_start'][0]:.1f} at start"
     )
@@ -264,6 +285,18 @@ def results_row(result: dict[str, Any], commit: str) -> str:
         f" transactions/s, CPU and peak RSS | `{command}` | vs Debezium tuned: warm drain"
         f" ≥ 2{X}, p99 at"
         f" 20 {X} 100 ≤ 0.5{X}, CPU ≤ 0.25{X} | {figure} | {m['date']} | {commit} |"
+    )
+
+
+def _floor_text(summary: dict[str, Any]) -> str:
+    """`` floor …;`` (PostgreSQL alone at 20 x 100 and each system's p99 over it) or ``""``."""
+    if "floor_p99_20x100" not in summary:
+        return ""
+    over = summary["over_floor_p99_20x100"]
+    return (
+        f" floor (PostgreSQL alone, commit→Commit received) p99 at 20 {X} 100"
+        f" {summary['floor_p99_20x100']:,.1f} ms, p99 over it {over['cdc_outbox']:,.1f} vs"
+        f" {over['debezium_tuned']:,.1f} ms;"
     )
 
 

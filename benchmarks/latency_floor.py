@@ -39,8 +39,9 @@ LEGS = ("sent", "begin_received", "commit_received")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
-class _Drain(threading.Thread):
-    """Receives the slot's frames; per transaction (commit, sent, Begin and Commit received)."""
+class CommitDrain(threading.Thread):
+    """Receives the slot's frames and does nothing with them; appends to :attr:`times`, per
+    transaction, (commit, sent, Begin received, Commit received), ``time.time()`` seconds."""
 
     def __init__(self, stream: ReplicationStream) -> None:
         super().__init__(name="floor-drain", daemon=True)
@@ -85,7 +86,7 @@ def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float
     dsn, columns = settings.postgres_dsn(), settings.column_names()
     stream = ReplicationStream(dsn, compare_bench.SLOT, settings.publication_name)
     stream.open(0)
-    drain = _Drain(stream)
+    drain = CommitDrain(stream)
     drain.start()
     try:
         written = 0

@@ -160,14 +160,18 @@ class MessageRouter:
                 if idle and eos is not None and eos.due(caught_up=True):
                     return  # the Kafka transaction closes first: its checkpoint goes out too
                 if pacing.send_now(publisher.unacknowledged, caught_up=idle, reading=True):
-                    if not held:
+                    # Between transactions only: a pause inside one (a large transaction's
+                    # frames arriving in parts) says nothing of the load.
+                    between = committed != 0.0
+                    if not held and between:
                         held = True
-                        hold = self._linger.hold_s(self._clock())
+                        hold = min(self._linger.hold_s(self._clock()), publisher.linger_s)
                         if hold:
                             self._sleep(hold)  # the transactions that follow, read after it
                             continue
                     publisher.send_now(0.002)
-                    self._linger.sent(self._clock())
+                    if between:
+                        self._linger.sent(self._clock())
                 elif tracker.in_flight:
                     publisher.poll(0.002)
                 return

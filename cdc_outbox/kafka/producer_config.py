@@ -53,6 +53,17 @@ def producer_config(
     return {**defaults, **config, **required}, required
 
 
+def linger_s(merged: Mapping[str, Any]) -> float:
+    """``linger.ms`` (or its alias ``queue.buffering.max.ms``) of a merged producer config, in
+    seconds; librdkafka's default (5 ms) when neither is set or the value is no number
+    (librdkafka refuses it when the producer is built)."""
+    value = merged.get("linger.ms", merged.get("queue.buffering.max.ms", "5"))
+    try:
+        return max(float(value), 0.0) / 1000
+    except (TypeError, ValueError):
+        return 0.005
+
+
 def eos_config(config: Mapping[str, Any], transaction_timeout_ms: int) -> dict[str, Any]:
     """``config`` for the transactional producer: our ``transaction.timeout.ms`` unless the
     user set one."""

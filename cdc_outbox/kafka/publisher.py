@@ -55,7 +55,7 @@ from cdc_outbox.kafka.delivery_failure import (
     failure_of,
 )
 from cdc_outbox.kafka.librdkafka_log import QuietLibrdkafkaLog
-from cdc_outbox.kafka.producer_config import config_error_line, producer_config
+from cdc_outbox.kafka.producer_config import config_error_line, linger_s, producer_config
 from cdc_outbox.redaction import redact_kafka_config
 
 logger = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ class KafkaPublisher:
     ) -> None:
         merged, required = producer_config(config, gapless, transactional_id)
         self.transactional = transactional_id is not None
+        #: The producer's ``linger.ms`` in seconds: how long its records may wait for a batch.
+        self.linger_s = linger_s(merged)
         #: Records produced in the open transaction (transactional only).
         self.txn_records = 0
         #: The open transaction (transactional only), stamped on each ReportingListener.

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks import debezium_report, debezium_setup
+from benchmarks import debezium_floor, debezium_report, debezium_setup
 from benchmarks.debezium_readers import peak_rss_mb
 from cdc_outbox.config.settings import Settings
 from cdc_outbox.debezium.config_import import convert
@@ -232,3 +232,45 @@ def test_the_row_replaces_this_benchmarks_row_of_results_md(tmp_path: Path) -> N
 
 def test_peak_rss_reads_the_process_tree() -> None:
     assert 5 < peak_rss_mb(os.getpid()) < 4096
+
+
+def test_the_floor_of_each_round_gives_each_systems_p99_over_it() -> None:
+    result: dict[str, Any] = {
+        "cold": {s: _cold(100) for s in ("cdc_outbox", "debezium_default", "debezium_tuned")},
+        "rounds": [
+            {
+                "cdc_outbox": _side(warm=200, p99=30, cpu=1),
+                "debezium_default": _side(warm=1, p99=900, cpu=1),
+                "debezium_tuned": _side(warm=100, p99=50, cpu=4),
+            }
+        ]
+        * 3,
+        "floors": [
+            {"transactions": 600, "latency_ms": {"p50": 2.0, "p99": p99, "max": 60.0}}
+            for p99 in (8.0, 12.0, 10.0)
+        ],
+    }
+    result["running"] = debezium_report.median_tree(result["rounds"])
+    result["summary"] = got = debezium_report.summarize(result)
+    assert got["floor_p99_20x100"] == 10.0
+    assert got["over_floor_p99_20x100"] == {"cdc_outbox": 20.0, "debezium_tuned": 40.0}
+    assert [r["over_floor_p99_20x100"]["cdc_outbox"] for r in got["rounds"]] == [22.0, 18.0, 20.0]
+    assert got["p99_20x100"] == 0.6 and got["met"]["p99_20x100"] is False
+    printed = debezium_report.table(result)
+    assert (
+        "floor (PostgreSQL alone) p99 at 20x100 10.0 ms; p99 minus the floor: cdc-outbox 20.0 ms,"
+        " Debezium tuned 40.0 ms" in printed
+    )
+    result["machine"] = {"load_at_start": [1.0, 1.0, 1.0], "date": "2026-12-05 05:00 UTC"}
+    row = debezium_report.results_row(result, "abc1234")
+    assert "p99 at 20 \u00d7 100 10.0 ms, p99 over it 20.0 vs 40.0 ms; cold drain" in row
+
+
+def test_the_floor_is_commit_received_minus_commit_per_transaction() -> None:
+    # (commit, sent, Begin received, Commit received), seconds
+    times = [(100.0, 100.001, 100.002, 100.0 + ms / 1000) for ms in range(1, 101)]
+    got = debezium_floor.latencies(times)
+    assert got["transactions"] == 100
+    assert got["latency_ms"] == {"p50": 50.0, "p99": 99.0, "max": 100.0}
+    with pytest.raises(ValueError, match="no transaction"):
+        debezium_floor.latencies([])
