@@ -45,7 +45,7 @@ __all__ = ["BEHIND_S", "BUSY_S", "BUSY_SENDS", "LINGER_S", "Linger", "caught_up"
 BEHIND_S = 0.25
 #: How long records of a busy caught-up relay wait for the transactions that follow (the
 #: latency it adds, at most, to an event at such a load).
-LINGER_S = 0.005
+LINGER_S = 0.010
 #: Sends of caught-up records less than ``BUSY_S`` apart, ``BUSY_SENDS`` in a row: busy.
 BUSY_S = 0.005
 BUSY_SENDS = 2
