@@ -10,12 +10,10 @@ per round, after the systems, so that the same run shows it beside them.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from benchmarks.costs import percentile
-from benchmarks.latency_floor import CommitDrain
-from cdc_outbox.cdc.replication_stream import ReplicationStream
+from benchmarks.latency_floor import drain_while
 from cdc_outbox.mapping.rows import ColumnNames
 from cdc_outbox_dev import workload
 
@@ -37,29 +35,17 @@ def measure(
     """Write ``warmup`` then ``spec`` (transactions of ``txn_size`` rows) into ``table`` while a
     raw drain reads ``slot`` (made by the caller, before the writes); the measured
     transactions' commit -> Commit received, ms: p50, p99, max and how many."""
-    stream = ReplicationStream(dsn, slot, publication)
-    stream.open(0)
-    drain = CommitDrain(stream)
-    drain.start()
-    try:
+
+    def write() -> int:
         written = 0
         for part in (warmup, spec):
             if part is not None:
                 workload.write_orders(dsn, part, table=table, columns=columns)
                 written += part.events
-        expected = written // txn_size
-        deadline = time.monotonic() + timeout
-        while len(drain.times) < expected and drain.error is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the drain received {len(drain.times)} of {expected} commits")
-            time.sleep(0.01)
-    finally:
-        drain.stop.set()
-        drain.join(5)
-        stream.close()
-    if drain.error is not None:
-        raise drain.error
-    return latencies(drain.times[-(spec.events // txn_size) :])
+        return written
+
+    times = drain_while(dsn, slot, publication, write, txn_size, timeout)
+    return latencies(times[-(spec.events // txn_size) :])
 
 
 def latencies(times: list[tuple[float, float, float, float]]) -> dict[str, Any]:

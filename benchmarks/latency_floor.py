@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import compare_bench, output
@@ -79,25 +80,19 @@ class CommitDrain(threading.Thread):
                     last_status = time.monotonic()
 
 
-def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float) -> dict[str, Any]:
-    """Writers offer ``rate`` events/s in transactions of ``TXN_ROWS`` for ``warmup_s`` (not
-    measured), then for ``seconds``, into a fresh table and slot read by a raw drain."""
-    compare_bench._fresh(settings)
-    dsn, columns = settings.postgres_dsn(), settings.column_names()
-    stream = ReplicationStream(dsn, compare_bench.SLOT, settings.publication_name)
+def drain_while(
+    dsn: str, slot: str, publication: str, write: Callable[[], int], txn_size: int, timeout: float
+) -> list[tuple[float, float, float, float]]:
+    """Read ``slot`` with a :class:`CommitDrain` while ``write()`` commits transactions of
+    ``txn_size`` rows (it returns how many events it wrote), until the drain has received all
+    of them (at most ``timeout`` s after the writes); returns :attr:`CommitDrain.times`."""
+    stream = ReplicationStream(dsn, slot, publication)
     stream.open(0)
     drain = CommitDrain(stream)
     drain.start()
     try:
-        written = 0
-        if warmup_s > 0:
-            warmup = compare_bench._spec(rate, warmup_s, (TXN_ROWS,))
-            compare_bench._run_writers(dsn, warmup, columns, None)
-            written += warmup.events
-        spec = compare_bench._spec(rate, seconds, (TXN_ROWS,))
-        compare_bench._run_writers(dsn, spec, columns, None)
-        expected = (written + spec.events) // TXN_ROWS
-        deadline = time.monotonic() + 60
+        expected = write() // txn_size
+        deadline = time.monotonic() + timeout
         while len(drain.times) < expected and drain.error is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the drain received {len(drain.times)} of {expected} commits")
@@ -108,7 +103,27 @@ def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float
         stream.close()
     if drain.error is not None:
         raise drain.error
-    measured = drain.times[-(spec.events // TXN_ROWS) :]
+    return drain.times
+
+
+def floor_phase(settings: Settings, rate: float, seconds: float, warmup_s: float) -> dict[str, Any]:
+    """Writers offer ``rate`` events/s in transactions of ``TXN_ROWS`` for ``warmup_s`` (not
+    measured), then for ``seconds``, into a fresh table and slot read by a raw drain."""
+    compare_bench._fresh(settings)
+    dsn, columns = settings.postgres_dsn(), settings.column_names()
+    spec = compare_bench._spec(rate, seconds, (TXN_ROWS,))
+
+    def write() -> int:
+        written = 0
+        if warmup_s > 0:
+            warmup = compare_bench._spec(rate, warmup_s, (TXN_ROWS,))
+            compare_bench._run_writers(dsn, warmup, columns, None)
+            written += warmup.events
+        compare_bench._run_writers(dsn, spec, columns, None)
+        return written + spec.events
+
+    times = drain_while(dsn, compare_bench.SLOT, settings.publication_name, write, TXN_ROWS, 60)
+    measured = times[-(spec.events // TXN_ROWS) :]
     return {
         "transactions": len(measured),
         "legs_ms": {
