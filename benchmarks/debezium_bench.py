@@ -176,6 +176,20 @@ def create_slot(dsn: str, slot: str) -> None:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
 
 
+@contextlib.contextmanager
+def emptied_with_slot(dsn: str, slot: str) -> Iterator[None]:
+    """The outbox table emptied, then ``slot`` made (it reads from there on); the slot is
+    dropped on the way out."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
+    create_slot(dsn, slot)
+    try:
+        yield
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            drop_slot(conn, slot)
+
+
 def drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:
     """Drop ``slot`` once no walsender holds it (a stopped reader's may take a moment)."""
 
@@ -238,40 +252,43 @@ def running(ctx: Context, topics: Topics, system: str, args: argparse.Namespace)
     """One process of ``system`` over the emptied table: warm-up, idle, the warm burst, then
     the latency phases."""
     slot = f"dbz_run_{system}"
-    with psycopg.connect(ctx.dsn, autocommit=True) as conn:  # each system's table starts empty
-        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
-    create_slot(ctx.dsn, slot)
-    prefix = ctx.prefix(system)
-    reader = start(ctx, system, slot, f"{system}-run")
-    out: dict[str, Any] = {"load": [_load()]}
-    try:
-        burst(ctx.dsn, IDLE, args.warmup_events, args.txn_size)
-        topics.wait(f"{prefix}.{IDLE}", args.warmup_events, reader, args.timeout)
-        time.sleep(args.idle_seconds)  # idle, by definition of the phase
-        print(f"-- {system}: warm drain of {args.events:,} events ({_load()})", flush=True)
-        # Paused while the burst commits, so that the commits' pace (which follows the load
-        # of the machine) does not bound the figure: resumed, it finds every event committed.
-        _proc.signal_group(reader.pid, signal.SIGSTOP)
+    with emptied_with_slot(ctx.dsn, slot):  # each system's table starts empty
+        reader = start(ctx, system, slot, f"{system}-run")
         try:
-            burst(ctx.dsn, WARM, args.events, args.txn_size)
+            return _phases(ctx, topics, system, reader, args)
         finally:
-            cpu0, resumed = tree_cpu(reader.pid), time.time()
-            _proc.signal_group(reader.pid, signal.SIGCONT)
-        topics.wait(f"{prefix}.{WARM}", args.events, reader, args.timeout)
-        cpu = tree_cpu(reader.pid) - cpu0
-        appends = topics.appends(f"{prefix}.{WARM}")
-        out["warm"] = debezium_report.warm_result(
-            commit_ms(ctx.dsn, WARM), appends, cpu, resumed * 1000
-        )
-        for name, (rate, size) in LATENCIES.items():
-            print(f"-- {system}: {name} ({_load()})", flush=True)
-            out[name] = latency(ctx, topics, reader, prefix, name, rate, size, args)
-            out["load"].append(_load())
-        out["peak_rss_mb"] = peak_rss_mb(reader.pid)
+            reader.stop()
+
+
+def _phases(
+    ctx: Context, topics: Topics, system: str, reader: Reader, args: argparse.Namespace
+) -> dict[str, Any]:
+    """:func:`running`'s phases, with ``system``'s ``reader`` started."""
+    prefix = ctx.prefix(system)
+    out: dict[str, Any] = {"load": [_load()]}
+    burst(ctx.dsn, IDLE, args.warmup_events, args.txn_size)
+    topics.wait(f"{prefix}.{IDLE}", args.warmup_events, reader, args.timeout)
+    time.sleep(args.idle_seconds)  # idle, by definition of the phase
+    print(f"-- {system}: warm drain of {args.events:,} events ({_load()})", flush=True)
+    # Paused while the burst commits, so that the commits' pace (which follows the load
+    # of the machine) does not bound the figure: resumed, it finds every event committed.
+    _proc.signal_group(reader.pid, signal.SIGSTOP)
+    try:
+        burst(ctx.dsn, WARM, args.events, args.txn_size)
     finally:
-        reader.stop()
-        with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-            drop_slot(conn, slot)
+        cpu0, resumed = tree_cpu(reader.pid), time.time()
+        _proc.signal_group(reader.pid, signal.SIGCONT)
+    topics.wait(f"{prefix}.{WARM}", args.events, reader, args.timeout)
+    cpu = tree_cpu(reader.pid) - cpu0
+    appends = topics.appends(f"{prefix}.{WARM}")
+    out["warm"] = debezium_report.warm_result(
+        commit_ms(ctx.dsn, WARM), appends, cpu, resumed * 1000
+    )
+    for name, (rate, size) in LATENCIES.items():
+        print(f"-- {system}: {name} ({_load()})", flush=True)
+        out[name] = latency(ctx, topics, reader, prefix, name, rate, size, args)
+        out["load"].append(_load())
+    out["peak_rss_mb"] = peak_rss_mb(reader.pid)
     return out
 
 
@@ -331,12 +348,9 @@ def floor(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     """PostgreSQL alone at 20 x 100 (:mod:`benchmarks.debezium_floor`), on the emptied table."""
     print(f"-- floor (PostgreSQL alone, a raw drain): latency_20x100 ({_load()})", flush=True)
     slot = "dbz_floor"
-    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
-    create_slot(ctx.dsn, slot)
     rate_txn, size = LATENCIES["latency_20x100"]
     warm_s = args.latency_warmup_seconds
-    try:
+    with emptied_with_slot(ctx.dsn, slot):
         return debezium_floor.measure(
             ctx.dsn,
             slot,
@@ -348,9 +362,6 @@ def floor(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
             txn_size=size,
             timeout=args.timeout,
         ) | {"load": _load()}
-    finally:
-        with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-            drop_slot(conn, slot)
 
 
 def _load() -> str:

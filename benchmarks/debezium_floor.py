@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.costs import percentile
+from benchmarks.debezium_report import latency_ms
 from benchmarks.latency_floor import drain_while
 from cdc_outbox.mapping.rows import ColumnNames
 from cdc_outbox_dev import workload
-
-QUANTILES = {"p50": 0.5, "p99": 0.99}
 
 
 def measure(
@@ -53,8 +51,4 @@ def latencies(times: list[tuple[float, float, float, float]]) -> dict[str, Any]:
     if not times:
         raise ValueError("no transaction was received")
     samples = [((t[3] - t[0]) * 1000, 1) for t in times]
-    return {
-        "transactions": len(times),
-        "latency_ms": {name: round(percentile(samples, q), 1) for name, q in QUANTILES.items()}
-        | {"max": round(max(v for v, _ in samples), 1)},
-    }
+    return {"transactions": len(times), "latency_ms": latency_ms(samples)}
